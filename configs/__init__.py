@@ -1,0 +1,1 @@
+"""Startup profiles shipped with ninfer (``demo.yaml`` is the embedded default)."""

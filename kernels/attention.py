@@ -1,0 +1,90 @@
+"""Reference paged-attention kernels: scatter new K/V into pages, attend over them.
+
+Caches are laid out ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token's
+flat slot is ``block * block_size + offset``. These functions are the oracle the
+Triton kernels are checked against, so they favour obvious correctness, but they
+still work per sequence (one gather, one matmul) rather than per token so CPU runs
+of small models stay quick.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ninfer.model.forward_batch import ForwardBatch
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``k``/``v`` [T, num_kv_heads, head_dim] at flat slots [T], in place.
+
+    Slots equal to -1 mark padding rows and are never written.
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    # view() (not reshape) so a non-contiguous cache fails loudly instead of
+    # silently writing into a copy.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` cached tokens of one sequence, contiguous: [seq_len, Hk, D]."""
+    block_size = cache.shape[1]
+    num_pages = -(-seq_len // block_size)
+    pages = cache.index_select(0, block_table[:num_pages])
+    return pages.flatten(0, 1)[:seq_len]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of varlen queries [T, num_heads, head_dim] over paged K/V.
+
+    Row ``j`` of sequence ``i`` sits at position ``seq_lens[i] - q_len_i + j`` and sees
+    that sequence's cached tokens up to and including it, so decode steps, prefill
+    chunks over a cached prefix and mixtures of both share one code path. Query head
+    ``h`` reads KV head ``h // (num_heads // num_kv_heads)`` (grouped-query attention).
+    Math runs in float32; the result has ``q``'s dtype. Rows past the last sequence
+    (padding) come back as zeros.
+    """
+    num_tokens, num_heads, _ = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    group = num_heads // num_kv_heads
+    out = torch.zeros(num_tokens, num_heads, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+
+    starts = itertools.accumulate(batch.query_lens_host, initial=0)
+    for i, (start, q_len, seq_len) in enumerate(zip(starts, batch.query_lens_host, batch.seq_lens_host)):
+        if q_len == 0:
+            continue
+        table = batch.block_tables[i]
+        k = _gather_pages(k_cache, table, seq_len).float()  # [S, Hk, D]
+        v = _gather_pages(v_cache, table, seq_len).float()  # [S, Hk, Dv]
+        # [q_len, H, D] -> [Hk, group * q_len, D]: all heads sharing a KV head in one matmul.
+        qi = q[start : start + q_len].float().view(q_len, num_kv_heads, group, -1)
+        qi = qi.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, -1)
+        scores = torch.bmm(qi, k.permute(1, 2, 0)) * scale  # [Hk, group * q_len, S]
+        if q_len > 1:
+            # The last query row sits at position seq_len - 1; earlier rows see less.
+            positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            future = torch.arange(seq_len, device=q.device)[None, :] > positions[:, None]
+            scores = scores.view(num_kv_heads, group, q_len, seq_len).masked_fill(future, float("-inf"))
+            scores = scores.view(num_kv_heads, group * q_len, seq_len)
+        probs = torch.softmax(scores, dim=-1)
+        oi = torch.bmm(probs, v.transpose(0, 1))  # [Hk, group * q_len, Dv]
+        oi = oi.view(num_kv_heads, group, q_len, -1).permute(2, 0, 1, 3).reshape(q_len, num_heads, -1)
+        out[start : start + q_len] = oi.to(q.dtype)
+    return out

@@ -1,0 +1,80 @@
+"""The single place models take kernels from: ``from ninfer_kernels import ops``.
+
+Each op has a plain-torch reference and, once written, a Triton implementation for
+CUDA tensors. The choice is made per call from the first tensor's device type.
+``NINFER_KERNELS=reference`` (read at import) forces the references everywhere,
+which is how a suspected kernel bug is ruled in or out.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels import activation, attention, norm, rope
+
+FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
+
+#: op name -> {"reference": fn, "triton": fn or None}
+IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
+    "rms_norm": {"reference": norm.rms_norm, "triton": None},
+    "apply_rope": {"reference": rope.apply_rope, "triton": None},
+    "silu_and_mul": {"reference": activation.silu_and_mul, "triton": None},
+    "write_kv": {"reference": attention.write_kv, "triton": None},
+    "paged_attention": {"reference": attention.paged_attention, "triton": None},
+}
+
+
+def register_triton(op: str, fn: Callable) -> None:
+    """Install the CUDA implementation of ``op``; it must accept the reference's arguments."""
+    if op not in IMPLEMENTATIONS:
+        raise KeyError(f"unknown kernel op {op!r} (known: {', '.join(IMPLEMENTATIONS)})")
+    IMPLEMENTATIONS[op]["triton"] = fn
+
+
+def choose(op: str, device_type: str) -> Callable:
+    """The implementation of ``op`` for tensors on ``device_type`` ("cpu", "cuda", ...)."""
+    impls = IMPLEMENTATIONS[op]
+    triton_fn = impls["triton"]
+    if device_type == "cuda" and triton_fn is not None and not FORCE_REFERENCE:
+        return triton_fn
+    return impls["reference"]
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return choose("rms_norm", x.device.type)(x, weight, eps, residual)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return choose("apply_rope", q.device.type)(q, k, positions, cos_sin, rotary_dim)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return choose("silu_and_mul", x.device.type)(x)
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    choose("write_kv", k.device.type)(k_cache, v_cache, k, v, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
+) -> torch.Tensor:
+    return choose("paged_attention", q.device.type)(q, k_cache, v_cache, batch, scale)
+
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # CPU-only install: the references serve every device
+    pass
+else:
+    import ninfer_kernels.triton  # noqa: E402,F401  (registers the CUDA kernels)

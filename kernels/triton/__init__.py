@@ -1,0 +1,20 @@
+"""Triton kernels for CUDA tensors, registered with :mod:`ninfer_kernels.ops` on import.
+
+Importing this package without Triton installed registers nothing and raises nothing,
+so CPU-only installs keep the plain-torch references.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+if importlib.util.find_spec("triton") is not None:
+    from ninfer_kernels import ops
+    # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
+    from ninfer_kernels.triton import activation, kv_write, norm, paged_attention, rope
+
+    ops.register_triton("rms_norm", norm.rms_norm)
+    ops.register_triton("apply_rope", rope.apply_rope)
+    ops.register_triton("silu_and_mul", activation.silu_and_mul)
+    ops.register_triton("write_kv", kv_write.write_kv)
+    ops.register_triton("paged_attention", paged_attention.paged_attention)

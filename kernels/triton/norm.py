@@ -1,0 +1,84 @@
+"""RMSNorm in Triton, optionally fused with the residual add before it.
+
+One pass reads ``x`` (and ``residual``), writes the normalised rows (and the new
+residual sum): the unfused version would write the sum and read it back. Rows may
+be strided views, such as per-head slices of a fused QKV projection, so the kernel
+takes two row strides instead of asking for a contiguous copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+#: elements one program aims to hold (rows x row width): short rows are batched up
+TILE_ELEMENTS = 4096
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
+    num_rows, inner, eps,
+    stride_x0, stride_x1, stride_r0, stride_r1,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    # Row r is element (r // inner, r % inner) of the input's two leading dimensions.
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r_ok = r < num_rows
+    r0 = (r // inner).to(tl.int64)
+    r1 = (r % inner).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = r_ok[:, None] & (cols < N)[None, :]
+    x = tl.load(x_ptr + (r0 * stride_x0 + r1 * stride_x1)[:, None] + cols[None, :], mask=mask, other=0.0)
+    # Outputs are contiguous [num_rows, N].
+    dest = r.to(tl.int64)[:, None] * N + cols[None, :]
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + (r0 * stride_r0 + r1 * stride_r1)[:, None] + cols[None, :], mask=mask, other=0.0)
+        # Round the sum to the residual stream's dtype before normalising it, as the
+        # reference does, so both paths carry the same residual forward.
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + dest, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + dest, (xf * inv_rms[:, None] * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _as_3d(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [A, B, N] without copying where the layout allows; last dim unit-stride."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if t.dim() == 1:
+        return t[None, None]
+    if t.dim() == 2:
+        return t[None]
+    return t.reshape(-1, *t.shape[-2:])
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`ninfer_kernels.norm.rms_norm`; results are new contiguous tensors."""
+    n = x.shape[-1]
+    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    new_residual = torch.empty_like(out) if residual is not None else out
+    x3 = _as_3d(x)
+    r3 = _as_3d(residual.expand(x.shape)) if residual is not None else x3
+    num_rows = x3.shape[0] * x3.shape[1]
+    if num_rows == 0:
+        return out if residual is None else (out, new_residual)
+    block_n = triton.next_power_of_2(n)
+    rows = max(1, min(64, TILE_ELEMENTS // block_n))
+    _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
+        x3, r3, weight.contiguous(), out, new_residual,
+        num_rows, x3.shape[1], eps,
+        x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None,
+        num_warps=min(16, max(1, rows * block_n // 512)),
+    )
+    return out if residual is None else (out, new_residual)

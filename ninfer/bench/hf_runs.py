@@ -1,0 +1,56 @@
+"""The same workloads through Hugging Face transformers ``generate`` (the baseline)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ninfer.bench.workload import Workload
+
+
+def load_hf(model_dir: str, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model.eval()
+    return model
+
+
+def _generate(model, prompts: list[list[int]], new_tokens: int, device) -> float:
+    """Left-padded batch, EOS ignored (min_new_tokens); returns seconds."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def offline_throughput(model, work: Workload, batch: int, device) -> dict:
+    """Requests in fixed batches; only each request's own output tokens count."""
+    seconds = 0.0
+    for i in range(0, len(work.prompts), batch):
+        prompts = work.prompts[i : i + batch]
+        seconds += _generate(model, prompts, max(work.output_lens[i : i + batch]), device)
+    return {"output_tokens": work.output_tokens, "seconds": seconds, "output_tok_s": work.output_tokens / seconds}
+
+
+def decode_throughput(model, work: Workload, device) -> dict:
+    """Whole-batch generate minus a one-token generate (the prefill) over the rest."""
+    new = work.output_lens[0]
+    total = _generate(model, work.prompts, new, device)
+    prefill = _generate(model, work.prompts, 1, device)
+    tokens = len(work.prompts) * (new - 1)
+    seconds = max(total - prefill, 1e-9)
+    return {"decode_tokens": tokens, "seconds": seconds, "decode_tok_s": tokens / seconds}

@@ -1,0 +1,64 @@
+"""Descriptor types for the capability kinds whose machinery lives in later layers.
+
+Every capability object has a ``name`` (unique within its kind) and a one-line
+``description`` shown by ``ninfer-serve --list-plugins``. Model families and KV
+formats have richer descriptors next to the code that uses them
+(:mod:`ninfer.model.family`, :mod:`ninfer.model.kv`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+
+
+@attrs.frozen
+class SpeculativeBackend:
+    name: str
+    description: str = ""
+    #: inclusive range of ``--draft-tokens`` the backend accepts
+    draft_tokens: tuple[int, int] = (1, 1)
+    #: builds the proposer for a loaded target model: ``factory(model, profile) -> proposer``
+    factory: Callable[..., Any] | None = None
+
+
+@attrs.frozen
+class ToolParser:
+    name: str
+    description: str = ""
+    #: ``factory(tools) -> parser`` with ``feed(text) -> deltas`` and ``finish()``
+    factory: Callable[..., Any] | None = None
+
+
+@attrs.frozen
+class ReasoningParser:
+    name: str
+    description: str = ""
+    #: text that opens and closes the reasoning channel
+    start: str = "<think>"
+    end: str = "</think>"
+
+
+@attrs.frozen
+class Protocol:
+    name: str
+    description: str = ""
+    #: ``routes(app_state) -> list`` of Litestar route handlers
+    routes: Callable[..., list] | None = None
+
+
+@attrs.frozen
+class GuidedDecodingBackend:
+    name: str
+    description: str = ""
+    factory: Callable[..., Any] | None = None
+
+
+@attrs.frozen
+class MediaProcessor:
+    name: str
+    description: str = ""
+    #: modalities handled, e.g. ("image",)
+    modalities: tuple[str, ...] = ()
+    factory: Callable[..., Any] | None = None

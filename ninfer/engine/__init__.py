@@ -1,0 +1,1 @@
+"""The resident engine: scheduling, KV pages, model execution, sampling, output."""

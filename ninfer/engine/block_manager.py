@@ -1,0 +1,180 @@
+"""The paged KV pool: page reservation per sequence, refcounted sharing, prefix reuse.
+
+A sequence is admitted only with its whole prompt-plus-output entitlement in pages, so
+a running request can never run out of KV space and nothing is ever preempted. Shared
+pages are always full and immutable: a sequence reuses only whole pages strictly before
+its last prompt token, and it writes only at positions at or past ``num_computed_tokens``,
+which therefore always fall into pages of its own.
+
+Free pages live in two pools: clean ones (no reusable content) and cached ones that
+still hold published content, kept in the order they were freed. Allocation drains the
+clean pool first and then evicts the least recently freed cached page.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Optional
+
+from ninfer.engine.prefix_cache import ROOT, CachedPage, ChainPos, PrefixCache
+from ninfer.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_reuse: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks, block_size >= 1; got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_reuse = enable_prefix_reuse
+        self.cache = PrefixCache(block_size)
+        self._refcount = [0] * num_blocks
+        self._clean: deque[int] = deque(range(num_blocks))
+        self._cached_lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        # Per running sequence: how many leading pages are in the chain, and where the
+        # chain ends (None once a hash collision stopped publishing for it).
+        self._chain_pages: dict[int, int] = {}
+        self._chain_end: dict[int, Optional[ChainPos]] = {}
+        # Prompt page hashes of waiting sequences, so a head that has to wait does not
+        # rehash its prompt at every step.
+        self._hash_memo: dict[int, list[int]] = {}
+        # Cumulative prefix statistics, in prompt tokens, over sequences that looked up.
+        self.num_lookups = 0
+        self.num_lookup_tokens = 0
+        self.num_hit_tokens = 0
+        self.num_evicted_blocks = 0  # cached pages overwritten to serve an allocation
+
+    # -- accounting ---------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._clean) + len(self._cached_lru)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free pages that still hold reusable content."""
+        return len(self._cached_lru)
+
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def refcount(self, block_id: int) -> int:
+        return self._refcount[block_id]
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        tokens = max(seq.entitlement_tokens, seq.num_tokens)
+        return -(-tokens // self.block_size)
+
+    def fits_ever(self, seq: Sequence) -> bool:
+        """False when the entitlement exceeds the whole pool, so waiting cannot help."""
+        return self.blocks_needed(seq) <= self.num_blocks
+
+    # -- admission ----------------------------------------------------------------
+
+    def _reusable_pages(self, seq: Sequence) -> int:
+        """Whole pages before the last known token: at least that token gets computed."""
+        if not (self.enable_prefix_reuse and seq.lookup_prefix_cache):
+            return 0
+        return max(seq.num_tokens - 1, 0) // self.block_size
+
+    def _match(self, seq: Sequence) -> list[CachedPage]:
+        num_pages = self._reusable_pages(seq)
+        if num_pages == 0:
+            return []
+        hashes = self._hash_memo.get(seq.seq_id)
+        if hashes is None:
+            hashes = self.cache.chain_hashes(seq.token_ids, num_pages)
+            self._hash_memo[seq.seq_id] = hashes
+        return self.cache.match(seq.token_ids, hashes)
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        needed = self.blocks_needed(seq)
+        if needed <= self.num_free_blocks:
+            return True  # reuse only ever lowers the demand
+        shared_in_use = sum(1 for page in self._match(seq) if self._refcount[page.block_id] > 0)
+        return needed - shared_in_use <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Reserve the whole entitlement and position the sequence after its reused prefix."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds pages")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"not enough free KV pages for sequence {seq.seq_id}")
+        looked_up = self._reusable_pages(seq) > 0
+        hits = self._match(seq)
+        self._hash_memo.pop(seq.seq_id, None)
+        # Claim the hits before taking fresh pages so eviction cannot reclaim them.
+        table = [self._claim(page.block_id) for page in hits]
+        table += [self._take_fresh() for _ in range(self.blocks_needed(seq) - len(hits))]
+        seq.block_table = table
+        reused = len(hits) * self.block_size
+        seq.num_cached_tokens = reused
+        seq.num_computed_tokens = reused
+        self._chain_pages[seq.seq_id] = len(hits)
+        self._chain_end[seq.seq_id] = hits[-1].pos if hits else ROOT
+        if looked_up:
+            self.num_lookups += 1
+            self.num_lookup_tokens += seq.num_prompt_tokens
+            self.num_hit_tokens += reused
+
+    def _claim(self, block_id: int) -> int:
+        if self._refcount[block_id] == 0:
+            del self._cached_lru[block_id]
+        self._refcount[block_id] += 1
+        return block_id
+
+    def _take_fresh(self) -> int:
+        if self._clean:
+            block_id = self._clean.popleft()
+        else:
+            block_id, _ = self._cached_lru.popitem(last=False)
+            self.cache.evict(block_id)
+            self.num_evicted_blocks += 1
+        self._refcount[block_id] = 1
+        return block_id
+
+    # -- progress and release -----------------------------------------------------
+
+    def commit(self, seq: Sequence) -> None:
+        """Publish every page of ``seq`` that is now full and wholly computed."""
+        if not (self.enable_prefix_reuse and seq.commit_prefix_cache):
+            return
+        end = self._chain_end.get(seq.seq_id)
+        if end is None:
+            return  # not allocated, or its chain was cut by a collision
+        limit = seq.num_computed_tokens
+        if not seq.commit_generated:
+            limit = min(limit, seq.num_prompt_tokens)
+        full_pages = limit // self.block_size
+        index = self._chain_pages[seq.seq_id]
+        while index < full_pages and end is not None:
+            start = index * self.block_size
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            end = self.cache.publish(end, tokens, seq.block_table[index])
+            index += 1
+        self._chain_pages[seq.seq_id] = index
+        self._chain_end[seq.seq_id] = end
+
+    def free(self, seq: Sequence) -> None:
+        """Return every page of ``seq``; safe to call more than once.
+
+        Pages the last step completed are published first, so reuse does not depend on
+        whether the engine commits before or after it finishes a sequence.
+        """
+        self.commit(seq)
+        # Tail pages first, so under eviction a shared prefix outlives its continuations.
+        for block_id in reversed(seq.block_table):
+            self._refcount[block_id] -= 1
+            if self._refcount[block_id] == 0:
+                if block_id in self.cache:
+                    self._cached_lru[block_id] = None
+                else:
+                    self._clean.append(block_id)
+        seq.block_table = []
+        self._chain_pages.pop(seq.seq_id, None)
+        self._chain_end.pop(seq.seq_id, None)
+        self._hash_memo.pop(seq.seq_id, None)

@@ -1,0 +1,106 @@
+"""Builds a ready engine from a resolved profile: device, model, tokenizer, KV pool."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from loguru import logger
+
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.defaults import ProcessSamplingOverrides
+from ninfer.engine.llm_engine import LLMEngine
+from ninfer.model.loader import load_model
+from ninfer.tiny.cache import resolve_model_path
+from ninfer.tokenizer import Tokenizer
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class LoadedEngine:
+    engine: LLMEngine
+    tokenizer: Tokenizer
+    family: object
+    model_config: dict
+    model_dir: str
+    model_id: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+def resolve_device(value) -> torch.device:
+    """Profile ``engine.device``: a CUDA index, "cuda" or "cpu"; CPU when CUDA is absent."""
+    if str(value) == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if str(value) == "cuda":
+        return torch.device("cuda", 0)
+    return torch.device("cuda", int(value))
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def kv_capacity_tokens(profile, kv_format, model, dtype, device) -> int:
+    value = profile.engine.kv_capacity
+    if value != "auto":
+        return int(value)
+    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in model.attention_specs()) * kv_format.bytes_per_element(dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free - (1 << 30)  # 1 GiB headroom for activations and the allocator
+        return max(profile.engine.max_context, int(budget // per_token))
+    return profile.engine.max_context * profile.engine.max_concurrency
+
+
+def engine_config(profile, kv_tokens: int) -> EngineConfig:
+    s = profile.sampling
+    return EngineConfig(
+        max_context=profile.engine.max_context,
+        kv_capacity_tokens=kv_tokens,
+        max_concurrency=profile.engine.max_concurrency,
+        prefill_chunk=profile.engine.prefill_chunk,
+        block_size=profile.engine.block_size,
+        prefix_reuse=profile.engine.prefix_reuse,
+        default_max_tokens=profile.engine.default_max_tokens,
+        thinking=profile.reasoning.thinking,
+        kv_dtype=profile.engine.kv_dtype,
+        process_sampling=ProcessSamplingOverrides(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            seed=s.seed,
+            greedy=s.greedy,
+        ),
+    )
+
+
+def build_engine(profile, registry) -> LoadedEngine:
+    """Load everything the profile names; raises before allocating on bad selections."""
+    kv_format = registry.get("kv_dtype", profile.engine.kv_dtype, key="engine.kv_dtype")
+    device = resolve_device(profile.engine.device)
+    dtype = resolve_dtype(profile.dtype, device)
+    model_dir = resolve_model_path(profile.model, registry)
+    started = time.perf_counter()
+    model, config, family = load_model(model_dir, registry, dtype, device)
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+    logger.info("loaded {} ({}) in {:.1f} s", model_dir, family.name, time.perf_counter() - started)
+    presets = family.presets(config) if family.presets else None
+    kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device)
+    cfg = engine_config(profile, kv_tokens)
+    vocab_size = int(config["vocab_size"])
+    engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size)
+    model_id = profile.model_id or default_model_id(profile.model, model_dir)
+    return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
+
+
+def default_model_id(model: str, model_dir) -> str:
+    """The public id when --model-id is absent: the checkpoint folder's name."""
+    return model if model.startswith("tiny:") else model_dir.name

@@ -1,0 +1,21 @@
+"""The engine's own settings, derived once from a resolved profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ninfer.engine.defaults import ProcessSamplingOverrides
+
+
+@dataclass
+class EngineConfig:
+    max_context: int = 8192
+    kv_capacity_tokens: int = 8192
+    max_concurrency: int = 1
+    prefill_chunk: int = 1024
+    block_size: int = 16
+    prefix_reuse: bool = True
+    default_max_tokens: int = 8192
+    thinking: bool = True
+    kv_dtype: str = "bf16"
+    process_sampling: ProcessSamplingOverrides = field(default_factory=ProcessSamplingOverrides)

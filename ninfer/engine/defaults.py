@@ -1,0 +1,113 @@
+"""Resolve a request's sampler settings from family presets, process flags and the request.
+
+Precedence, lowest first: the family preset for the request's thinking mode, then the
+process-level flags, then the request's own fields; a process-wide ``greedy`` flag has the
+last word and pins the temperature to zero.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Optional
+
+import attrs
+
+from ninfer.model.family import SamplingDefaults, SamplingPresets
+from ninfer.sampling_params import SamplingParams
+
+#: a process-level ``top_k`` of 0 asks for this cap instead of "no cap"
+PROCESS_TOP_K_CAP = 20
+#: temperatures at or below this are treated as greedy (dividing by them is unsafe)
+GREEDY_TEMPERATURE = 1e-5
+
+_NEUTRAL = SamplingDefaults()
+_SAMPLER_FIELDS = tuple(f.name for f in attrs.fields(SamplingDefaults))
+_PROCESS_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+
+
+@attrs.frozen
+class ProcessSamplingOverrides:
+    """Sampler flags given when the process started; ``None`` means the flag was not set."""
+
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    greedy: Optional[bool] = None
+
+
+@attrs.frozen
+class ResolvedSampling:
+    """Every sampler setting of one request, with nothing left unset.
+
+    ``top_k == 0`` disables the top-k filter. ``seed`` is the value the request (or the
+    process) gave, possibly outside the signed 64-bit range; the sampler wraps it.
+    """
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    seed: int
+    logit_bias: dict[int, float] = attrs.field(factory=dict)
+    logprobs: Optional[int] = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= GREEDY_TEMPERATURE
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def resolve_sampling(
+    params: SamplingParams,
+    presets: SamplingPresets | None,
+    thinking: bool,
+    process: ProcessSamplingOverrides,
+) -> ResolvedSampling:
+    """Layer presets < process flags < request fields, then apply ``--greedy``."""
+    if presets is None:
+        base = _NEUTRAL
+    else:
+        base = presets.thinking if thinking else presets.non_thinking
+    values = {name: getattr(base, name) for name in _SAMPLER_FIELDS}
+    for name in _PROCESS_FIELDS:
+        value = getattr(process, name)
+        if value is not None:
+            values[name] = value
+    if process.top_k == 0:
+        values["top_k"] = PROCESS_TOP_K_CAP
+    for name in _SAMPLER_FIELDS:
+        value = getattr(params, name)
+        if value is not None:
+            values[name] = value
+    if process.greedy:
+        values["temperature"] = 0.0
+    return ResolvedSampling(
+        temperature=float(values["temperature"]),
+        top_p=float(values["top_p"]),
+        top_k=int(values["top_k"]),
+        min_p=float(values["min_p"]),
+        presence_penalty=float(values["presence_penalty"]),
+        frequency_penalty=float(values["frequency_penalty"]),
+        repetition_penalty=float(values["repetition_penalty"]),
+        seed=_pick_seed(params.seed, process.seed),
+        logit_bias=dict(params.logit_bias),
+        logprobs=params.logprobs,
+    )
+
+
+def _pick_seed(request_seed: int | None, process_seed: int | None) -> int:
+    if request_seed is not None:
+        return request_seed
+    if process_seed is not None:
+        return process_seed
+    return secrets.randbits(63)

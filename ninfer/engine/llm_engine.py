@@ -1,0 +1,222 @@
+"""The synchronous engine core: requests in, one step at a time, events out.
+
+Not thread-safe: exactly one thread (the caller of :class:`ninfer.LLM`, or the
+background thread of :class:`ninfer.engine.async_engine.AsyncEngine`) drives it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from math import ceil
+from typing import Optional
+
+from loguru import logger
+
+from ninfer.engine.block_manager import BlockManager
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.defaults import resolve_sampling
+from ninfer.engine.model_runner import ModelRunner
+from ninfer.engine.output_processor import RequestOutputState
+from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
+from ninfer.engine.scheduler import Scheduler
+from ninfer.engine.sequence import Sequence
+from ninfer.engine.stats import EngineStats
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError
+
+#: consecutive failed model steps after which the engine declares itself dead
+MAX_FAILED_STEPS = 3
+
+
+class _Tracked:
+    """Engine-side bookkeeping of one request."""
+
+    __slots__ = ("req", "seq", "out", "timings")
+
+    def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState):
+        self.req, self.seq, self.out = req, seq, out
+        self.timings = RequestTimings(arrival=seq.arrival_time)
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, config: EngineConfig, kv_format, presets, device, dtype, vocab_size: int):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.presets, self.device, self.vocab_size = presets, device, vocab_size
+        bs = config.block_size
+        self.num_blocks = ceil(config.kv_capacity_tokens / bs)
+        caches = [
+            kv_format.allocate(self.num_blocks, bs, spec.num_kv_heads, spec.head_dim, dtype, device)
+            for spec in model.attention_specs()
+        ]
+        model.bind_kv_caches(caches)
+        self.kv_bytes = sum(c.nbytes for c in caches)
+        self.block_manager = BlockManager(self.num_blocks, bs, enable_prefix_reuse=config.prefix_reuse)
+        self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk)
+        self.runner = ModelRunner(model, bs, device, vocab_size)
+        self.stats = EngineStats()
+        self.eos_token_ids = list(tokenizer.eos_token_ids)
+        self._requests: dict[str, _Tracked] = {}
+        self._seq_ids = itertools.count()
+        self._failed_steps = 0
+        self.dead: Optional[str] = None
+
+    # -- requests --------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        """Validate and queue; raises a typed :class:`NinferError` for bad input."""
+        if req.request_id in self._requests:
+            raise InvalidRequestError(f"duplicate request id {req.request_id!r}", param="request_id")
+        params = req.params
+        params.validate(self.vocab_size)
+        n_prompt = len(req.prompt_token_ids)
+        if n_prompt == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if any(not 0 <= t < self.vocab_size for t in req.prompt_token_ids):
+            raise InvalidRequestError("prompt token ids must lie inside the vocabulary", param="prompt")
+        max_tokens = self._output_budget(n_prompt, params.max_tokens)
+        thinking = self.config.thinking if req.thinking is None else req.thinking
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=req.request_id,
+            token_ids=list(req.prompt_token_ids),
+            num_prompt_tokens=n_prompt,
+            max_tokens=max_tokens,
+            sampling=resolve_sampling(params, self.presets, thinking, self.config.process_sampling),
+            lookup_prefix_cache=req.lookup_prefix_cache,
+            commit_prefix_cache=req.commit_prefix_cache,
+            commit_generated=req.commit_generated,
+        )
+        if not self.scheduler.fits_ever(seq):
+            raise ContextLengthExceededError(
+                f"prompt plus output ({seq.entitlement_tokens} tokens) exceeds the KV capacity "
+                f"({self.num_blocks * self.config.block_size} tokens)",
+                param="max_tokens",
+            )
+        out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)
+        self._requests[req.request_id] = _Tracked(req, seq, out)
+        self.scheduler.add(seq)
+
+    def _output_budget(self, n_prompt: int, requested: Optional[int]) -> int:
+        room = self.config.max_context - n_prompt
+        if requested is None:
+            if room < 1:
+                raise ContextLengthExceededError(
+                    f"the prompt has {n_prompt} tokens; the context holds {self.config.max_context}", param="messages"
+                )
+            return min(self.config.default_max_tokens, room)
+        if requested > room:
+            raise ContextLengthExceededError(
+                f"prompt ({n_prompt} tokens) plus max_tokens ({requested}) exceeds the context "
+                f"of {self.config.max_context} tokens",
+                param="max_tokens",
+            )
+        return requested
+
+    def abort_request(self, request_id: str) -> Optional[GenerationEvent]:
+        tracked = self._requests.get(request_id)
+        if tracked is None:
+            return None
+        self.scheduler.abort(tracked.seq)
+        return self._final_event(tracked, tracked.out.finish("abort"), [])
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- stepping --------------------------------------------------------------
+    def step(self) -> list[GenerationEvent]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        now = time.monotonic()
+        events: list[GenerationEvent] = []
+        for seq in sched.admitted:  # admission fixes the prefix-cache hit: report it
+            tracked = self._requests[seq.request_id]
+            tracked.timings.admitted = now
+            events.append(self._event(tracked, "", []))
+        t0 = time.perf_counter()
+        try:
+            rows = self.runner.execute(sched)
+        except Exception as exc:  # the whole batch failed
+            return self._fail_batch(sched, exc)
+        self._failed_steps = 0
+        self.stats.record_step(sched, time.perf_counter() - t0)
+
+        rows_iter = iter(rows)
+        now = time.monotonic()
+        for chunk in sched.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens += chunk.num_tokens
+            row = next(rows_iter) if chunk.sample else None
+            tracked = self._requests[seq.request_id]
+            try:
+                if row is not None:
+                    events.append(self._commit_token(tracked, row, now))
+                else:  # a prefill chunk that is not the prompt's last
+                    events.append(self._event(tracked, "", []))
+                self.block_manager.commit(seq)
+            except Exception as exc:  # one request's processing failed: fail it alone
+                logger.exception("request {} failed while processing its output", seq.request_id)
+                events.append(self._error_event(tracked, exc))
+        return events
+
+    def _commit_token(self, tracked: _Tracked, row, now: float) -> GenerationEvent:
+        seq, out = tracked.seq, tracked.out
+        if seq.max_tokens == 0:  # prompt processing only
+            return self._final_event(tracked, out.finish("length"), [])
+        seq.token_ids.append(row.token_id)
+        tracked.timings.first_token = tracked.timings.first_token or now
+        tracked.timings.last_token = now
+        text = out.on_token(row.token_id)
+        logprobs = None
+        if row.logprob is not None:
+            logprobs = [out.logprobs(row.token_id, row.logprob, row.top_ids, row.top_logprobs)]
+        if not out.finished and seq.num_tokens >= self.config.max_context:
+            text += out.finish("length")  # context capacity
+        if out.finished:
+            self.scheduler.finish(seq, out.finish_reason)
+            return self._final_event(tracked, text, [row.token_id], logprobs)
+        return self._event(tracked, text, [row.token_id], logprobs)
+
+    def _event(self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, **final) -> GenerationEvent:
+        seq = tracked.seq
+        return GenerationEvent(
+            request_id=seq.request_id,
+            token_ids=token_ids,
+            text=text,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            timings=tracked.timings,
+            prompt_processed=min(seq.num_computed_tokens, seq.num_prompt_tokens),
+            logprobs=logprobs,
+            **final,
+        )
+
+    def _final_event(self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None) -> GenerationEvent:
+        self._requests.pop(tracked.seq.request_id, None)
+        self.stats.record_finish(tracked.seq)
+        return self._event(
+            tracked,
+            text,
+            token_ids,
+            logprobs,
+            finished=True,
+            finish_reason=tracked.out.finish_reason,
+            stop_reason=tracked.out.stop_reason,
+        )
+
+    def _error_event(self, tracked: _Tracked, exc: Exception) -> GenerationEvent:
+        self.scheduler.abort(tracked.seq)
+        self._requests.pop(tracked.seq.request_id, None)
+        error = exc if isinstance(exc, NinferError) else NinferError(f"internal error: {type(exc).__name__}")
+        return self._event(tracked, "", [], finished=True, finish_reason="error", error=error)
+
+    def fail_all(self, error: NinferError) -> list[GenerationEvent]:
+        """End every request with ``error`` (the engine is going away)."""
+        return [self._error_event(t, error) for t in list(self._requests.values())]
+
+    def _fail_batch(self, sched, exc: Exception) -> list[GenerationEvent]:
+        logger.opt(exception=exc).error("model step failed; failing its {} requests", len(sched.chunks))
+        self._failed_steps += 1
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            self.dead = f"{MAX_FAILED_STEPS} consecutive model steps failed: {type(exc).__name__}"
+        return [self._error_event(self._requests[c.seq.request_id], exc) for c in sched.chunks]

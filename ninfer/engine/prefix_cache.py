@@ -1,0 +1,120 @@
+"""Index of published KV pages, keyed by a hash chain over page token ids.
+
+A page's KV depends on every token before it, so a page is identified by its own
+tokens *and* its whole prefix: hash ``i`` mixes hash ``i - 1`` with page ``i``'s tokens.
+The hash is a stable content digest (the same across processes, so it can also name
+host-tier copies later), but a lookup never trusts it alone: the stored tokens must
+equal the query's and the stored parent must be the exact page matched one step
+earlier. Parents are compared by a node id that is never reused, so a page whose
+parent was evicted (and whose block now holds something else) can no longer match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+
+class ChainPos(NamedTuple):
+    """Where a chain of pages ends: the last page's hash and node id."""
+
+    hash: int
+    node: int
+
+
+#: The empty prefix every chain starts from (node ids of real pages start at 1).
+ROOT = ChainPos(hash=0, node=0)
+
+
+def page_hash(parent: int, tokens: Sequence[int]) -> int:
+    """64-bit digest of a page given its parent's hash."""
+    digest = hashlib.blake2b(parent.to_bytes(8, "little"), digest_size=8)
+    digest.update(array("q", tokens).tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+@dataclass(frozen=True)
+class CachedPage:
+    block_id: int
+    tokens: tuple[int, ...]
+    parent_node: int
+    pos: ChainPos  # this page's own hash and node id
+
+
+class PrefixCache:
+    """Published pages by chain hash. Holds no refcounts: the block manager owns those."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._by_hash: dict[int, CachedPage] = {}
+        self._by_block: dict[int, CachedPage] = {}
+        self._next_node = ROOT.node + 1
+
+    def __len__(self) -> int:
+        return len(self._by_block)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._by_block
+
+    def _page_tokens(self, token_ids: Sequence[int], index: int) -> tuple[int, ...]:
+        start = index * self.block_size
+        return tuple(token_ids[start : start + self.block_size])
+
+    def chain_hashes(self, token_ids: Sequence[int], num_pages: int) -> list[int]:
+        """Hashes of the first ``num_pages`` full pages of ``token_ids``, from the root."""
+        hashes: list[int] = []
+        parent = ROOT.hash
+        for index in range(num_pages):
+            parent = page_hash(parent, self._page_tokens(token_ids, index))
+            hashes.append(parent)
+        return hashes
+
+    def match(self, token_ids: Sequence[int], hashes: Sequence[int]) -> list[CachedPage]:
+        """The longest run of published pages equal to the leading pages of ``token_ids``.
+
+        ``hashes`` are ``chain_hashes(token_ids, n)``; at most ``n`` pages match.
+        """
+        pages: list[CachedPage] = []
+        node = ROOT.node
+        for index, digest in enumerate(hashes):
+            page = self._by_hash.get(digest)
+            if (
+                page is None
+                or page.parent_node != node
+                or page.tokens != self._page_tokens(token_ids, index)
+            ):
+                break
+            pages.append(page)
+            node = page.pos.node
+        return pages
+
+    def publish(
+        self, parent: ChainPos, tokens: tuple[int, ...], block_id: int
+    ) -> Optional[ChainPos]:
+        """Offer ``block_id`` (holding ``tokens`` after the chain ``parent``) for reuse.
+
+        Returns the chain position to continue from. When an identical page is already
+        published the existing one stands and ``block_id`` stays private. ``None`` means
+        the hash is taken by different content (a collision): the caller must stop
+        publishing this chain, since later pages could not be found through it anyway.
+        """
+        digest = page_hash(parent.hash, tokens)
+        existing = self._by_hash.get(digest)
+        if existing is not None:
+            if existing.parent_node == parent.node and existing.tokens == tokens:
+                return existing.pos
+            return None
+        pos = ChainPos(digest, self._next_node)
+        self._next_node += 1
+        page = CachedPage(block_id=block_id, tokens=tokens, parent_node=parent.node, pos=pos)
+        self._by_hash[digest] = page
+        self._by_block[block_id] = page
+        return pos
+
+    def evict(self, block_id: int) -> None:
+        """Forget the page held by ``block_id`` (its block is about to be overwritten)."""
+        page = self._by_block.pop(block_id)
+        del self._by_hash[page.pos.hash]

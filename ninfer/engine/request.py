@@ -1,0 +1,68 @@
+"""Protocol-neutral request and event types between the front doors and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ninfer.errors import NinferError
+from ninfer.outputs import PositionLogprobs
+from ninfer.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineRequest:
+    """One generation: prompt token ids plus how to sample and stop.
+
+    ``thinking`` selects the family's thinking or non-thinking sampler presets
+    (None: the process default). ``max_tokens`` of None in ``params`` means "the
+    process default, clamped to the context"; an explicit value that cannot fit is an
+    error.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    prompt: Optional[str] = None
+    thinking: Optional[bool] = None
+    lookup_prefix_cache: bool = True
+    commit_prefix_cache: bool = True
+    commit_generated: bool = True
+
+
+@dataclass
+class RequestTimings:
+    """Monotonic timestamps (seconds) of a request's milestones."""
+
+    arrival: float
+    admitted: Optional[float] = None
+    first_token: Optional[float] = None
+    last_token: Optional[float] = None
+
+
+@dataclass
+class GenerationEvent:
+    """What one engine step produced for one request.
+
+    ``token_ids`` are the output tokens committed in this step (they count even when
+    their text is still held back by UTF-8 or stop-string buffering); ``text`` is the
+    newly releasable text. The last event of a request has ``finished`` set.
+
+    Progress events carry no tokens: one when the request is admitted (its prefix-cache
+    hit is then final) and one after each prefill chunk; ``prompt_processed`` says how
+    many prompt tokens the KV cache holds (cached plus computed).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    timings: RequestTimings
+    prompt_processed: int = 0
+    logprobs: Optional[list[PositionLogprobs]] = None
+    finished: bool = False
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: Optional[object] = None  # matched stop string or stop token id
+    error: Optional[NinferError] = None

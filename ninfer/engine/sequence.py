@@ -1,0 +1,70 @@
+"""A request's state inside the engine (plain data; no tensors)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no pages
+    RUNNING = "running"  # admitted: holds its full page entitlement
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Token ids (prompt, then generated) and how far the KV cache covers them.
+
+    Tokens still to compute this step are ``token_ids[num_computed_tokens:]``; when
+    exactly one remains the sequence is decode-ready, otherwise it is prefilling.
+    """
+
+    seq_id: int
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    max_tokens: int  # effective output budget, already clamped to the context
+    sampling: Any = None  # resolved sampling settings (ninfer.engine.defaults.ResolvedSampling)
+    lookup_prefix_cache: bool = True
+    commit_prefix_cache: bool = True  # publish full pages for reuse by later requests
+    commit_generated: bool = True  # ...including pages that hold generated tokens
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    admitted_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_pending_tokens == 1 and self.num_output_tokens > 0
+
+    @property
+    def entitlement_tokens(self) -> int:
+        """Prompt plus the whole output budget: what admission must reserve pages for."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,149 @@
+"""The offline Python API, shaped like vLLM's ``LLM``."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from ninfer.engine.builder import LoadedEngine, build_engine
+from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.outputs import CompletionOutput, RequestOutput
+from ninfer.plugins import load_registry
+from ninfer.sampling_params import SamplingParams
+
+PromptType = Union[str, list[int], dict]
+
+
+def _is_profile(path: str) -> bool:
+    return path.endswith((".yaml", ".yml")) and Path(path).is_file()
+
+
+class LLM:
+    """Load a checkpoint (a directory, ``tiny:FAMILY``, or a profile YAML) and generate.
+
+    ``overrides`` use profile option names: ``LLM("tiny:qwen3", max_concurrency=4,
+    prefill_chunk=64, dtype="fp32")``.
+    """
+
+    def __init__(self, model_path_or_profile: Optional[str] = None, **overrides: Any):
+        from ninfer.profile import load_profile, resolve
+
+        if model_path_or_profile is not None and _is_profile(model_path_or_profile):
+            profile = load_profile(model_path_or_profile, overrides=overrides)
+        else:
+            profile = load_profile(None, model=model_path_or_profile, overrides=overrides)
+        self.profile = resolve(profile)
+        self.registry = load_registry(self.profile.plugins.allow)
+        self.loaded: LoadedEngine = build_engine(self.profile, self.registry)
+        self.engine = self.loaded.engine
+
+    def get_tokenizer(self):
+        return self.loaded.tokenizer
+
+    # -- generation ------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        *,
+        thinking: Optional[bool] = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids) together; results keep input order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = self._params_per_prompt(sampling_params, len(prompts))
+        requests = []
+        for prompt, params in zip(prompts, params_list):
+            text, ids = self._tokenize(prompt)
+            requests.append((text, ids, params))
+        return self._run(requests, thinking)
+
+    def chat(
+        self,
+        messages: Union[list[dict], list[list[dict]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        *,
+        tools: Optional[list[dict]] = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Optional[dict] = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the checkpoint's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        kwargs = dict(chat_template_kwargs or {})
+        thinking = kwargs.get("enable_thinking", self.profile.reasoning.thinking)
+        kwargs.setdefault("enable_thinking", thinking)
+        tok = self.loaded.tokenizer
+        prompts = [
+            tok.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
+            for conv in conversations
+        ]
+        return self.generate(prompts, sampling_params, thinking=thinking)
+
+    # -- internals -------------------------------------------------------------
+    @staticmethod
+    def _params_per_prompt(sampling_params, count: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams() for _ in range(count)]
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        if len(sampling_params) != count:
+            raise ValueError("give one SamplingParams, or one per prompt")
+        return list(sampling_params)
+
+    def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.loaded.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        return None, list(prompt)
+
+    def _run(self, requests: Iterable[tuple], thinking: Optional[bool]) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        by_id: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
+        for text, ids, params in requests:
+            result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
+            outputs.append(result)
+            for index in range(params.n):
+                sub = params
+                if params.n > 1:  # each sample is its own engine request with its own seed
+                    seed = params.seed + index if params.seed is not None else random.getrandbits(63)
+                    sub = _evolve(params, n=1, seed=seed)
+                rid = f"{result.request_id}-{index}"
+                completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
+                result.outputs.append(completion)
+                by_id[rid] = (result, completion)
+                self.engine.add_request(EngineRequest(rid, ids, sub, prompt=text, thinking=thinking))
+        try:
+            while self.engine.has_unfinished():
+                for event in self.engine.step():
+                    _apply(event, *by_id[event.request_id])
+                if self.engine.dead:
+                    raise RuntimeError(f"engine failed: {self.engine.dead}")
+        except BaseException:
+            for rid in by_id:
+                self.engine.abort_request(rid)
+            raise
+        for result in outputs:
+            result.finished = True
+        return outputs
+
+
+def _evolve(params: SamplingParams, **changes) -> SamplingParams:
+    import attrs
+
+    return attrs.evolve(params, **changes)
+
+
+def _apply(event: GenerationEvent, result: RequestOutput, completion: CompletionOutput) -> None:
+    if event.error is not None:
+        raise event.error
+    completion.text += event.text
+    completion.token_ids += event.token_ids
+    if event.logprobs and completion.logprobs is not None:
+        completion.logprobs += event.logprobs
+    result.num_cached_tokens = event.num_cached_tokens
+    if event.finished:
+        completion.finish_reason = event.finish_reason
+        completion.stop_reason = event.stop_reason

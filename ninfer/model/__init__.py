@@ -1,0 +1,1 @@
+"""Model-side contracts and shared building blocks (no family-specific code)."""

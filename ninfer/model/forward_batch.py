@@ -1,0 +1,40 @@
+"""Per-step batch metadata handed to the model and its attention layers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step for B sequences, their new tokens laid out flat (varlen).
+
+    Sequence ``i`` owns input rows ``query_start[i]:query_start[i+1]``. Those rows are
+    the last ``q_len_i`` tokens of its context, so their positions run from
+    ``seq_lens[i] - q_len_i`` to ``seq_lens[i] - 1``; attention for a row covers every
+    cached token of the same sequence up to and including the row's own position.
+
+    Device tensors drive kernels; the ``*_host`` lists mirror them so the CPU
+    reference path never needs a device-to-host copy.
+    """
+
+    query_start: torch.Tensor  # int32 [B + 1], cumulative new-token counts
+    seq_lens: torch.Tensor  # int32 [B], context length including this step's tokens
+    block_tables: torch.Tensor  # int32 [B, max_blocks]; unused entries are 0
+    slot_mapping: torch.Tensor  # int64 [T], flat KV slot (block * block_size + offset); -1 = skip
+    logits_indices: torch.Tensor  # int64 [N], rows whose logits the sampler needs
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    query_lens_host: list[int] = field(default_factory=list)
+    seq_lens_host: list[int] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

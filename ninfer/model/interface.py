@@ -1,0 +1,49 @@
+"""What a model family's module must provide to the engine."""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterable
+
+import attrs
+import torch
+from torch import nn
+
+from ninfer.model.forward_batch import ForwardBatch
+
+
+@attrs.frozen
+class AttentionSpec:
+    """Shape of one attention layer's KV cache."""
+
+    num_kv_heads: int
+    head_dim: int
+
+
+class CausalLM(nn.Module, abc.ABC):
+    """A decoder-only language model over the paged KV cache.
+
+    The engine allocates one KV cache per entry of :meth:`attention_specs` (through
+    the selected KV-dtype plugin), hands them to :meth:`bind_kv_caches`, then calls
+    :meth:`forward` once per step and :meth:`compute_logits` on the rows it samples.
+    """
+
+    @abc.abstractmethod
+    def attention_specs(self) -> list[AttentionSpec]:
+        """One entry per layer that keeps a paged KV cache, in layer order."""
+
+    @abc.abstractmethod
+    def bind_kv_caches(self, caches: list) -> None:
+        """Attach the allocated caches (same order as :meth:`attention_specs`)."""
+
+    @abc.abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """``input_ids``/``positions``: int64 [T]. Returns final hidden states [T, hidden]."""
+
+    @abc.abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden rows [N, hidden] -> float32 logits [N, vocab]."""
+
+    @abc.abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Consume checkpoint tensors by their Hugging Face names."""

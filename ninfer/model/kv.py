@@ -1,0 +1,42 @@
+"""KV-cache storage formats (the ``kv_dtype`` plugin kind)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+import attrs
+import torch
+
+from ninfer.model.forward_batch import ForwardBatch
+
+
+class KVCache(abc.ABC):
+    """The paged K/V store of one attention layer.
+
+    Pages hold ``block_size`` tokens. A format decides how values are stored
+    (plain, quantized with scales, ...) and therefore also how attention reads them.
+    """
+
+    @abc.abstractmethod
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store new keys/values [T, num_kv_heads, head_dim] at flat slots [T] (-1 = skip)."""
+
+    @abc.abstractmethod
+    def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+        """Causal attention of queries [T, num_heads, head_dim] over the cached context."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Device bytes held by this cache."""
+
+
+@attrs.frozen
+class KVDtype:
+    name: str
+    description: str
+    #: storage bytes per cached element for a model computing in the given dtype
+    bytes_per_element: Callable[[torch.dtype], float]
+    #: allocate(num_blocks, block_size, num_kv_heads, head_dim, model_dtype, device) -> KVCache
+    allocate: Callable[..., KVCache]

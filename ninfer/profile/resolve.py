@@ -1,0 +1,72 @@
+"""Filling in derived defaults, and matching a profile's plugin choices to a registry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ninfer.profile.schema import Profile
+
+if TYPE_CHECKING:
+    from ninfer.plugins import PluginRegistry
+
+HOST_STATE_SLOTS = 8
+HOST_KV_MIB = 8192
+LONG_ANCHORS_PER_CONTINUATION = 2
+
+
+def resolve(profile: Profile) -> Profile:
+    """The profile with every derived default filled in; values already set are kept.
+
+    ``kv_capacity`` follows ``max_context`` (``"auto"`` stays for the engine to size).
+    Context-cache capacities are left None when prefix reuse is off: that mode has no
+    cache, and leaving them unset keeps the printed profile loadable again.
+    """
+    e, c = profile.engine, profile.cache
+    engine = attrs.evolve(e, kv_capacity=e.max_context if e.kv_capacity is None else e.kv_capacity)
+    if not e.prefix_reuse:
+        return attrs.evolve(profile, engine=engine)
+    n = e.max_concurrency
+    derived = {
+        "device_state_slots": n,
+        "host_state_slots": HOST_STATE_SLOTS,
+        "host_kv_mib": HOST_KV_MIB,
+        "max_private_continuations": 2 * n,
+        "max_shared_prefixes": max(n, 4),
+        "max_long_anchors_per_continuation": LONG_ANCHORS_PER_CONTINUATION,
+    }
+    cache = attrs.evolve(c, **{k: v for k, v in derived.items() if getattr(c, k) is None})
+    return attrs.evolve(profile, engine=engine, cache=cache)
+
+
+def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
+    """Every plugin the profile names but the registry lacks, as ``key.path: ...`` messages.
+
+    Also checks ``speculative.draft_tokens`` against the chosen backend's declared range.
+    ``None`` selections mean "the default" and are not checked here.
+    """
+    from ninfer.plugins import UnknownCapabilityError
+
+    wanted: list[tuple[str, str, str | None]] = [
+        ("kv_dtype", "engine.kv_dtype", profile.engine.kv_dtype),
+        ("speculative_backend", "speculative.backend", profile.speculative.backend),
+        ("tool_parser", "tools.parser", profile.tools.parser),
+        ("reasoning_parser", "reasoning.parser", profile.reasoning.parser),
+        *(("protocol", "server.protocols", name) for name in profile.server.protocols or ()),
+    ]
+    errors = []
+    for kind, key, name in wanted:
+        if name is None:
+            continue
+        try:
+            obj = registry.get(kind, name, key=key)
+        except UnknownCapabilityError as e:
+            errors.append(str(e))
+            continue
+        draft = profile.speculative.draft_tokens
+        if kind == "speculative_backend" and draft is not None:
+            lo, hi = obj.draft_tokens
+            if not lo <= draft <= hi:
+                errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
+    return errors

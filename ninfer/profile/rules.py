@@ -1,0 +1,46 @@
+"""Checks that involve more than one key; per-key checks live in the schema."""
+
+from __future__ import annotations
+
+import attrs
+
+from ninfer.profile.schema import SPEC_DRAFT_RANGES, Profile
+
+REDACTED = "<redacted>"
+
+
+def cross_checks(p: Profile) -> list[str]:
+    """Every rule the profile breaks, as ``key.path: message`` lines."""
+    errors: list[str] = []
+    if p.model is None:
+        errors.append("model: required: a checkpoint directory or tiny:FAMILY (give MODEL_PATH or set it "
+                      "in the profile)")
+    elif p.model.startswith("tiny:") and not p.model[len("tiny:"):]:
+        errors.append("model: tiny:FAMILY needs a family name, e.g. tiny:qwen3")
+    if p.server.api_key == REDACTED:
+        errors.append(f"server.api_key: {REDACTED!r} is what --check prints in place of the key; give the "
+                      "real key, e.g. ${NINFER_API_KEY}")
+    errors += _speculative(p)
+    if not p.engine.prefix_reuse:
+        # Root-only mode has no context cache, so sizing one is a contradiction even at zero.
+        for f in attrs.fields(type(p.cache)):
+            if getattr(p.cache, f.name) is not None:
+                errors.append(f"cache.{f.name}: not allowed when engine.prefix_reuse is false "
+                              "(--no-prefix-reuse runs without a context cache)")
+    return errors
+
+
+def _speculative(p: Profile) -> list[str]:
+    s = p.speculative
+    if s.backend is None:
+        return [f"speculative.{name}: needs speculative.backend (--spec)"
+                for name, given in (("draft_tokens", s.draft_tokens is not None), ("lm_head_draft", s.lm_head_draft))
+                if given]
+    lo, hi = SPEC_DRAFT_RANGES.get(s.backend, (1, None))
+    allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+    if s.draft_tokens is None:
+        return [f"speculative.draft_tokens: required with speculative.backend {s.backend!r} ({allowed})"]
+    if hi is not None and not lo <= s.draft_tokens <= hi:
+        return [f"speculative.draft_tokens: expected an integer in {allowed} for speculative.backend "
+                f"{s.backend!r}, got {s.draft_tokens}"]
+    return []

@@ -1,0 +1,150 @@
+"""The Qwen3-style decoder-only model shared by the dense and mixture-of-experts families."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer.model.interface import AttentionSpec, CausalLM
+from ninfer_kernels.rope import rope_cos_sin
+from ninfer_plugins.models.config import DecoderConfig
+from ninfer_plugins.models.layers import DecoderLayer, Embedding, GatedMLP, Linear, RMSNorm
+from ninfer_plugins.models.moe import Experts, SparseMoE
+
+# checkpoint tensors that live inside one of our fused or stacked parameters
+_FUSED_NAME = re.compile(r"^(?P<module>.+)\.(?P<proj>[qkv]_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
+_EXPERT_NAME = re.compile(
+    r"^(?P<module>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+# tensors some checkpoints carry that the model recomputes
+_IGNORED_NAME = re.compile(r"\.rotary_emb\.inv_freq$")
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+class DecoderStack(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self._mlp(cfg, i)) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    @staticmethod
+    def _mlp(cfg: DecoderConfig, layer: int) -> nn.Module:
+        if cfg.is_sparse(layer):
+            return SparseMoE(
+                cfg.hidden_size,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.moe_intermediate_size,
+                cfg.norm_topk_prob,
+            )
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+
+class DecoderLM(CausalLM):
+    """Embeddings, pre-norm decoder layers, final norm and LM head (optionally tied)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderStack(cfg)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        cos_sin = rope_cos_sin(
+            cfg.max_positions,
+            cfg.head_dim,
+            cfg.rope_theta,
+            torch.get_default_dtype(),
+            self.lm_head.weight.device,
+            cfg.rope_scaling,
+        )
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
+
+    # -- engine contract -------------------------------------------------------
+    def attention_specs(self) -> list[AttentionSpec]:
+        return [AttentionSpec(self.cfg.num_kv_heads, self.cfg.head_dim)] * self.cfg.num_layers
+
+    def bind_kv_caches(self, caches: list) -> None:
+        if len(caches) != self.cfg.num_layers:
+            raise ValueError(f"expected {self.cfg.num_layers} KV caches, got {len(caches)}")
+        for layer, cache in zip(self.model.layers, caches):
+            layer.self_attn.kv_cache = cache
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(positions, x, residual, batch, self.cos_sin)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    # -- checkpoint loading ----------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy every checkpoint tensor into place; fail on unknown names and on gaps.
+
+        Accepts separate q/k/v and gate/up projections (fused here), and experts either
+        one tensor per expert (Hugging Face hub checkpoints) or already stacked.
+        """
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        filled = dict.fromkeys(params, 0)
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = self._route(name, params, modules)
+                if target is None:
+                    continue
+                param_name, index = target
+                dest = params[param_name].data[index]
+                if dest.shape != tensor.shape:
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}"
+                    )
+                dest.copy_(tensor)
+                filled[param_name] += dest.numel()
+        missing = [n for n, p in params.items() if filled[n] < p.numel()]
+        if missing:
+            raise ValueError(
+                f"checkpoint leaves {len(missing)} model parameter(s) unfilled or partly filled: {missing[:5]}"
+            )
+
+    def _route(
+        self, name: str, params: dict[str, nn.Parameter], modules: dict[str, nn.Module]
+    ) -> tuple[str, tuple] | None:
+        """Our (parameter name, index) for a checkpoint tensor, or None to skip it."""
+        if name in params:
+            return name, ()
+        if _IGNORED_NAME.search(name) or (name == "lm_head.weight" and self.cfg.tie_word_embeddings):
+            return None
+        if (m := _EXPERT_NAME.match(name)) and isinstance(modules.get(m["module"]), Experts):
+            param, index = modules[m["module"]].expert_slice(int(m["expert"]), m["proj"])
+            return f"{m['module']}.{param}", index
+        if (m := _FUSED_NAME.match(name)) and hasattr(modules.get(m["module"]), "fused_shards"):
+            shards = modules[m["module"]].fused_shards()
+            if m["proj"] in shards:
+                fused, rows = shards[m["proj"]]
+                return f"{m['module']}.{fused}.{m['kind']}", (rows,)
+        raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
+
+
+def build_decoder(config: dict, dtype: torch.dtype, device: torch.device | str) -> DecoderLM:
+    """An unloaded model for a Hugging Face config dict, parameters on ``device``."""
+    with torch.device(device), default_dtype(dtype):
+        return DecoderLM(DecoderConfig.from_hf(config)).eval()

@@ -1,0 +1,139 @@
+"""Decoder building blocks shared by the Qwen3 families.
+
+Parameters are created with ``torch.empty`` (no random init: the checkpoint overwrites
+them, and initialising a multi-billion-parameter model would cost seconds) and without
+gradients. Module and parameter names follow the Hugging Face layout, except for the
+fused projections (``qkv_proj``, ``gate_up_proj``) that
+:class:`ninfer_plugins.models.decoder.DecoderLM` fills from the separate checkpoint
+tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer.model.kv import KVCache
+from ninfer_kernels import ops
+from ninfer_plugins.models.config import DecoderConfig
+
+
+def empty_param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with the weight stored ``[out, in]`` as in checkpoints."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = empty_param(out_features, in_features)
+        self.bias = empty_param(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int):
+        super().__init__()
+        self.weight = empty_param(num_embeddings, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = empty_param(dim)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normalised ``x``, or ``(normalised x + residual, x + residual)`` with a residual."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    """GQA self-attention with per-head q/k RMSNorm before RoPE, over the paged KV cache."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, cfg.attention_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.kv_cache: KVCache | None = None
+
+    def fused_shards(self) -> dict[str, tuple[str, slice]]:
+        """Checkpoint projection -> (our fused module, its rows that hold it)."""
+        q, kv = self.q_size, self.kv_size
+        return {
+            "q_proj": ("qkv_proj", slice(0, q)),
+            "k_proj": ("qkv_proj", slice(q, q + kv)),
+            "v_proj": ("qkv_proj", slice(q + kv, q + 2 * kv)),
+        }
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
+        q, k = ops.apply_rope(q, k, positions, cos_sin, self.head_dim)
+        assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
+        self.kv_cache.write(k, v.reshape(tokens, self.num_kv_heads, self.head_dim), batch.slot_mapping)
+        out = self.kv_cache.attend(q, batch, self.scale)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP with gate and up projections fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def fused_shards(self) -> dict[str, tuple[str, slice]]:
+        """Checkpoint projection -> (our fused module, its rows that hold it)."""
+        i = self.intermediate_size
+        return {"gate_proj": ("gate_up_proj", slice(0, i)), "up_proj": ("gate_up_proj", slice(i, 2 * i))}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; the residual stream is carried between layers so norms can fuse the add."""
+
+    def __init__(self, cfg: DecoderConfig, mlp: nn.Module):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        cos_sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, batch, cos_sin)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual

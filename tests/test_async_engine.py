@@ -1,0 +1,87 @@
+"""The engine thread + asyncio streaming API used by the HTTP layer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ninfer import LLM, SamplingParams
+from ninfer.engine.async_engine import AsyncEngine
+from ninfer.engine.output_processor import RequestOutputState
+from ninfer.engine.request import EngineRequest
+from ninfer.errors import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3):
+    return LLM(str(tiny_qwen3), dtype="fp32", device="cpu", max_concurrency=4, prefill_chunk=8, block_size=4,
+               max_context=256, kv_capacity=1024)
+
+
+async def _collect(engine: AsyncEngine, req: EngineRequest):
+    text, ids, last = "", [], None
+    async for event in engine.generate(req):
+        text += event.text
+        ids += event.token_ids
+        last = event
+    return text, ids, last
+
+
+def test_stream_equals_offline_and_cancel_frees_pages(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Streaming through the async engine")
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    offline = llm.generate({"prompt_token_ids": ids}, greedy)[0].outputs[0]
+    engine = AsyncEngine(llm.engine, stats_interval_s=0)
+    engine.start()
+    try:
+
+        async def main():
+            streams = await asyncio.gather(
+                *[_collect(engine, EngineRequest(f"s{i}", ids, greedy)) for i in range(3)]
+            )
+            for text, token_ids, last in streams:
+                assert token_ids == offline.token_ids and text == offline.text
+                assert last.finished and last.finish_reason == "length"
+
+            # A consumer that stops early aborts its request and frees its pages.
+            agen = engine.generate(EngineRequest("cancel-me", ids, SamplingParams(max_tokens=200, ignore_eos=True)))
+            await agen.__anext__()
+            await agen.aclose()
+            for _ in range(100):
+                if llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.has_unfinished():
+                    break
+                await asyncio.sleep(0.02)
+            assert llm.engine.block_manager.num_used_blocks == 0
+
+            with pytest.raises(InvalidRequestError):
+                await _collect(engine, EngineRequest("bad", ids, SamplingParams(top_k=-1)))
+
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+
+
+def test_one_failing_request_does_not_disturb_others(llm, monkeypatch):
+    original = RequestOutputState.on_token
+
+    def flaky(self, token_id):
+        if getattr(self, "_poisoned", False):
+            raise RuntimeError("boom")
+        return original(self, token_id)
+
+    monkeypatch.setattr(RequestOutputState, "on_token", flaky)
+    engine = llm.engine
+    tok = llm.get_tokenizer()
+    engine.add_request(EngineRequest("good", tok.encode("fine"), SamplingParams(max_tokens=5, ignore_eos=True)))
+    engine.add_request(EngineRequest("bad", tok.encode("broken"), SamplingParams(max_tokens=5, ignore_eos=True)))
+    engine._requests["bad"].out._poisoned = True
+    finals = {}
+    while engine.has_unfinished():
+        for ev in engine.step():
+            if ev.finished:
+                finals[ev.request_id] = ev
+    assert finals["bad"].finish_reason == "error" and finals["bad"].error is not None
+    assert finals["good"].finish_reason == "length" and finals["good"].num_output_tokens == 5
+    assert engine.block_manager.num_used_blocks == 0

@@ -1,0 +1,188 @@
+"""``ninfer-serve``: exit codes, --check / --list-plugins output, startup, and log lines."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import attrs
+import pytest
+import yaml
+from loguru import logger
+
+from ninfer.cli.serve import main
+from ninfer.hookspecs import hookimpl
+from ninfer.plugins import KINDS, PluginRegistry
+from ninfer.profile import Profile
+from ninfer.profile.schema import SECTIONS
+
+SERVE = Path(sys.executable).with_name("ninfer-serve")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+# Loads one light plugin only, so these runs neither import torch nor depend on other plugins.
+LIGHT = {"NINFER_PLUGINS": "qwen3_reasoning"}
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO server ready$")
+
+
+def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **LIGHT, **(env or {})}
+    return subprocess.run([str(SERVE), *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+@pytest.mark.parametrize("args,key,allowed", [
+    (["--max-concurrency", "0"], "engine.max_concurrency", "1..8"),
+    (["--top-k", "21"], "sampling.top_k", "0..20"),
+    (["--spec", "mtp", "--draft-tokens", "6"], "speculative.draft_tokens", "1..5"),
+    (["--draft-tokens", "3"], "speculative.draft_tokens", "speculative.backend"),
+    (["--no-prefix-reuse", "--device-state-slots", "0"], "cache.device_state_slots", "prefix_reuse"),
+])
+def test_invalid_flags_exit_2_naming_the_key(args, key, allowed):
+    result = serve("tiny:qwen3", *args)
+    assert result.returncode == 2
+    line = next(l for l in result.stderr.splitlines() if key in l)
+    assert allowed in line and result.stdout == ""
+
+
+def test_all_errors_are_reported_at_once(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("engine:\n  max_concurrency: 9\n  unknown_knob: 1\n")
+    result = serve("--profile", str(profile), "--top-k", "21", "--check")
+    assert result.returncode == 2
+    for key in ["engine.max_concurrency", "engine.unknown_knob", "sampling.top_k", "model: required"]:
+        assert key in result.stderr
+
+
+def test_check_prints_every_key_and_flags_beat_the_profile(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("model: /nowhere/ckpt\nengine:\n  max_context: 4096\n  max_concurrency: 2\n")
+    result = serve("--profile", str(profile), "--max-context", "2048", "--no-thinking", "--check")
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(result.stdout)
+    assert set(data) == {"model", "model_id", "dtype", *SECTIONS}
+    for section, cls in SECTIONS.items():
+        assert set(data[section]) == {f.name for f in attrs.fields(cls)}
+    assert data["model"] == "/nowhere/ckpt"  # not checked for existence before model load
+    assert (data["engine"]["max_context"], data["engine"]["kv_capacity"]) == (2048, 2048)
+    assert (data["engine"]["max_concurrency"], data["cache"]["max_private_continuations"]) == (2, 4)
+    assert data["reasoning"]["thinking"] is False
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "qwen27b-fp8-mtp.yaml"])
+def test_shipped_configs_pass_check(name):
+    result = serve("--profile", str(CONFIGS / name), "--check")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["cache"]["host_kv_mib"] == 8192
+
+
+def test_check_uses_the_demo_profile_and_redacts_env_api_key(tmp_path):
+    result = serve("--check")
+    assert result.returncode == 0 and yaml.safe_load(result.stdout)["model"] == "tiny:qwen3"
+    profile = tmp_path / "p.yaml"
+    profile.write_text("model: tiny:qwen3\nserver:\n  api_key: ${NINFER_TEST_API_KEY}\n")
+    result = serve("--profile", str(profile), "--check", env={"NINFER_TEST_API_KEY": "s3cret-value"})
+    assert result.returncode == 0
+    assert yaml.safe_load(result.stdout)["server"]["api_key"] == "<redacted>"
+    assert "s3cret-value" not in result.stdout + result.stderr
+    result = serve("--profile", str(profile), "--check")
+    assert result.returncode == 2
+    assert "server.api_key" in result.stderr and "NINFER_TEST_API_KEY" in result.stderr
+
+
+def test_unknown_plugin_names_warn_with_check_but_fail_at_startup():
+    checked = serve("tiny:qwen3", "--kv-dtype", "nope", "--check")
+    assert checked.returncode == 0
+    assert "warning: engine.kv_dtype: no plugin provides kv_dtype 'nope'" in checked.stderr
+    started = serve("tiny:qwen3", "--kv-dtype", "nope", env={"NINFER_PLUGINS": "kv_native"})
+    assert started.returncode == 2
+    line = next(l for l in started.stderr.splitlines() if "engine.kv_dtype" in l)
+    assert "bf16" in line.split("available:")[1]
+
+
+def test_list_plugins_lists_every_kind():
+    result = serve("--list-plugins")
+    assert result.returncode == 0, result.stderr
+    for kind in KINDS.values():
+        assert f"\n{kind}:" in "\n" + result.stdout
+    assert "qwen3" in result.stdout and "not loaded (allowlist)" in result.stdout
+    assert "selected by the profile:" in result.stdout
+
+
+def test_help_check_and_list_plugins_do_not_import_torch():
+    code = ("import sys\nfrom ninfer.cli.serve import main\n"
+            "assert main(['--check']) == 0 and main(['--list-plugins']) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **LIGHT})
+    assert result.returncode == 0, result.stderr
+    assert serve("--help").returncode == 0
+
+
+@pytest.fixture
+def restore_logging():
+    yield
+    logger.remove()
+    logger.add(lambda message: sys.stderr.write(message))  # loguru's default sink, following pytest's capture
+
+
+class _KvPlugin:
+    @hookimpl
+    def register_kv_dtypes(self, register):
+        register(types.SimpleNamespace(name="bf16", description=""))
+
+
+def _fake_registry(allow=None) -> PluginRegistry:
+    registry = PluginRegistry(allow)
+    registry.register_plugin(_KvPlugin(), name="fake_kv")
+    return registry
+
+
+def test_startup_logs_a_summary_then_runs_the_server(monkeypatch, capsys, restore_logging):
+    calls: list[tuple[Profile, PluginRegistry]] = []
+    server = types.ModuleType("ninfer.server")
+    server.run = lambda profile, registry: calls.append((profile, registry))
+    monkeypatch.setitem(sys.modules, "ninfer.server", server)
+    monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
+    assert main(["tiny:qwen3", "--max-concurrency", "2", "--device", "cpu"]) == 0
+    (profile, registry), = calls
+    assert profile.cache.max_private_continuations == 4 and registry.names("kv_dtype") == ["bf16"]
+    err = capsys.readouterr().err
+    for text in ["model tiny:qwen3", "device cpu", "dtype fp32", "concurrency 2", "speculative decoding: off",
+                 "kv_dtype bf16 (fake_kv)"]:
+        assert text in err, text
+
+
+def test_missing_server_module_exits_1(monkeypatch, capsys, restore_logging):
+    monkeypatch.setitem(sys.modules, "ninfer.server", None)
+    monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
+    assert main(["tiny:qwen3", "--device", "cpu"]) == 1
+    assert "HTTP server is not available" in capsys.readouterr().err
+
+
+LOG_SCRIPT = ("import sys\nfrom loguru import logger\nfrom ninfer.log import setup_logging\n"
+              "setup_logging(sys.argv[1])\nlogger.info('server ready')\nlogger.debug('planning detail')\n")
+
+
+def test_log_lines_have_the_format_and_no_escapes_when_redirected():
+    result = subprocess.run([sys.executable, "-c", LOG_SCRIPT, "info"], capture_output=True, text=True, timeout=60)
+    assert LOG_LINE.match(result.stderr.rstrip("\n")), result.stderr
+    assert "\x1b" not in result.stderr
+    debug = subprocess.run([sys.executable, "-c", LOG_SCRIPT, "debug"], capture_output=True, text=True, timeout=60)
+    assert "DEBUG planning detail" in debug.stderr
+    off = subprocess.run([sys.executable, "-c", LOG_SCRIPT, "off"], capture_output=True, text=True, timeout=60)
+    assert off.stderr == ""
+
+
+def test_log_lines_are_coloured_on_a_terminal():
+    controller, terminal = pty.openpty()
+    try:
+        subprocess.run([sys.executable, "-c", LOG_SCRIPT, "info"], stderr=terminal, stdout=subprocess.DEVNULL,
+                       timeout=60, check=True)
+        output = os.read(controller, 4096).decode()
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert "\x1b[" in output and "server ready" in output

@@ -1,0 +1,261 @@
+"""Triton kernels against the plain-torch references.
+
+Without CUDA they run in Triton's interpreter (conftest sets TRITON_INTERPRET before
+any kernel module loads), so shapes stay tiny; the ``gpu`` tests repeat the
+comparison at real model shapes on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ninfer.model.forward_batch import ForwardBatch  # noqa: E402
+from ninfer_kernels import activation, attention, norm, ops, rope  # noqa: E402
+from ninfer_kernels.triton import activation as t_activation  # noqa: E402
+from ninfer_kernels.triton import kv_write as t_kv_write  # noqa: E402
+from ninfer_kernels.triton import norm as t_norm  # noqa: E402
+from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
+from ninfer_kernels.triton import rope as t_rope  # noqa: E402
+
+torch.set_num_threads(2)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+#: per-dtype tolerance on a relative-norm error, and on elementwise comparisons
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+# -- paged attention ----------------------------------------------------------------
+
+
+def make_batch(specs: list[tuple[int, int]], page: int, gen: torch.Generator, pad_rows: int = 0):
+    """(cached prefix, new tokens) per sequence -> batch with shuffled pages, block count."""
+    seq_lens = [p + n for p, n in specs]
+    pages = [math.ceil(s / page) for s in seq_lens]
+    num_blocks = sum(pages) + 2
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(specs), max(pages) + 1, dtype=torch.int32)  # a spare column, as real tables have
+    slots: list[int] = []
+    for i, ((prefix, new), n) in enumerate(zip(specs, pages)):
+        tables[i, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+        ids = ids[n:]
+        slots += [int(tables[i, p // page]) * page + p % page for p in range(prefix, prefix + new)]
+    q_lens = [n for _, n in specs]
+    batch = ForwardBatch(
+        query_start=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots + [-1] * pad_rows, dtype=torch.int64),
+        logits_indices=torch.tensor(q_lens, dtype=torch.int64).cumsum(0) - 1,
+        block_size=page, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
+        query_lens_host=q_lens, seq_lens_host=seq_lens,
+    )
+    return batch, num_blocks
+
+
+def to_device(batch: ForwardBatch, device: str) -> ForwardBatch:
+    for name in ("query_start", "seq_lens", "block_tables", "slot_mapping", "logits_indices"):
+        setattr(batch, name, getattr(batch, name).to(device))
+    return batch
+
+
+def attention_case(specs, page, heads, kv_heads, head_dim, dtype, seed, pad_rows=0, device=DEVICE):
+    """Random q and a cache that is NaN wherever no sequence wrote, plus the batch."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, num_blocks = make_batch(specs, page, gen, pad_rows)
+    shape = (num_blocks, page, kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    for i, s in enumerate(batch.seq_lens_host):
+        slots = torch.tensor([int(batch.block_tables[i, p // page]) * page + p % page for p in range(s)])
+        k_cache.view(-1, kv_heads, head_dim)[slots] = torch.randn(s, kv_heads, head_dim, generator=gen).to(dtype)
+        v_cache.view(-1, kv_heads, head_dim)[slots] = torch.randn(s, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(sum(batch.query_lens_host) + pad_rows, heads, head_dim, generator=gen).to(dtype)
+    return q.to(device), k_cache.to(device), v_cache.to(device), to_device(batch, device)
+
+
+#: (cached prefix, new tokens) per sequence; contexts past 64 keys (one key tile) reach
+#: the kernel's unmasked-tile loop as well as its masked tail.
+CASES = {
+    "decode": [(5, 1), (17, 1), (0, 1), (150, 1)],
+    "prefill": [(0, 7), (0, 20)],
+    "chunk_on_prefix": [(140, 9)],
+    "mixed": [(0, 6), (9, 1), (80, 5), (3, 1), (21, 16)],
+}
+
+
+@pytest.mark.parametrize(
+    "case,page,heads,splits",
+    [
+        ("decode", 16, (8, 2), 1), ("decode", 4, (8, 2), 3), ("decode", 1, (6, 1), 2),
+        ("prefill", 4, (4, 4), 1), ("prefill", 16, (8, 2), 2),
+        ("chunk_on_prefix", 1, (8, 2), 1), ("chunk_on_prefix", 16, (6, 1), 3),
+        ("mixed", 4, (8, 2), 1), ("mixed", 16, (4, 4), 2), ("mixed", 1, (6, 1), None),
+    ],
+)
+def test_paged_attention_matches_reference(case, page, heads, splits):
+    q, k_cache, v_cache, batch = attention_case(CASES[case], page, *heads, 16, torch.float32, seed=page + heads[0])
+    want = attention.paged_attention(q, k_cache, v_cache, batch, 0.25)
+    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=splits)
+    assert got.dtype == q.dtype and got.shape == want.shape
+    assert rel_err(got, want) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_paged_attention_bf16_and_padding_rows(splits):
+    # head_dim 24 is not a power of two: the kernel pads its tiles and masks.
+    q, k_cache, v_cache, batch = attention_case(CASES["mixed"], 4, 8, 2, 24, torch.bfloat16, seed=9, pad_rows=3)
+    want = attention.paged_attention(q, k_cache, v_cache, batch, 24**-0.5)
+    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 24**-0.5, num_splits=splits)
+    assert got.dtype == torch.bfloat16
+    assert rel_err(got[:-3], want[:-3]) < TOL[torch.bfloat16]
+    assert torch.equal(got[-3:], torch.zeros_like(got[-3:]))
+
+
+def test_split_heuristic_fills_the_gpu_only_when_needed():
+    cpu = torch.device("cpu")  # counts 4 multiprocessors, so the target is 16 programs
+    assert t_attention._num_splits(base_programs=2, max_seq_len=8192, device=cpu) == 8
+    assert t_attention._num_splits(base_programs=2, max_seq_len=300, device=cpu) == 2  # no tiny splits
+    assert t_attention._num_splits(base_programs=16, max_seq_len=8192, device=cpu) == 1
+
+
+# -- KV write ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_matches_reference_and_skips_padding(dtype):
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(6, 4, 2, 8, generator=gen).to(dtype)
+    v_cache = torch.randn(6, 4, 2, 8, generator=gen).to(dtype)
+    # k and v as strided views of one fused projection, as the attention layer passes them.
+    fused = torch.randn(5, 3 * 16, generator=gen).to(dtype)
+    slots = torch.tensor([9, -1, 0, 23, -1])
+    k_cache, v_cache, fused, slots = (t.to(DEVICE) for t in (k_cache, v_cache, fused, slots))
+    k = fused[:, 16:32].reshape(5, 2, 8)
+    v = fused[:, 32:].reshape(5, 2, 8)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    attention.write_kv(want_k, want_v, k, v, slots)
+    t_kv_write.write_kv(k_cache, v_cache, k, v, slots)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+# -- norm, activation, rope --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_reference(dtype, with_residual):
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(7, 96, generator=gen) * 3).to(dtype)
+    w = (torch.rand(96, generator=gen) + 0.5).to(dtype)
+    res = torch.randn(7, 96, generator=gen).to(dtype).to(DEVICE) if with_residual else None
+    x, w = x.to(DEVICE), w.to(DEVICE)
+    want = norm.rms_norm(x, w, 1e-6, res)
+    got = t_norm.rms_norm(x, w, 1e-6, res)
+    if with_residual:
+        # The carried residual is the rounded sum (bit-equal on GPU; the interpreter
+        # truncates float32 -> bfloat16 where CUDA rounds to nearest, hence a tolerance).
+        torch.testing.assert_close(got[1], want[1], atol=0, rtol=0 if dtype == torch.float32 else 1e-2)
+        got, want = got[0], want[0]
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_rms_norm_per_head_on_strided_view():
+    gen = torch.Generator().manual_seed(12)
+    fused = torch.randn(5, 3 * 64, generator=gen).to(DEVICE)
+    q = fused[:, :64].reshape(5, 4, 16)  # per-head q-norm input: rows are not evenly strided
+    w = (torch.rand(16, generator=gen) + 0.5).to(DEVICE)
+    torch.testing.assert_close(t_norm.rms_norm(q, w, 1e-6), norm.rms_norm(q, w, 1e-6), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(13)
+    x = (torch.randn(2, 3, 2 * 40, generator=gen) * 4).to(dtype).to(DEVICE)
+    got = t_activation.silu_and_mul(x)
+    assert got.shape == (2, 3, 40) and got.dtype == dtype
+    torch.testing.assert_close(got, activation.silu_and_mul(x), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim,dtype", [(32, 32, torch.float32), (32, 8, torch.float32),
+                                                       (24, 12, torch.bfloat16)])
+def test_apply_rope_matches_reference(head_dim, rotary_dim, dtype):
+    gen = torch.Generator().manual_seed(head_dim + rotary_dim)
+    table = rope.rope_cos_sin(256, rotary_dim, 1_000_000.0, torch.float32, DEVICE)
+    positions = torch.randint(0, 256, (9,), generator=gen).to(DEVICE)
+    fused = torch.randn(9, 8 * head_dim, generator=gen).to(dtype).to(DEVICE)
+    q = fused[:, : 6 * head_dim].reshape(9, 6, head_dim)  # strided views, as after the QKV split
+    k = fused[:, 6 * head_dim :].reshape(9, 2, head_dim)
+    want_q, want_k = rope.apply_rope(q, k, positions, table, rotary_dim)
+    got_q, got_k = t_rope.apply_rope(q, k, positions, table, rotary_dim)
+    torch.testing.assert_close(got_q, want_q, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(got_k, want_k, atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.equal(got_q[..., rotary_dim:], q[..., rotary_dim:])
+    assert torch.equal(q, fused[:, : 6 * head_dim].reshape(9, 6, head_dim))  # inputs untouched
+
+
+def test_every_op_has_a_triton_kernel():
+    for op, impls in ops.IMPLEMENTATIONS.items():
+        assert impls["triton"] is not None, op
+        assert ops.choose(op, "cpu") is impls["reference"]
+
+
+# -- real shapes on CUDA (Qwen3-8B: 32 q heads, 8 KV heads, head_dim 128) -----------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("splits", [1, None])
+@pytest.mark.parametrize("specs", [[(2047, 1)] * 8, [(0, 1024)], [(3000, 500), (100, 1), (0, 300)]],
+                         ids=["decode", "prefill", "mixed"])
+def test_paged_attention_real_shapes(specs, splits):
+    q, k_cache, v_cache, batch = attention_case(specs, 16, 32, 8, 128, torch.bfloat16, seed=1, pad_rows=2,
+                                                device="cuda")
+    want = attention.paged_attention(q, k_cache, v_cache, batch, 128**-0.5)
+    got = ops.paged_attention(q, k_cache, v_cache, batch, 128**-0.5) if splits is None else \
+        t_attention.paged_attention(q, k_cache, v_cache, batch, 128**-0.5, num_splits=splits)
+    assert rel_err(got[:-2], want[:-2]) < 1e-2
+    assert torch.equal(got[-2:], torch.zeros_like(got[-2:]))
+
+
+@gpu
+@needs_cuda
+def test_small_kernels_real_shapes_on_cuda():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    res = torch.randn_like(x)
+    w = torch.rand(4096, device="cuda", generator=gen, dtype=torch.bfloat16) + 0.5
+    out, new_res = ops.rms_norm(x, w, 1e-6, res)
+    want, want_res = norm.rms_norm(x, w, 1e-6, res)
+    assert torch.equal(new_res, want_res)
+    assert rel_err(out, want) < 1e-2
+
+    gate_up = torch.randn(300, 2 * 12288, device="cuda", generator=gen, dtype=torch.bfloat16)
+    assert rel_err(ops.silu_and_mul(gate_up), activation.silu_and_mul(gate_up)) < 1e-2
+
+    q = torch.randn(300, 32, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    k = torch.randn(300, 8, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    pos = torch.randint(0, 4096, (300,), device="cuda", generator=gen)
+    table = rope.rope_cos_sin(4096, 128, 1_000_000.0, torch.float32, "cuda")
+    for got, want in zip(ops.apply_rope(q, k, pos, table, 128), rope.apply_rope(q, k, pos, table, 128)):
+        assert rel_err(got, want) < 1e-2
+
+    caches = [torch.randn(64, 16, 8, 128, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2)]
+    ref = [c.clone() for c in caches]
+    slots = torch.randperm(64 * 16, device="cuda", generator=gen)[:300]
+    slots[::5] = -1
+    kf, vf = k.float(), torch.randn(300, 8, 128, device="cuda", generator=gen)  # cast on the way in
+    ops.write_kv(*caches, kf, vf, slots)
+    attention.write_kv(*ref, kf, vf, slots)
+    assert torch.equal(caches[0], ref[0]) and torch.equal(caches[1], ref[1])

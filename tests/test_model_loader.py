@@ -1,0 +1,83 @@
+"""Checkpoint loading: family lookup, config layouts, strict tensor accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.model.loader import find_family, iter_weights, load_model, read_config, read_generation_config
+from ninfer.plugins import UnknownCapabilityError, load_registry
+from ninfer_plugins.models.config import DecoderConfig, rope_settings
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_registry()
+
+
+def test_family_is_found_by_architecture_then_model_type(registry):
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3"}
+    assert find_family(registry, moe).name == "qwen3_moe"
+    assert find_family(registry, {"architectures": ["SomethingElse"], "model_type": "qwen3"}).name == "qwen3"
+    with pytest.raises(UnknownCapabilityError, match="qwen3_moe"):
+        find_family(registry, {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+
+
+def test_both_rope_config_layouts_agree():
+    classic = {"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    nested = {"rope_parameters": {"rope_theta": 5e5, "rope_type": "linear", "factor": 2.0}}
+    assert rope_settings(classic) == rope_settings(nested) == (5e5, {"rope_type": "linear", "factor": 2.0})
+    assert rope_settings({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}) == (1e6, None)
+    assert rope_settings({"rope_theta": 1e6, "rope_scaling": None}) == (1e6, None)
+
+
+def test_expert_count_is_read_under_either_name(tiny_qwen3_moe):
+    config = read_config(tiny_qwen3_moe)
+    renamed = {k: v for k, v in config.items() if k != "num_experts"} | {"num_local_experts": config["num_experts"]}
+    assert DecoderConfig.from_hf(renamed).num_experts == config["num_experts"] == 8
+    assert [DecoderConfig.from_hf(config).is_sparse(i) for i in range(3)] == [True, False, True]
+
+
+def test_load_model_uses_checkpoint_dtype_and_reads_generation_config(tiny_qwen3, registry):
+    model, config, family = load_model(tiny_qwen3, registry)
+    assert family.name == "qwen3" and config["model_type"] == "qwen3"
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not any(p.requires_grad for p in model.parameters())
+    assert read_generation_config(tiny_qwen3)["eos_token_id"]
+    assert read_generation_config(tiny_qwen3 / "missing") == {}
+
+
+def test_bfloat16_load_converts_weights(tiny_qwen3, registry):
+    model, _, _ = load_model(tiny_qwen3, registry, torch.bfloat16)
+    weights = dict(iter_weights(tiny_qwen3))
+    embed = model.model.embed_tokens.weight
+    assert embed.dtype == torch.bfloat16
+    assert torch.equal(embed, weights["model.embed_tokens.weight"].to(torch.bfloat16))
+
+
+def test_fused_projections_hold_the_checkpoint_slices(tiny_qwen3, registry):
+    model, _, _ = load_model(tiny_qwen3, registry, torch.float32)
+    weights = dict(iter_weights(tiny_qwen3))
+    qkv = model.model.layers[1].self_attn.qkv_proj.weight
+    expected = torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(qkv, expected)
+    gate_up = model.model.layers[0].mlp.gate_up_proj.weight
+    assert torch.equal(gate_up, torch.cat([weights[f"model.layers.0.mlp.{p}_proj.weight"] for p in ("gate", "up")]))
+
+
+def test_tied_head_shares_the_embedding(tiny_qwen3_moe, registry):
+    model, _, _ = load_model(tiny_qwen3_moe, registry, torch.float32)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_unknown_or_missing_tensors_are_errors(tiny_qwen3, registry):
+    config = read_config(tiny_qwen3)
+    family = find_family(registry, config)
+    weights = dict(iter_weights(tiny_qwen3))
+    model = family.build(config, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="matches no model parameter"):
+        model.load_weights([*weights.items(), ("model.layers.0.self_attn.bogus.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match=r"leaves 1 model parameter.*qkv_proj"):
+        model.load_weights((n, t) for n, t in weights.items() if n != "model.layers.2.self_attn.v_proj.weight")
+    with pytest.raises(ValueError, match="shape"):
+        model.load_weights([("model.norm.weight", torch.ones(3))])

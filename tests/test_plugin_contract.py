@@ -1,0 +1,95 @@
+"""The plugin contract: every hook documented, exercised, and loadable from entry points."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ninfer import hookspecs
+from ninfer.hookspecs import hookimpl
+from ninfer.plugins import KINDS, PluginRegistry, UnknownCapabilityError, load_registry, DuplicateCapabilityError
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("register_")]
+
+
+def test_every_hook_has_a_kind():
+    assert sorted(HOOKS) == sorted(KINDS)
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_documented(hook):
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    assert re.search(rf"^#+ .*`{hook}`", doc, re.M), f"docs/plugins.md has no section for {hook}"
+    assert getattr(hookspecs, hook).__doc__.strip(), f"{hook} has no docstring"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_is_exercised(hook):
+    """A plugin implementing the hook shows up under its kind, with its origin."""
+    kind = KINDS[hook]
+    capability = SimpleNamespace(name=f"test_{kind}", description="registered by a test")
+
+    class Plugin:
+        pass
+
+    def impl(register):
+        register(capability)
+
+    setattr(Plugin, hook, staticmethod(hookimpl(impl)))
+    registry = PluginRegistry()
+    registry.register_plugin(Plugin(), name="test-plugin", distribution="tests")
+    assert registry.get(kind, capability.name) is capability
+    assert registry.items[kind][capability.name].distribution == "tests"
+    assert f"test_{kind}" in registry.describe()
+
+
+def test_builtin_plugins_load_through_entry_points():
+    registry = load_registry()
+    assert "qwen3" in registry.names("model_family")
+    assert "qwen3_moe" in registry.names("model_family")
+    assert "bf16" in registry.names("kv_dtype")
+    assert registry.items["model_family"]["qwen3"].distribution == "ninfer"
+
+
+def test_example_third_party_plugin_is_loaded_from_its_own_distribution():
+    registry = load_registry()
+    provided = registry.items["reasoning_parser"]["bracket_think"]
+    assert provided.distribution == "ninfer-example-plugin"
+    assert provided.obj.start == "[THINK]"
+
+
+def test_allowlist_env_and_profile_intersect(monkeypatch):
+    monkeypatch.setenv("NINFER_PLUGINS", "qwen3,kv_native")
+    registry = load_registry()
+    assert registry.names("model_family") == ["qwen3"]
+    assert "bracket_think" not in registry.names("reasoning_parser")
+    assert "example_bracket_reasoning" in registry.skipped
+    registry = load_registry(allow=["kv_native"])
+    assert registry.names("model_family") == []
+    assert registry.names("kv_dtype") == ["bf16"]
+
+
+def test_unknown_name_lists_available():
+    registry = load_registry()
+    with pytest.raises(UnknownCapabilityError) as err:
+        registry.get("kv_dtype", "fp7", key="engine.kv_dtype")
+    assert "engine.kv_dtype" in str(err.value) and "bf16" in str(err.value)
+
+
+def test_duplicate_names_are_rejected():
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_tool_parsers(register):
+            register(SimpleNamespace(name="same"))
+
+    registry = PluginRegistry()
+    registry.register_plugin(Plugin(), name="a")
+    registry.register_plugin(Plugin(), name="b")
+    with pytest.raises(DuplicateCapabilityError):
+        registry.names("tool_parser")
