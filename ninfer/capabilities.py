@@ -27,7 +27,7 @@ class SpeculativeBackend:
 class ToolParser:
     name: str
     description: str = ""
-    #: ``factory(tools) -> parser`` with ``feed(text) -> deltas`` and ``finish()``
+    #: ``factory(tools, tolerant=False)`` -> :class:`ninfer.frontend.output_split.ToolCallParser`
     factory: Callable[..., Any] | None = None
 
 

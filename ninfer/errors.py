@@ -73,3 +73,17 @@ class UnsupportedFeatureError(InvalidRequestError):
     """A field asks for behaviour ninfer cannot provide; named so the client can drop it."""
 
     code = "unsupported_parameter"
+
+
+class ModelLoadingError(NinferError):
+    """The server is up but the model has not finished loading (HTTP 503)."""
+
+    status = 503
+    code = "model_loading"
+
+
+class ServerShuttingDownError(NinferError):
+    """The server is draining before exit and takes no new generations (HTTP 503)."""
+
+    status = 503
+    code = "server_shutting_down"

@@ -24,10 +24,17 @@ class LLM:
     """Load a checkpoint (a directory, ``tiny:FAMILY``, or a profile YAML) and generate.
 
     ``overrides`` use profile option names: ``LLM("tiny:qwen3", max_concurrency=4,
-    prefill_chunk=64, dtype="fp32")``.
+    prefill_chunk=64, dtype="fp32")``. ``lora_modules`` maps adapter names to PEFT
+    adapter paths to load right away (see :meth:`load_lora`).
     """
 
-    def __init__(self, model_path_or_profile: Optional[str] = None, **overrides: Any):
+    def __init__(
+        self,
+        model_path_or_profile: Optional[str] = None,
+        *,
+        lora_modules: Optional[dict[str, str]] = None,
+        **overrides: Any,
+    ):
         from ninfer.profile import load_profile, resolve
 
         if model_path_or_profile is not None and _is_profile(model_path_or_profile):
@@ -38,9 +45,15 @@ class LLM:
         self.registry = load_registry(self.profile.plugins.allow)
         self.loaded: LoadedEngine = build_engine(self.profile, self.registry)
         self.engine = self.loaded.engine
+        for name, path in (lora_modules or {}).items():
+            self.load_lora(name, path)
 
     def get_tokenizer(self):
         return self.loaded.tokenizer
+
+    def load_lora(self, name: str, path: Union[str, Path]) -> None:
+        """Serve the PEFT LoRA adapter at ``path`` (a directory or its ``.safetensors``) as ``name``."""
+        self.engine.loras.load(name, path)
 
     # -- generation ------------------------------------------------------------
     def generate(
@@ -49,16 +62,22 @@ class LLM:
         sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
         *,
         thinking: Optional[bool] = None,
+        lora_name: Union[str, None, Sequence[Optional[str]]] = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids) together; results keep input order."""
+        """Generate for every prompt (text or token ids) together; results keep input order.
+
+        ``lora_name`` names a loaded adapter for every prompt, or gives one name (or
+        None for the base model) per prompt; prompts with different adapters share batches.
+        """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = self._params_per_prompt(sampling_params, len(prompts))
+        lora_names = self._loras_per_prompt(lora_name, len(prompts))
         requests = []
         for prompt, params in zip(prompts, params_list):
             text, ids = self._tokenize(prompt)
             requests.append((text, ids, params))
-        return self._run(requests, thinking)
+        return self._run(requests, thinking, lora_names)
 
     def chat(
         self,
@@ -68,6 +87,7 @@ class LLM:
         tools: Optional[list[dict]] = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: Optional[dict] = None,
+        lora_name: Union[str, None, Sequence[Optional[str]]] = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -79,7 +99,7 @@ class LLM:
             tok.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, thinking=thinking)
+        return self.generate(prompts, sampling_params, thinking=thinking, lora_name=lora_name)
 
     # -- internals -------------------------------------------------------------
     @staticmethod
@@ -92,6 +112,14 @@ class LLM:
             raise ValueError("give one SamplingParams, or one per prompt")
         return list(sampling_params)
 
+    def _loras_per_prompt(self, lora_name, count: int) -> list[Optional[str]]:
+        names = [lora_name] * count if lora_name is None or isinstance(lora_name, str) else list(lora_name)
+        if len(names) != count:
+            raise ValueError("give one lora_name, or one per prompt")
+        for name in names:  # unknown names fail before any request is queued
+            self.engine.lora_slot(name)
+        return names
+
     def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
             return prompt, self.loaded.tokenizer.encode(prompt)
@@ -99,10 +127,13 @@ class LLM:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         return None, list(prompt)
 
-    def _run(self, requests: Iterable[tuple], thinking: Optional[bool]) -> list[RequestOutput]:
+    def _run(
+        self, requests: Iterable[tuple], thinking: Optional[bool], lora_names: Optional[Sequence[Optional[str]]] = None
+    ) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         by_id: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
-        for text, ids, params in requests:
+        for position, (text, ids, params) in enumerate(requests):
+            lora_name = lora_names[position] if lora_names is not None else None
             result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
             outputs.append(result)
             for index in range(params.n):
@@ -114,7 +145,9 @@ class LLM:
                 completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
                 result.outputs.append(completion)
                 by_id[rid] = (result, completion)
-                self.engine.add_request(EngineRequest(rid, ids, sub, prompt=text, thinking=thinking))
+                self.engine.add_request(
+                    EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name)
+                )
         try:
             while self.engine.has_unfinished():
                 for event in self.engine.step():

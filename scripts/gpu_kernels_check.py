@@ -138,7 +138,7 @@ def check_attention(report: Report, case: str, specs: list[tuple[int, int]], gen
     # Each row attends to its position + 1 keys: QK^T and PV, 2 FLOPs per multiply-add.
     visible = sum(n * p + n * (n + 1) // 2 for p, n in specs)
     extra["tflops"] = 4 * HEADS * HEAD_DIM * visible / ms / 1e9
-    blocks = math.ceil(batch.max_query_len / t_attention._tiles(HEADS // KV_HEADS, batch.max_query_len, HEAD_DIM)[1])
+    blocks = math.ceil(batch.max_query_len / t_attention._tiles(HEADS // KV_HEADS, batch.max_query_len)[1])
     splits = t_attention._num_splits(blocks * len(specs) * KV_HEADS, batch.max_seq_len, q.device)
     extra["splits"] = splits
     if splits > 1:

@@ -123,10 +123,11 @@ def test_paged_attention_bf16_and_padding_rows(splits):
 
 
 def test_split_heuristic_fills_the_gpu_only_when_needed():
-    cpu = torch.device("cpu")  # counts 4 multiprocessors, so the target is 16 programs
-    assert t_attention._num_splits(base_programs=2, max_seq_len=8192, device=cpu) == 8
-    assert t_attention._num_splits(base_programs=2, max_seq_len=300, device=cpu) == 2  # no tiny splits
-    assert t_attention._num_splits(base_programs=16, max_seq_len=8192, device=cpu) == 1
+    cpu = torch.device("cpu")  # counts 4 multiprocessors, so the target is 8 programs
+    assert t_attention._num_splits(base_programs=2, max_seq_len=8192, device=cpu) == 4
+    assert t_attention._num_splits(base_programs=1, max_seq_len=300, device=cpu) == 2  # no tiny splits
+    assert t_attention._num_splits(base_programs=3, max_seq_len=8192, device=cpu) == 2  # 3, to a power of two
+    assert t_attention._num_splits(base_programs=8, max_seq_len=8192, device=cpu) == 1
 
 
 # -- KV write ---------------------------------------------------------------------------

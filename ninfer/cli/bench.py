@@ -1,6 +1,8 @@
 """``ninfer-bench``: throughput figures as JSON lines, ours beside transformers'.
 
-Example (CPU, the tiny model): ``ninfer-bench tiny:qwen3 --num-requests 32``.
+Examples: ``ninfer-bench tiny:qwen3 --device cpu --num-requests 32`` (CPU, the tiny
+model); ``ninfer-bench random:qwen3-8b`` (GPU, a full-size random checkpoint written once
+into the cache).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ def _range(text: str) -> tuple[int, int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=__doc__)
-    p.add_argument("model", nargs="?", default="tiny:qwen3", help="checkpoint dir or tiny:FAMILY (default tiny:qwen3)")
+    p.add_argument("model", nargs="?", default="tiny:qwen3", help="checkpoint dir, tiny:FAMILY, or random:SHAPE ("
+                   "qwen3-0.6b, qwen3-8b); default tiny:qwen3")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--num-requests", type=int, default=64, help="offline run: number of requests")
@@ -39,6 +42,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _resolve_random(model: str, device: str, dtype: str) -> str:
+    """``random:SHAPE`` -> a cached full-size random checkpoint (built on first use)."""
+    if not model.startswith("random:"):
+        return model
+    from ninfer.bench.random_checkpoint import make_random_checkpoint
+    from ninfer.engine.builder import resolve_device, resolve_dtype
+    from ninfer.tiny.cache import cache_root
+
+    shape = model.split(":", 1)[1]
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    out = cache_root().parent / "random" / f"{shape}-{str(torch_dtype).replace('torch.', '')}"
+    return str(make_random_checkpoint(out, shape, torch_dtype, dev))
+
+
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
@@ -53,10 +71,11 @@ def main(argv=None) -> int:
     only = set(args.only.split(","))
     max_c = max([args.max_concurrency] + levels)
     longest = max(args.input_len[1] + args.output_len[1], args.decode_prompt_len + args.decode_output_len)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_concurrency=max_c, max_context=longest,
+    model = _resolve_random(args.model, args.device, args.dtype)
+    llm = LLM(model, device=args.device, dtype=args.dtype, max_concurrency=max_c, max_context=longest,
               kv_capacity=longest * max_c, prefill_chunk=args.prefill_chunk)
     loaded = llm.loaded
-    vocab = len(loaded.tokenizer) if hasattr(loaded.tokenizer, "__len__") else loaded.tokenizer.vocab_size
+    vocab = loaded.tokenizer.vocab_size  # prompt ids the tokenizer knows
     common = {"model": args.model, "device": str(loaded.device), "dtype": str(loaded.dtype).replace("torch.", ""),
               "host": platform.node()}
     hf = None if args.no_transformers else hf_runs.load_hf(loaded.model_dir, loaded.dtype, loaded.device)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Optional
 
-from ninfer.engine.prefix_cache import ROOT, CachedPage, ChainPos, PrefixCache
+from ninfer.engine.prefix_cache import CachedPage, ChainPos, PrefixCache
 from ninfer.engine.sequence import Sequence
 
 
@@ -85,11 +85,12 @@ class BlockManager:
         num_pages = self._reusable_pages(seq)
         if num_pages == 0:
             return []
+        root = self.cache.root(seq.lora_name)
         hashes = self._hash_memo.get(seq.seq_id)
         if hashes is None:
-            hashes = self.cache.chain_hashes(seq.token_ids, num_pages)
+            hashes = self.cache.chain_hashes(seq.token_ids, num_pages, root)
             self._hash_memo[seq.seq_id] = hashes
-        return self.cache.match(seq.token_ids, hashes)
+        return self.cache.match(seq.token_ids, hashes, root)
 
     def can_allocate(self, seq: Sequence) -> bool:
         needed = self.blocks_needed(seq)
@@ -115,7 +116,7 @@ class BlockManager:
         seq.num_cached_tokens = reused
         seq.num_computed_tokens = reused
         self._chain_pages[seq.seq_id] = len(hits)
-        self._chain_end[seq.seq_id] = hits[-1].pos if hits else ROOT
+        self._chain_end[seq.seq_id] = hits[-1].pos if hits else self.cache.root(seq.lora_name)
         if looked_up:
             self.num_lookups += 1
             self.num_lookup_tokens += seq.num_prompt_tokens

@@ -23,6 +23,7 @@ from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
 from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError
+from ninfer.lora import LoraRegistry
 
 #: consecutive failed model steps after which the engine declares itself dead
 MAX_FAILED_STEPS = 3
@@ -52,7 +53,8 @@ class LLMEngine:
         self.kv_bytes = sum(c.nbytes for c in caches)
         self.block_manager = BlockManager(self.num_blocks, bs, enable_prefix_reuse=config.prefix_reuse)
         self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk)
-        self.runner = ModelRunner(model, bs, device, vocab_size)
+        self.loras = LoraRegistry(model)  # empty until LLM.load_lora / the batch runner adds adapters
+        self.runner = ModelRunner(model, bs, device, vocab_size, self.loras)
         self.stats = EngineStats()
         self.eos_token_ids = list(tokenizer.eos_token_ids)
         self._requests: dict[str, _Tracked] = {}
@@ -74,6 +76,7 @@ class LLMEngine:
             raise InvalidRequestError("prompt token ids must lie inside the vocabulary", param="prompt")
         max_tokens = self._output_budget(n_prompt, params.max_tokens)
         thinking = self.config.thinking if req.thinking is None else req.thinking
+        lora_slot = self.lora_slot(req.lora_name)
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request_id=req.request_id,
@@ -84,6 +87,8 @@ class LLMEngine:
             lookup_prefix_cache=req.lookup_prefix_cache,
             commit_prefix_cache=req.commit_prefix_cache,
             commit_generated=req.commit_generated,
+            lora_slot=lora_slot,
+            lora_name=req.lora_name,
         )
         if not self.scheduler.fits_ever(seq):
             raise ContextLengthExceededError(
@@ -94,6 +99,16 @@ class LLMEngine:
         out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)
         self._requests[req.request_id] = _Tracked(req, seq, out)
         self.scheduler.add(seq)
+
+    def lora_slot(self, name: Optional[str]) -> int:
+        """The slot of a loaded adapter (0 for None); an unknown name is the client's error."""
+        try:
+            return self.loras.slot(name)
+        except KeyError:
+            loaded = ", ".join(map(repr, self.loras.names())) or "none"
+            raise InvalidRequestError(
+                f"unknown LoRA adapter {name!r} (loaded: {loaded})", param="lora_name"
+            ) from None
 
     def _output_budget(self, n_prompt: int, requested: Optional[int]) -> int:
         room = self.config.max_context - n_prompt

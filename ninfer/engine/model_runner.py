@@ -14,6 +14,7 @@ import torch
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
+from ninfer.lora import LoraBatch, LoraRegistry
 from ninfer.model.forward_batch import ForwardBatch
 
 
@@ -26,8 +27,11 @@ class SampledRow:
 
 
 class ModelRunner:
-    def __init__(self, model, block_size: int, device: torch.device, vocab_size: int):
+    def __init__(
+        self, model, block_size: int, device: torch.device, vocab_size: int, loras: Optional[LoraRegistry] = None
+    ):
         self.model = model
+        self.loras = loras
         self.block_size = block_size
         self.device = device
         self.vocab_size = vocab_size
@@ -70,6 +74,8 @@ class ModelRunner:
             query_lens_host=q_lens,
             seq_lens_host=seq_lens,
         )
+        if self.loras:
+            batch.lora = LoraBatch.build([c.seq.lora_slot for c in chunks], q_lens, dev)
         ids = torch.tensor(input_ids, dtype=torch.int64).to(dev)
         return ids, positions.to(dev), batch
 
@@ -77,7 +83,11 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> list[SampledRow]:
         """Run one step; returns one row per chunk with ``sample`` set, in order."""
         input_ids, positions, batch = self.build_batch(sched)
-        hidden = self.model(input_ids, positions, batch)
+        if batch.lora is None:
+            hidden = self.model(input_ids, positions, batch)
+        else:
+            with self.loras.step(batch.lora):
+                hidden = self.model(input_ids, positions, batch)
         sampled = [c for c in sched.chunks if c.sample]
         if not sampled:
             return []

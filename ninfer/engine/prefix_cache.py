@@ -7,6 +7,9 @@ host-tier copies later), but a lookup never trusts it alone: the stored tokens m
 equal the query's and the stored parent must be the exact page matched one step
 earlier. Parents are compared by a node id that is never reused, so a page whose
 parent was evicted (and whose block now holds something else) can no longer match.
+
+KV computed under a LoRA adapter differs from the base model's for the same tokens, so
+each adapter's chains start from a root of their own (:meth:`PrefixCache.root`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class PrefixCache:
         self._by_hash: dict[int, CachedPage] = {}
         self._by_block: dict[int, CachedPage] = {}
         self._next_node = ROOT.node + 1
+        self._roots: dict[str, ChainPos] = {}
 
     def __len__(self) -> int:
         return len(self._by_block)
@@ -63,22 +67,37 @@ class PrefixCache:
         start = index * self.block_size
         return tuple(token_ids[start : start + self.block_size])
 
-    def chain_hashes(self, token_ids: Sequence[int], num_pages: int) -> list[int]:
-        """Hashes of the first ``num_pages`` full pages of ``token_ids``, from the root."""
+    def root(self, namespace: Optional[str] = None) -> ChainPos:
+        """Where chains of KV computed under ``namespace`` (a LoRA adapter) start; None: ROOT.
+
+        Its hash is a digest of the name (stable across processes) and its node id a
+        negative number, so it can never equal a page's or another namespace's root.
+        """
+        if namespace is None:
+            return ROOT
+        pos = self._roots.get(namespace)
+        if pos is None:
+            digest = hashlib.blake2b(namespace.encode(), digest_size=8, person=b"ninfer-kv-ns")
+            pos = ChainPos(int.from_bytes(digest.digest(), "little"), -(len(self._roots) + 1))
+            self._roots[namespace] = pos
+        return pos
+
+    def chain_hashes(self, token_ids: Sequence[int], num_pages: int, root: ChainPos = ROOT) -> list[int]:
+        """Hashes of the first ``num_pages`` full pages of ``token_ids``, from ``root``."""
         hashes: list[int] = []
-        parent = ROOT.hash
+        parent = root.hash
         for index in range(num_pages):
             parent = page_hash(parent, self._page_tokens(token_ids, index))
             hashes.append(parent)
         return hashes
 
-    def match(self, token_ids: Sequence[int], hashes: Sequence[int]) -> list[CachedPage]:
+    def match(self, token_ids: Sequence[int], hashes: Sequence[int], root: ChainPos = ROOT) -> list[CachedPage]:
         """The longest run of published pages equal to the leading pages of ``token_ids``.
 
-        ``hashes`` are ``chain_hashes(token_ids, n)``; at most ``n`` pages match.
+        ``hashes`` are ``chain_hashes(token_ids, n, root)``; at most ``n`` pages match.
         """
         pages: list[CachedPage] = []
-        node = ROOT.node
+        node = root.node
         for index, digest in enumerate(hashes):
             page = self._by_hash.get(digest)
             if (

@@ -28,6 +28,7 @@ class EngineRequest:
     lookup_prefix_cache: bool = True
     commit_prefix_cache: bool = True
     commit_generated: bool = True
+    lora_name: Optional[str] = None  # a loaded LoRA adapter to run with; None: the base model
 
 
 @dataclass

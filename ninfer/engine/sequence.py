@@ -31,6 +31,8 @@ class Sequence:
     lookup_prefix_cache: bool = True
     commit_prefix_cache: bool = True  # publish full pages for reuse by later requests
     commit_generated: bool = True  # ...including pages that hold generated tokens
+    lora_slot: int = 0  # LoRA adapter slot (ninfer.lora); 0: none
+    lora_name: Optional[str] = None  # that adapter's name; keeps its KV pages apart from others'
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0

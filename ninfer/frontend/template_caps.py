@@ -44,11 +44,14 @@ def detect_caps(source: str) -> TemplateCaps:
     for compare in tree.find_all(nodes.Compare):
         for value in _compared_literals(compare, effort_names):
             efforts.setdefault(value, None)
+    default = _default_effort(tree) if EFFORT_VARIABLE in read else None
+    if default is not None:
+        efforts.setdefault(default, None)  # a template always accepts its own fallback
     return TemplateCaps(
         enable_thinking="enable_thinking" in read,
         preserve_thinking="preserve_thinking" in read,
         efforts=tuple(efforts),
-        default_effort=_default_effort(tree) if EFFORT_VARIABLE in read else None,
+        default_effort=default,
         thinks="<think>" in source,
     )
 

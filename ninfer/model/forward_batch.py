@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from ninfer.lora.layer import LoraBatch
 
 
 @dataclass
@@ -30,6 +34,7 @@ class ForwardBatch:
     max_seq_len: int
     query_lens_host: list[int] = field(default_factory=list)
     seq_lens_host: list[int] = field(default_factory=list)
+    lora: Optional[LoraBatch] = None  # rows per LoRA adapter; None when no row uses one
 
     @property
     def num_seqs(self) -> int:

@@ -10,6 +10,8 @@ tensors.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,21 +21,30 @@ from ninfer.model.kv import KVCache
 from ninfer_kernels import ops
 from ninfer_plugins.models.config import DecoderConfig
 
+if TYPE_CHECKING:
+    from ninfer.lora.layer import LinearLora
+
 
 def empty_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
 class Linear(nn.Module):
-    """``y = x W^T (+ b)`` with the weight stored ``[out, in]`` as in checkpoints."""
+    """``y = x W^T (+ b)`` with the weight stored ``[out, in]`` as in checkpoints.
+
+    ``lora`` is set by :class:`ninfer.lora.LoraRegistry` once an adapter targets this
+    layer; it adds each row's adapter delta and returns at once when no row has one.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = empty_param(out_features, in_features)
         self.bias = empty_param(out_features) if bias else None
+        self.lora: LinearLora | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        return y if self.lora is None else self.lora.apply(x, y)
 
 
 class Embedding(nn.Module):

@@ -1,1 +1,1 @@
-"""Being written; registers nothing yet."""
+"""HTTP protocol adapters: each translates one wire API to engine requests and back."""

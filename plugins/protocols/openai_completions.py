@@ -1,1 +1,225 @@
-"""Being written; registers nothing yet."""
+"""OpenAI's legacy text completions (POST /v1/completions): raw prompts, no chat template.
+
+Prompts may be a string, a list of strings, a list of token ids or a list of such
+lists; each prompt gets ``n`` choices, indexed prompt-major. Log probabilities use the
+legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``).
+``echo`` prepends the prompt to the text; combined with log probabilities it would
+need the prompt's own log probabilities, which the engine does not compute yet, so
+that combination is refused rather than answered without them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+from msgspec import Struct
+
+from ninfer.capabilities import Protocol
+from ninfer.engine.request import EngineRequest
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.hookspecs import hookimpl
+from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.sse import sse_response
+from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
+from ninfer_plugins.protocols.openai_chat.fanout import generate_all
+from ninfer_plugins.protocols.openai_chat.routes import choice_params, request_id
+from ninfer_plugins.protocols.openai_chat.schema import (
+    ChatCompletionRequest,
+    CompletionTokensDetails,
+    PromptTokensDetails,
+    Usage,
+)
+from ninfer_plugins.protocols.openai_chat.translate import sampling_params
+from ninfer_plugins.protocols.openai_chat.validate import check_model, validate_request
+
+MAX_LOGPROBS = 5
+JSON = "application/json"
+
+
+class StreamOptions(Struct):
+    include_usage: Optional[bool] = None
+
+
+class CompletionRequest(Struct):
+    #: a string, a list of strings, a list of token ids, or a list of token-id lists
+    prompt: Union[str, list[Any]]
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    n: Optional[int] = None
+    best_of: Optional[int] = None
+    echo: Optional[bool] = None
+    logprobs: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    suffix: Optional[str] = None
+    stream: Optional[bool] = None
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+
+
+class LegacyLogprobs(Struct):
+    tokens: list[str]
+    token_logprobs: list[Optional[float]]
+    top_logprobs: list[Optional[dict[str, float]]]
+    text_offset: list[int]
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: Optional[str]
+    logprobs: Optional[LegacyLogprobs] = None
+
+
+def _prompts(prompt: Union[str, list[Any]]) -> list[Union[str, list[int]]]:
+    """Normalise the four prompt spellings to a list of strings and id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    out: list[Union[str, list[int]]] = []
+    for i, item in enumerate(prompt):
+        ok = isinstance(item, str) or (
+            isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item))
+        if not ok:
+            raise InvalidRequestError("prompt items must be strings or non-empty token-id lists", param=f"prompt[{i}]")
+        out.append(item)
+    if not out:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    return out
+
+
+def _validate(req: CompletionRequest) -> None:
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequestError(f"logprobs must be in 0..{MAX_LOGPROBS}", param="logprobs")
+    if req.echo and req.logprobs is not None:
+        raise UnsupportedFeatureError(
+            "echo with logprobs needs log probabilities of the prompt tokens, which this server cannot compute yet",
+            param="echo",
+        )
+    if req.suffix:
+        raise UnsupportedFeatureError("suffix (insertion) is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise UnsupportedFeatureError("best_of other than n is not supported", param="best_of")
+
+
+def _params(req: CompletionRequest, vocab_size: int) -> Any:
+    # The chat checks cover the shared sampling fields: same ranges, same messages.
+    shared = ChatCompletionRequest(
+        messages=[], max_tokens=16 if req.max_tokens is None else req.max_tokens, temperature=req.temperature,
+        top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop, n=req.n,
+        logprobs=req.logprobs is not None, top_logprobs=req.logprobs, logit_bias=req.logit_bias,
+    )
+    validate_request(shared)
+    return sampling_params(shared, vocab_size)
+
+
+def _legacy_logprobs(choice: Any, positions: list[Any], offset: int) -> LegacyLogprobs:
+    tokens, lps, tops, offsets = [], [], [], []
+    for pos in positions:
+        text = choice.token_text(pos.token_id)
+        top = {t.token: t.logprob for t in pos.top}
+        top.setdefault(text, pos.logprob)  # the sampled token is always listed
+        tokens.append(text)
+        lps.append(pos.logprob)
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(text)
+    return LegacyLogprobs(tokens, lps, tops, offsets)
+
+
+def completion_routes(state: Any) -> list:
+    tokenizer = state.tokenizer
+    vocab_size = state.engine.engine.vocab_size
+    encoder = msgspec.json.Encoder()
+
+    def usage(choices: list[Any], n: int) -> Usage:
+        heads = choices[::n]  # one choice per prompt carries that prompt's counts
+        prompt = sum(c.prompt_tokens for c in heads)
+        completion = sum(c.completion_tokens for c in choices)
+        return Usage(prompt, completion, prompt + completion, PromptTokensDetails(sum(c.cached_tokens for c in heads)),
+                     CompletionTokensDetails(0))
+
+    def envelope(rid: str, created: int, model: str, choices: list[CompletionChoice], **extra: Any) -> bytes:
+        body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": None, "choices": choices, **extra}
+        return encoder.encode(body)
+
+    @post("/v1/completions", summary="Create a text completion (legacy)", tags=["OpenAI"], status_code=200,
+          description="OpenAI's legacy completions on a raw prompt; `stream: true` answers with server-sent events.",
+          responses={200: ResponseSpec(data_container=CompletionChoice, description="text_completion object")})
+    async def create_completion(request: Request, data: CompletionRequest) -> Response:
+        check_model(data.model, state.model_id)
+        prompts = _prompts(data.prompt)
+        _validate(data)
+        params = _params(data, vocab_size)
+        n = data.n or 1
+        state.gate.reserve()
+        encoded = [await state.run_blocking(tokenizer.encode, p) if isinstance(p, str) else p for p in prompts]
+        texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p) for p in prompts]
+        rid = request_id()
+        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, p, prompt=texts[i])
+                    for i, ids in enumerate(encoded) for j, p in enumerate(choice_params(params, n))]
+        choices = [ChoiceState(k, tokenizer) for k in range(len(requests))]
+        created, model, cid = int(time.time()), data.model or state.model_id, f"cmpl-{rid}"
+        echo = [texts[k // n] if data.echo else "" for k in range(len(requests))]
+        want = data.logprobs is not None
+
+        def piece(k: int, text: str, positions: list[Any], offset: int, finish: Optional[str]) -> CompletionChoice:
+            lp = _legacy_logprobs(choices[k], positions, offset) if want else None
+            return CompletionChoice(k, text, finish, lp)
+
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+
+            async def frames() -> Any:
+                offsets = [len(e) for e in echo]
+                sent_echo = [False] * len(requests)
+                async for k, event in generate_all(state, requests):
+                    deltas = choices[k].feed(event)
+                    text = "".join(d.text for d in deltas)
+                    if not sent_echo[k]:
+                        text, sent_echo[k] = echo[k] + text, True
+                    finish = choices[k].finish_reason if event.finished else None
+                    if text or finish or event.logprobs:
+                        chunk = piece(k, text, event.logprobs or [], offsets[k], finish)
+                        offsets[k] += sum(len(t) for t in chunk.logprobs.tokens) if chunk.logprobs else 0
+                        yield b"data: " + envelope(cid, created, model, [chunk]) + b"\n\n"
+                if include_usage:
+                    yield b"data: " + envelope(cid, created, model, [], usage=usage(choices, n),
+                                               timings=timings(choices)) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return sse_response(frames())
+
+        async def aggregate() -> bytes:
+            texts_out = [[e] for e in echo]
+            positions: list[list[Any]] = [[] for _ in requests]
+            async for k, event in generate_all(state, requests):
+                texts_out[k] += [d.text for d in choices[k].feed(event)]
+                positions[k] += event.logprobs or []
+            out = [piece(k, "".join(texts_out[k]), positions[k], len(echo[k]), choices[k].finish_reason)
+                   for k in range(len(requests))]
+            return envelope(cid, created, model, out, usage=usage(choices, n), timings=timings(choices))
+
+        return Response(await cancel_on_disconnect(request, aggregate()), media_type=JSON)
+
+    return [create_completion]
+
+
+@hookimpl
+def register_protocols(register):
+    register(Protocol(name="openai_completions", description="OpenAI legacy text completions (/v1/completions)",
+                      routes=completion_routes))

@@ -1,0 +1,260 @@
+"""Running a parsed batch on an :class:`ninfer.LLM`'s engine.
+
+The runner feeds the engine directly (``add_request`` / ``step``) and keeps at most
+``batch_size`` requests in flight: a finished request's slot is refilled at once, in
+input order, and results are stored by input position. A request that cannot run
+(media content, guided decoding, an adapter this build cannot load, a prompt too long
+for the context) gets an error result; the others still run.
+
+Prompt rule without the chat template: the text of every message, in order, joined
+with nothing between them; roles are dropped and a content array contributes its text
+parts in order. The generation prompt and thinking switch only shape templated prompts.
+
+Log probabilities are batch-uniform as the input format asks: requests are grouped by
+input position into consecutive groups of ``batch_size``, and every request of a group
+receives the largest ``num_logprobs`` any of them asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import jinja2
+from tqdm import tqdm
+
+from ninfer.batch.lora_hook import apply_lora
+from ninfer.batch.schema import BatchInput, BatchRequest
+from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.errors import EngineDeadError, NinferError
+from ninfer.outputs import TokenLogprob
+from ninfer.sampling_params import SamplingParams
+
+#: the input format's sampler defaults, used when neither the file nor the profile sets one
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 0.8
+DEFAULT_TOP_K = 50
+#: engine finish reasons -> the names results use (stop is split by what stopped it)
+_FINISH_NAMES = {"length": "length", "abort": "aborted", "error": "error"}
+
+Warn = Callable[[str], None]
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"ninfer-run: warning: {message}", file=sys.stderr)
+
+
+class RequestFailed(Exception):
+    """A request that cannot run; its message becomes the result's error."""
+
+
+@dataclass
+class RequestResult:
+    """What one request produced, or why it could not run."""
+
+    index: int
+    output_text: str = ""
+    #: stop-words | end-of-sequence | length | error | aborted
+    finish_reason: Optional[str] = None
+    #: the matched stop string or end-of-sequence token id
+    stop_reason: Any = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    #: per generated token, the top candidates (best first); None when not asked for
+    logprobs: Optional[list[list[TokenLogprob]]] = None
+    error: Optional[str] = None
+    first_token_s: Optional[float] = None
+    total_s: Optional[float] = None
+
+
+@dataclass
+class BatchRun:
+    results: list[RequestResult]
+    seconds: float
+    #: requests that asked to skip speculative decoding (a no-op without a backend)
+    spec_decode_disabled: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def logprob_widths(batch: BatchInput) -> list[int]:
+    """Per request, the K it receives: the largest ``num_logprobs`` of its input group."""
+    size, reqs = batch.batch_size, batch.requests
+    group_max = [max(r.num_logprobs for r in reqs[start:start + size]) for start in range(0, len(reqs), size)]
+    return [group_max[r.index // size] for r in reqs]
+
+
+def engine_supports_lora() -> bool:
+    """Whether engine requests can name a LoRA adapter in this build."""
+    return "lora_name" in {f.name for f in dataclasses.fields(EngineRequest)}
+
+
+def message_text(content: Any) -> str:
+    """A message's text: the string itself, or its text parts joined in order."""
+    if isinstance(content, str):
+        return content
+    return "".join(item["text"] for item in content if item.get("type") == "text")
+
+
+def render_prompt(tokenizer: Any, batch: BatchInput, req: BatchRequest) -> str:
+    """The prompt text of a request (see the module docstring for the raw rule)."""
+    if not batch.apply_chat_template:
+        return "".join(message_text(m["content"]) for m in req.messages)
+    messages = [{"role": m["role"], "content": message_text(m["content"])} for m in req.messages]
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=batch.add_generation_prompt, enable_thinking=batch.enable_thinking
+    )
+
+
+class _Preparer:
+    """Turns parsed requests into engine requests, with the run-wide facts they need."""
+
+    def __init__(self, llm: Any, batch: BatchInput, lora_error: Optional[str]):
+        self.llm, self.batch, self.lora_error = llm, batch, lora_error
+        self.widths = logprob_widths(batch)
+        self.vocab_size: int = llm.engine.vocab_size
+        self.lora_field = engine_supports_lora()
+        process = llm.profile.sampling
+
+        def pick(value: Any, process_value: Any, default: Any) -> Any:
+            # None leaves the value to the engine, which applies the profile's override
+            return value if value is not None else None if process_value is not None else default
+
+        self.temperature = pick(batch.temperature, process.temperature, DEFAULT_TEMPERATURE)
+        self.top_p = pick(batch.top_p, process.top_p, DEFAULT_TOP_P)
+        self.top_k = pick(batch.top_k, process.top_k, DEFAULT_TOP_K)
+
+    def check_support(self, req: BatchRequest) -> None:
+        if req.media_item is not None:
+            kind, path = req.media_item
+            raise RequestFailed(f"{kind} content is not supported in this build ({path}); only text parts run")
+        if req.guided_decoding is not None:
+            raise RequestFailed("guided decoding is not available in this build")
+        if req.lora_name is not None and not self.lora_field:
+            raise RequestFailed("LoRA is not available in this build")
+        if req.lora_name is not None and self.lora_error is not None:
+            raise RequestFailed(self.lora_error)
+
+    def __call__(self, req: BatchRequest) -> EngineRequest:
+        self.check_support(req)
+        tokenizer = self.llm.get_tokenizer()
+        text = render_prompt(tokenizer, self.batch, req)
+        ids = tokenizer.encode(text)
+        room = self.llm.engine.config.max_context - len(ids)
+        # a maximum, not a demand: shorten it to the context left (no room -> the engine's error)
+        max_tokens = min(self.batch.max_generate_length, room) if room > 0 else self.batch.max_generate_length
+        k = self.widths[req.index]
+        params = SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=req.sampling_seed,
+            max_tokens=max_tokens,
+            stop=list(req.stop),
+            logprobs=k if k > 0 else None,
+            logit_bias={t: b for t, b in req.logit_bias.items() if t < self.vocab_size},
+        )
+        use_cache = self.batch.lookup_policy == "use_cache"
+        extra = {"lora_name": req.lora_name} if req.lora_name is not None else {}
+        return EngineRequest(
+            request_id=f"batch-{req.index}",
+            prompt_token_ids=ids,
+            params=params,
+            prompt=text,
+            thinking=self.batch.enable_thinking,
+            lookup_prefix_cache=use_cache,
+            commit_prefix_cache=use_cache,
+            commit_generated=self.batch.commit_policy == "including_generated_tokens",
+            **extra,
+        )
+
+
+def _load_adapters(llm: Any, batch: BatchInput) -> Optional[str]:
+    """Hand the adapters to the LoRA hook; a failure fails only the requests that name one."""
+    try:
+        apply_lora(llm, dict(batch.available_lora_weights))
+    except Exception as e:  # noqa: BLE001 - whatever the hook raises is reported per request
+        return f"cannot load LoRA adapters: {e}"
+    return None
+
+
+def _warn_outside_vocab(batch: BatchInput, vocab_size: int, warn: Warn) -> list[str]:
+    ids = sorted({t for r in batch.requests for t in r.logit_bias if t >= vocab_size})
+    messages = [f"logit_bias token id {t} is outside the vocabulary ({vocab_size} tokens); ignored" for t in ids]
+    for message in messages:
+        warn(message)
+    return messages
+
+
+def _record(result: RequestResult, event: GenerationEvent) -> None:
+    result.output_text += event.text
+    if event.logprobs and result.logprobs is not None:
+        result.logprobs += [position.top for position in event.logprobs]
+    result.prompt_tokens = event.num_prompt_tokens
+    result.cached_tokens = event.num_cached_tokens
+    result.generated_tokens = event.num_output_tokens
+    t = event.timings
+    if t.first_token is not None:
+        result.first_token_s = t.first_token - t.arrival
+    if not event.finished:
+        return
+    result.total_s = time.monotonic() - t.arrival
+    if event.finish_reason == "stop":
+        result.finish_reason = "stop-words" if isinstance(event.stop_reason, str) else "end-of-sequence"
+        result.stop_reason = event.stop_reason
+    else:
+        result.finish_reason = _FINISH_NAMES.get(event.finish_reason or "error", event.finish_reason)
+    if event.error is not None:
+        result.error = event.error.message
+
+
+def _fail(result: RequestResult, message: str) -> None:
+    result.finish_reason, result.error = "error", message
+
+
+def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn = _stderr_warning) -> BatchRun:
+    """Run every request of ``batch`` on ``llm.engine``; results keep input order."""
+    engine = llm.engine
+    warnings = _warn_outside_vocab(batch, engine.vocab_size, warn)
+    prepare = _Preparer(llm, batch, _load_adapters(llm, batch))
+    results = [RequestResult(r.index) for r in batch.requests]
+    for result, k in zip(results, prepare.widths):
+        result.logprobs = [] if k > 0 else None
+    queue = deque(batch.requests)
+    in_flight: dict[str, RequestResult] = {}
+    started = time.perf_counter()
+    with tqdm(total=len(results), unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+        try:
+            while queue or in_flight:
+                while queue and len(in_flight) < batch.batch_size:
+                    req = queue.popleft()
+                    try:
+                        engine_req = prepare(req)
+                        engine.add_request(engine_req)
+                    except (RequestFailed, NinferError, ValueError, jinja2.TemplateError) as e:
+                        _fail(results[req.index], getattr(e, "message", None) or str(e))
+                        bar.update(1)
+                        continue
+                    in_flight[engine_req.request_id] = results[req.index]
+                events = engine.step()
+                if engine.dead:
+                    events += engine.fail_all(EngineDeadError(f"engine failed: {engine.dead}"))
+                for event in events:
+                    _record(in_flight[event.request_id], event)
+                    if event.finished:
+                        del in_flight[event.request_id]
+                        bar.update(1)
+                if engine.dead:
+                    for req in queue:
+                        _fail(results[req.index], f"engine failed: {engine.dead}")
+                    break
+        except BaseException:
+            for request_id in in_flight:
+                engine.abort_request(request_id)
+            raise
+    disabled = sum(r.disable_spec_decode for r in batch.requests)
+    return BatchRun(results, time.perf_counter() - started, disabled, warnings)

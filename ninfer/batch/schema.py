@@ -1,0 +1,344 @@
+"""Reading a batch input file: JSON text -> a validated :class:`BatchInput`.
+
+Every problem is reported under its JSON path (``requests[3].logit_bias["12"]``), all of
+them in one pass. Fields the format does not know are warnings, not errors, so files
+written for other runtimes still run. A ``null`` value means the field is not set.
+Nothing here needs the model: token ids past the vocabulary and features this build
+lacks (media, guided decoding, LoRA) are decided per request by the runner.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ninfer.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS
+
+MAX_BIAS_ENTRIES = 1024
+MAX_SEED = 2**64 - 1
+DEFAULT_MAX_GENERATE_LENGTH = 256
+ROLES = ("system", "user", "assistant")
+MEDIA_TYPES = ("image", "audio", "video")
+GUIDE_MODES = ("json_object", "json_schema", "regex", "ebnf", "structural_tag", "choice")
+LOOKUP_POLICIES = ("use_cache", "bypass")
+COMMIT_POLICIES = ("including_generated_tokens", "prefill_state_only")
+PROPOSAL_POLICIES = ("auto", "greedy", "probabilistic")
+
+_GLOBAL_KEYS = (
+    "batch_size", "temperature", "top_p", "top_k", "sampling_seed", "spec_proposal_sampling", "logit_bias",
+    "max_generate_length", "num_logprobs", "apply_chat_template", "add_generation_prompt", "enable_thinking",
+    "context_cache_lookup_policy", "context_cache_commit_policy", "available_lora_weights", "guided_decoding",
+    "requests",
+)
+_REQUEST_KEYS = (
+    "messages", "sampling_seed", "lora_name", "save_system_prompt_kv_cache", "disable_spec_decode", "logit_bias",
+    "num_logprobs", "guided_decoding", "stop",
+)
+
+
+class BatchInputError(ValueError):
+    """The input cannot run; ``errors`` holds every problem as ``json.path: message``."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One request with the global defaults already folded in."""
+
+    index: int
+    #: ``{"role", "content"}`` pairs; content is a string or a list of content items
+    messages: list[dict[str, Any]]
+    sampling_seed: Optional[int] = None
+    lora_name: Optional[str] = None
+    disable_spec_decode: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    num_logprobs: int = 0
+    stop: list[str] = field(default_factory=list)
+    guided_decoding: Optional[dict[str, Any]] = None
+    #: ``(type, JSON path)`` of the first image/audio/video item, if any
+    media_item: Optional[tuple[str, str]] = None
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    """The whole file. Sampler fields left None fall back to the profile, then the format's defaults."""
+
+    requests: list[BatchRequest]
+    batch_size: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_generate_length: int = DEFAULT_MAX_GENERATE_LENGTH
+    apply_chat_template: bool = True
+    add_generation_prompt: bool = True
+    enable_thinking: bool = False
+    lookup_policy: str = "use_cache"
+    commit_policy: str = "including_generated_tokens"
+    spec_proposal_sampling: str = "auto"
+    available_lora_weights: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, float) and math.isfinite(v)) or _is_int(v)
+
+
+class _Reader:
+    """Typed field access that records problems instead of raising, so all are reported."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(f"{path}: {message}")
+
+    def unknown_keys(self, obj: dict, path: str, allowed: tuple[str, ...]) -> None:
+        for key in obj:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                self.warnings.append(f"{_at(path, key)}: unknown field, ignored{hint}")
+
+    def get(self, obj: dict, key: str, path: str, ok: Callable[[Any], bool], want: str, default: Any = None) -> Any:
+        value = obj.get(key)
+        if value is None:
+            return default
+        if not ok(value):
+            self.error(_at(path, key), f"must be {want}")
+            return default
+        return value
+
+    def boolean(self, obj: dict, key: str, path: str, default: bool) -> bool:
+        return self.get(obj, key, path, lambda v: isinstance(v, bool), "true or false", default)
+
+    def integer(self, obj: dict, key: str, path: str, lo: int, hi: Optional[int], default: Any = None) -> Any:
+        want = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
+        return self.get(obj, key, path, lambda v: _is_int(v) and lo <= v and (hi is None or v <= hi), want, default)
+
+    def number(self, obj: dict, key: str, path: str, lo: float, hi: Optional[float], lo_open: bool = False) -> Any:
+        low = f"> {lo}" if lo_open else f">= {lo}"
+        want = f"a number {low}" + (f" and <= {hi}" if hi is not None else "")
+
+        def ok(v: Any) -> bool:
+            return _is_number(v) and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+
+        value = self.get(obj, key, path, ok, want)
+        return None if value is None else float(value)
+
+    def choice(self, obj: dict, key: str, path: str, allowed: tuple[str, ...]) -> str:
+        want = "one of " + ", ".join(f'"{a}"' for a in allowed)
+        return self.get(obj, key, path, lambda v: v in allowed, want, allowed[0])
+
+    # -- composite fields ------------------------------------------------------------
+    def logit_bias(self, value: Any, path: str) -> dict[int, float]:
+        if not isinstance(value, dict):
+            self.error(path, "must be an object mapping token ids to bias values")
+            return {}
+        if len(value) > MAX_BIAS_ENTRIES:
+            self.error(path, f"has {len(value)} entries; at most {MAX_BIAS_ENTRIES} are allowed")
+        out: dict[int, float] = {}
+        for key, bias in value.items():
+            where = f"{path}[{json.dumps(key)}]"
+            if not (key.isascii() and key.isdigit()):
+                self.error(where, "key must be a non-negative integer token id")
+            elif not (_is_number(bias) and abs(bias) <= MAX_LOGIT_BIAS):
+                self.error(where, f"must be a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+            else:
+                out[int(key)] = float(bias)
+        return out
+
+    def stop(self, value: Any, path: str) -> list[str]:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+            self.error(path, "must be a non-empty string or an array of non-empty strings")
+            return []
+        return list(items)
+
+    def guide(self, value: Any, path: str) -> Optional[dict[str, Any]]:
+        if not isinstance(value, dict):
+            self.error(path, "must be an object setting exactly one of " + ", ".join(GUIDE_MODES))
+            return None
+        for key in value:
+            if key not in GUIDE_MODES:
+                close = difflib.get_close_matches(key, GUIDE_MODES, n=1)
+                hint = f"did you mean {close[0]}?" if close else "modes: " + ", ".join(GUIDE_MODES)
+                self.error(_at(path, key), f"unknown guided decoding mode ({hint})")
+        modes = [k for k in value if k in GUIDE_MODES and value[k] is not None]
+        if len(modes) != 1:
+            got = ", ".join(modes) or "none"
+            self.error(path, f"must set exactly one of {', '.join(GUIDE_MODES)} (got {got})")
+            return None
+        mode = modes[0]
+        if self._guide_value(mode, value[mode], _at(path, mode)):
+            return {mode: value[mode]}
+        return None
+
+    def _guide_value(self, mode: str, value: Any, path: str) -> bool:
+        if mode in ("regex", "ebnf"):
+            if isinstance(value, str) and value:
+                return True
+            self.error(path, "must be a non-empty string")
+            return False
+        if isinstance(value, str):  # every structured mode may arrive as escaped JSON
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                self.error(path, f"is a string but not valid JSON: {e}")
+                return False
+        if mode == "choice":
+            ok = isinstance(value, list) and bool(value) and all(isinstance(c, str) for c in value)
+            want = "a non-empty array of strings"
+        elif mode == "json_object":
+            ok, want = value is True or isinstance(value, dict), "true or a JSON object"
+        else:
+            ok, want = isinstance(value, dict), "a JSON object"
+        if not ok:
+            self.error(path, f"must be {want}")
+        return ok
+
+    def messages(self, value: Any, path: str) -> tuple[list[dict[str, Any]], Optional[tuple[str, str]]]:
+        if not isinstance(value, list) or not value:
+            self.error(path, "must be a non-empty array of message objects")
+            return [], None
+        out, media = [], None
+        for i, message in enumerate(value):
+            where = f"{path}[{i}]"
+            if not isinstance(message, dict):
+                self.error(where, "must be an object with role and content")
+                continue
+            self.unknown_keys(message, where, ("role", "content"))
+            role = message.get("role")
+            if role not in ROLES:
+                self.error(_at(where, "role"), "must be one of " + ", ".join(f'"{r}"' for r in ROLES))
+            content, found = self.content(message.get("content"), _at(where, "content"))
+            media = media or found
+            out.append({"role": role, "content": content})
+        return out, media
+
+    def content(self, value: Any, path: str) -> tuple[Any, Optional[tuple[str, str]]]:
+        if isinstance(value, str):
+            return value, None
+        if not isinstance(value, list):
+            self.error(path, "must be a string or an array of content items")
+            return "", None
+        media = None
+        for j, item in enumerate(value):
+            where = f"{path}[{j}]"
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "text":
+                self.unknown_keys(item, where, ("type", "text"))
+                if not isinstance(item.get("text"), str):
+                    self.error(_at(where, "text"), "must be a string")
+            elif kind in MEDIA_TYPES:
+                self.unknown_keys(item, where, ("type", kind, "do_resize"))
+                if item.get(kind) is None:
+                    self.error(_at(where, kind), f"is required for a {kind} item")
+                self.boolean(item, "do_resize", where, True)
+                media = media or (kind, where)
+            elif isinstance(item, dict):
+                self.error(_at(where, "type"), "must be one of " + ", ".join(f'"{t}"' for t in ("text", *MEDIA_TYPES)))
+            else:
+                self.error(where, "must be a content item object")
+        return value, media
+
+
+def parse_batch_json(text: str) -> BatchInput:
+    """Parse and validate the text of an input file; raises :class:`BatchInputError`."""
+
+    def no_constants(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        data = json.loads(text, parse_constant=no_constants)
+    except ValueError as e:  # JSONDecodeError is a ValueError too
+        raise BatchInputError([f"input: not valid JSON: {e}"]) from None
+    return parse_batch(data)
+
+
+def parse_batch(data: Any) -> BatchInput:
+    """Validate an already-parsed input document; raises :class:`BatchInputError`."""
+    if not isinstance(data, dict):
+        raise BatchInputError(["input: must be a JSON object with a requests array"])
+    r = _Reader()
+    r.unknown_keys(data, "", _GLOBAL_KEYS)
+    loras = data.get("available_lora_weights") or {}
+    if not isinstance(loras, dict):
+        r.error("available_lora_weights", "must be an object mapping adapter names to file paths")
+        loras = {}
+    for name, path in loras.items():
+        if not (isinstance(path, str) and path):
+            r.error(f"available_lora_weights[{json.dumps(name)}]", "must be a non-empty file path string")
+    seed = r.integer(data, "sampling_seed", "", 0, MAX_SEED)
+    bias = r.logit_bias(data["logit_bias"], "logit_bias") if data.get("logit_bias") is not None else {}
+    logprobs = r.integer(data, "num_logprobs", "", 0, MAX_LOGPROBS, 0)
+    guide = r.guide(data["guided_decoding"], "guided_decoding") if data.get("guided_decoding") is not None else None
+    settings = dict(
+        batch_size=r.integer(data, "batch_size", "", 1, None, 1),
+        temperature=r.number(data, "temperature", "", 0.0, None),
+        top_p=r.number(data, "top_p", "", 0.0, 1.0, lo_open=True),
+        top_k=r.integer(data, "top_k", "", 0, None),
+        max_generate_length=r.integer(data, "max_generate_length", "", 0, None, DEFAULT_MAX_GENERATE_LENGTH),
+        apply_chat_template=r.boolean(data, "apply_chat_template", "", True),
+        add_generation_prompt=r.boolean(data, "add_generation_prompt", "", True),
+        enable_thinking=r.boolean(data, "enable_thinking", "", False),
+        lookup_policy=r.choice(data, "context_cache_lookup_policy", "", LOOKUP_POLICIES),
+        commit_policy=r.choice(data, "context_cache_commit_policy", "", COMMIT_POLICIES),
+        spec_proposal_sampling=r.choice(data, "spec_proposal_sampling", "", PROPOSAL_POLICIES),
+    )
+    requests = data.get("requests")
+    parsed: list[BatchRequest] = []
+    if requests is None:
+        r.error("requests", "is required")
+    elif not isinstance(requests, list) or not requests:
+        r.error("requests", "must be a non-empty array of request objects")
+    else:
+        defaults = {"sampling_seed": seed, "logit_bias": bias, "num_logprobs": logprobs, "guided_decoding": guide}
+        parsed = [_request(r, i, req, defaults, loras) for i, req in enumerate(requests)]
+    if r.errors:
+        raise BatchInputError(r.errors)
+    return BatchInput(requests=parsed, available_lora_weights=dict(loras), warnings=r.warnings, **settings)
+
+
+def _request(r: _Reader, i: int, req: Any, defaults: dict[str, Any], loras: dict) -> BatchRequest:
+    path = f"requests[{i}]"
+    if not isinstance(req, dict):
+        r.error(path, "must be an object with a messages array")
+        return BatchRequest(index=i, messages=[])  # never run: the error stops the batch
+    r.unknown_keys(req, path, _REQUEST_KEYS)
+    if "messages" not in req:
+        r.error(_at(path, "messages"), "is required")
+    messages, media = r.messages(req.get("messages"), _at(path, "messages")) if "messages" in req else ([], None)
+    lora = r.get(req, "lora_name", path, lambda v: isinstance(v, str), "a string")
+    if lora is not None and lora not in loras:
+        known = ", ".join(map(json.dumps, loras)) or "none are declared"
+        r.error(_at(path, "lora_name"), f"{json.dumps(lora)} is not in available_lora_weights ({known})")
+    r.boolean(req, "save_system_prompt_kv_cache", path, False)  # legacy; prefix reuse covers it
+    bias = req.get("logit_bias")
+    guide = req.get("guided_decoding")
+    return BatchRequest(
+        index=i,
+        messages=messages,
+        sampling_seed=r.integer(req, "sampling_seed", path, 0, MAX_SEED, defaults["sampling_seed"]),
+        lora_name=lora,
+        disable_spec_decode=r.boolean(req, "disable_spec_decode", path, False),
+        logit_bias=defaults["logit_bias"] if bias is None else r.logit_bias(bias, _at(path, "logit_bias")),
+        num_logprobs=r.integer(req, "num_logprobs", path, 0, MAX_LOGPROBS, defaults["num_logprobs"]),
+        stop=r.stop(req["stop"], _at(path, "stop")) if req.get("stop") is not None else [],
+        guided_decoding=defaults["guided_decoding"] if guide is None else r.guide(guide, _at(path, "guided_decoding")),
+        media_item=media,
+    )

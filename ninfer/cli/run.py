@@ -1,0 +1,163 @@
+"""``ninfer-run``: run a batch input file (docs: the input format) through one model.
+
+The model comes from the same profile and flags as ``ninfer-serve``. Everything that can
+be checked without the model (flags, profile, the whole input file, the output folder)
+is checked first; such problems exit with status 2 and write nothing. Status 1 means the
+model could not load, the engine died, or the results could not be written; otherwise
+the status is 0 and requests that failed carry their error in the results file.
+
+Unless ``--max-concurrency`` is given, the engine decodes ``batch_size`` requests
+together (capped at the profile's limit for that option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from loguru import logger
+
+from ninfer import __version__
+from ninfer.batch.schema import BatchInput, BatchInputError, parse_batch_json
+from ninfer.profile import Profile, ProfileError, check_selections, load_profile, resolve
+from ninfer.profile.flags import add_profile_flags, overrides_from_args
+from ninfer.profile.schema import options
+
+PROG = "ninfer-run"
+USAGE_ERROR = 2
+FAILURE = 1
+_CONCURRENCY_KEY = "engine.max_concurrency"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Generate for every request of a batch input JSON file and write the results as JSON.",
+        epilog="Profile options work as with ninfer-serve: a flag beats the profile. With "
+        "apply_chat_template false, a request's prompt is the text of its messages joined with nothing in "
+        "between. Exit status: 0 results written (failed requests carry their error), 1 runtime failure, "
+        "2 bad flags, profile or input (nothing written).",
+    )
+    parser.add_argument("model", nargs="?", metavar="MODEL_PATH",
+                        help="checkpoint directory or tiny:FAMILY; overrides the profile's model")
+    parser.add_argument("--input", required=True, metavar="FILE", help="batch input JSON file")
+    parser.add_argument("--output", required=True, metavar="FILE",
+                        help="results JSON file, replaced in one step when the run ends")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="startup profile (YAML); without it and MODEL_PATH the packaged demo profile is used")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar, and only warnings and errors in the log")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_profile_flags(parser)
+    return parser
+
+
+def _report(errors: list[str], label: str = "error") -> None:
+    for message in errors:
+        print(f"{PROG}: {label}: {message}", file=sys.stderr)
+
+
+def _read_batch(path: str) -> BatchInput:
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")  # tolerate a byte-order mark
+    except (OSError, UnicodeDecodeError) as e:
+        raise BatchInputError([f"--input: cannot read {path}: {getattr(e, 'strerror', None) or e}"]) from None
+    return parse_batch_json(text)
+
+
+def _output_problem(path: Path) -> Optional[str]:
+    if path.is_dir():
+        return f"--output: {path} is a directory"
+    if not path.parent.is_dir():
+        return f"--output: folder {path.parent} does not exist"
+    return None
+
+
+def _overrides(args: argparse.Namespace, batch: BatchInput) -> dict[str, Any]:
+    overrides = overrides_from_args(args)
+    if _CONCURRENCY_KEY not in overrides:
+        cap = next(o.parse.hi for key, _, o in options() if key == _CONCURRENCY_KEY)
+        overrides[_CONCURRENCY_KEY] = min(batch.batch_size, cap)
+    if args.model is not None:
+        overrides["model"] = args.model
+    return overrides
+
+
+def _check_profile(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Optional[Profile], list[str]]:
+    """The resolved profile, or every problem with it (plugins this machine lacks included)."""
+    if args.profile is not None and not args.profile.endswith((".yaml", ".yml")):
+        # ninfer.LLM recognises a profile by its extension
+        return None, [f"--profile: {args.profile}: expected a .yaml or .yml file"]
+    try:
+        profile = resolve(load_profile(args.profile, None, overrides))
+    except ProfileError as e:
+        return None, e.errors
+    from ninfer.plugins import load_registry
+
+    errors = check_selections(profile, load_registry(profile.plugins.allow))
+    return (None if errors else profile), errors
+
+
+def _run(args: argparse.Namespace, batch: BatchInput, overrides: dict[str, Any]) -> int:
+    from ninfer import LLM
+    from ninfer.batch.output import output_document, write_json_atomic
+    from ninfer.batch.runner import run_batch
+
+    started = time.perf_counter()
+    try:
+        llm = LLM(args.profile, **overrides)
+    except Exception as e:  # noqa: BLE001 - any load failure is reported the same way
+        logger.opt(exception=e).debug("model load failed")
+        _report([f"cannot load the model: {type(e).__name__}: {e}"])
+        return FAILURE
+    load_seconds = time.perf_counter() - started
+    run = run_batch(llm, batch, progress=not args.quiet and sys.stderr.isatty())
+    document = output_document(run, batch, llm.loaded.model_id, load_seconds)
+    try:
+        write_json_atomic(args.output, document)
+    except OSError as e:
+        _report([f"--output: cannot write {args.output}: {e.strerror or e}"])
+        return FAILURE
+    s = document["summary"]
+    logger.info(f"{s['requests']} requests ({s['failed']} failed), {s['generated_tokens']} tokens generated in "
+                f"{s['seconds']:.2f} s ({s['output_tokens_per_second']:.1f} tok/s); results in {args.output}")
+    if llm.engine.dead:
+        _report([f"the engine failed: {llm.engine.dead}"])
+        return FAILURE
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        batch = _read_batch(args.input)
+    except BatchInputError as e:
+        _report(e.errors)
+        return USAGE_ERROR
+    problem = _output_problem(Path(args.output))
+    if problem:
+        _report([problem])
+        return USAGE_ERROR
+    overrides = _overrides(args, batch)
+    try:
+        profile, errors = _check_profile(args, overrides)
+    except Exception as e:  # noqa: BLE001 - a broken plugin must not look like a usage error
+        _report([f"cannot load plugins: {type(e).__name__}: {e}"])
+        return FAILURE
+    if profile is None or errors:
+        _report(errors)
+        return USAGE_ERROR
+    _report(batch.warnings, "warning")
+
+    from ninfer.log import setup_logging
+
+    quiet_level = "warning" if args.quiet and "logging.level" not in overrides else None
+    setup_logging(quiet_level or profile.logging.level)
+    try:
+        return _run(args, batch, overrides)
+    except KeyboardInterrupt:
+        _report(["interrupted; no results written"])
+        return 130

@@ -1,0 +1,222 @@
+"""Machinery shared by tool parsers whose calls sit between ``<tool_call>`` tags.
+
+Answer text streams out at once. Only two things are held back: a suffix that could
+still grow into the opening marker (plus the whitespace just before it, which separates
+prose from a call), and a call region until its structure is decided. A region is
+never streamed as a call before it is known to be one, so markup that turns out to be
+malformed goes back out as ordinary text with every byte in place.
+
+Rules for what surrounds the calls (the region is everything from the first call to
+the end of the output):
+
+* strict (default): after a call only whitespace and further calls may follow. Calls
+  are therefore released when the output ends; text after a call, a missing closing
+  tag or any malformed later call returns the whole region to text.
+* tolerant (``--tolerant-tool-calls``): each complete call is released as soon as it
+  is complete; a missing or garbled closing tag and text after a call stay text while
+  the complete calls are kept.
+
+Whitespace separating a released call from text or from another call is formatting
+and is dropped; a region that falls back returns with its separating whitespace.
+Scanning resumes right after the point of failure, so a real call later in the same
+text is still found.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+from ninfer.frontend.output_split import (
+    Delta,
+    TextDelta,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallParseStats,
+    ToolCallStart,
+    coalesce,
+    partial_suffix,
+)
+from ninfer.frontend.tool_schema import ToolSpec
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+WHITESPACE = " \t\r\n"
+#: whitespace before an opening marker held back as a possible prose/call separator
+SEPARATOR_LIMIT = 32
+#: whitespace allowed between structural parts of a call; more is malformed
+GAP_LIMIT = 256
+#: longest tool or parameter name accepted
+NAME_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class Malformed:
+    reason: str
+    at: int  # buffer offset where scanning resumes as ordinary text
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # the arguments JSON object
+    end: int  # buffer offset just past the call body
+    omitted: int = 0
+    mismatched: int = 0
+
+
+class CallBody(Protocol):
+    """Parses one call body, resuming where it stopped; offsets index the parser buffer."""
+
+    def step(self, buf: str, final: bool) -> ParsedCall | Malformed | None:
+        """None while more text is needed (never when ``final``)."""
+
+
+def skip_space(buf: str, pos: int, limit: int = GAP_LIMIT + 1) -> int:
+    """Offset of the first non-whitespace at or after ``pos``, looking at most ``limit`` ahead."""
+    end = min(len(buf), pos + limit)
+    while pos < end and buf[pos] in WHITESPACE:
+        pos += 1
+    return pos
+
+
+def expect(buf: str, pos: int, literals: tuple[str, ...], final: bool) -> str | None:
+    """The literal at ``pos``; None when the text so far could still become one; "" when none can."""
+    rest = buf[pos:]
+    for lit in literals:
+        if rest.startswith(lit):
+            return lit
+    if not final and any(lit.startswith(rest) for lit in literals):
+        return None
+    return ""
+
+
+def valid_name(name: str) -> bool:
+    return 0 < len(name) <= NAME_LIMIT and not any(c in name for c in WHITESPACE + "<>")
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+_TEXT, _BODY, _CLOSE, _AFTER = range(4)
+
+
+class TaggedToolParser:
+    """Incremental parser base: subclasses supply :meth:`new_body` for their body syntax."""
+
+    def __init__(self, tools: Iterable[ToolSpec], tolerant: bool = False):
+        self.tools = {t.name: t for t in tools}
+        self.tolerant = tolerant
+        self.stats = ToolCallParseStats()
+        self._buf = ""  # undecided text; in a strict region it starts at the region
+        self._mode = _TEXT
+        self._pos = 0  # scan cursor in the close and after-call modes
+        self._body: CallBody | None = None
+        self._call: ParsedCall | None = None  # body parsed, closing tag pending
+        self._held: list[ParsedCall] = []  # strict: complete calls awaiting the end
+        self._index = 0
+
+    def new_body(self, start: int) -> CallBody:
+        """A body parser for the call whose body starts at buffer offset ``start``."""
+        raise NotImplementedError
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        return self._run(final=False)
+
+    def finish(self) -> list[Delta]:
+        out = self._run(final=True)
+        assert not self._buf and self._mode == _TEXT
+        return out
+
+    def _run(self, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        step = (self._text, self._in_body, self._closing, self._after)
+        while step[self._mode](final, out):
+            pass
+        return coalesce(out)
+
+    def _text(self, final: bool, out: list[Delta]) -> bool:
+        buf = self._buf
+        i = buf.find(OPEN)
+        end = i if i >= 0 else len(buf) - (0 if final else partial_suffix(buf, OPEN))
+        sep = end
+        while (i >= 0 or not final) and sep > 0 and buf[sep - 1] in WHITESPACE and end - sep < SEPARATOR_LIMIT:
+            sep -= 1
+        out.append(TextDelta(buf[:sep]))
+        self._buf = buf[sep:]
+        if i < 0:
+            return False
+        self.stats.marker_seen = True
+        self._body = self.new_body(i - sep + len(OPEN))
+        self._mode = _BODY
+        return True
+
+    def _in_body(self, final: bool, out: list[Delta]) -> bool:
+        assert self._body is not None
+        result = self._body.step(self._buf, final)
+        if result is None:
+            assert not final
+            return False
+        if isinstance(result, Malformed):
+            self._fall_back(result.reason, result.at, out)
+        else:
+            self._call, self._pos, self._mode = result, result.end, _CLOSE
+        return True
+
+    def _closing(self, final: bool, out: list[Delta]) -> bool:
+        call = self._call
+        assert call is not None
+        p = skip_space(self._buf, self._pos)
+        found = expect(self._buf, p, (CLOSE,), final) if p - self._pos <= GAP_LIMIT else ""
+        if found is None:
+            return False
+        if not found and not self.tolerant:
+            self._fall_back("malformed_structure", min(p, self._pos + GAP_LIMIT), out)
+            return True
+        # without its closing tag (tolerant), what follows the body is scanned afresh
+        self._pos = p + len(CLOSE) if found else call.end
+        if self.tolerant:
+            out.extend(self._release(call))
+            self._buf, self._pos = self._buf[self._pos:], 0
+        else:
+            self._held.append(call)
+        self._mode = _AFTER
+        return True
+
+    def _after(self, final: bool, out: list[Delta]) -> bool:
+        p = self._pos = skip_space(self._buf, self._pos, len(self._buf))
+        found = expect(self._buf, p, (OPEN,), final)
+        if found is None:
+            return False
+        if found:
+            self.stats.marker_seen = True
+            self._body, self._mode = self.new_body(p + len(OPEN)), _BODY
+            return True
+        if p < len(self._buf) and not self.tolerant:
+            self._fall_back("trailing_content", p, out)
+            return True
+        for call in self._held:  # the region ended with nothing but whitespace
+            out.extend(self._release(call))
+        self._held, self._buf, self._pos, self._mode = [], self._buf[p:], 0, _TEXT
+        return True
+
+    def _fall_back(self, reason: str, at: int, out: list[Delta]) -> None:
+        """The region up to ``at`` is ordinary text after all."""
+        self.stats.fell_back(reason)
+        out.append(TextDelta(self._buf[:at]))
+        self._buf = self._buf[at:]
+        self._held, self._body, self._call, self._pos, self._mode = [], None, None, 0, _TEXT
+
+    def _release(self, call: ParsedCall) -> list[Delta]:
+        index, self._index = self._index, self._index + 1
+        self.stats.calls += 1
+        self.stats.omitted_empty_args += call.omitted
+        self.stats.mismatched_args += call.mismatched
+        return [
+            ToolCallStart(index, new_call_id(), call.name),
+            ToolCallArgs(index, call.arguments),
+            ToolCallEnd(index, call.arguments),
+        ]

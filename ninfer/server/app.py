@@ -1,0 +1,52 @@
+"""The Litestar application: core routes plus the routes of each selected protocol plugin."""
+
+from __future__ import annotations
+
+from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
+from litestar.openapi import OpenAPIConfig
+
+from ninfer import __version__
+from ninfer.server.core_routes import core_routes
+from ninfer.server.errors import EXCEPTION_HANDLERS, MIB
+from ninfer.server.middleware import CORE_PROTOCOL, PROTOCOL_OPT, RequestMiddleware
+from ninfer.server.state import ServerState
+
+
+def protocol_routers(state: ServerState) -> list[Router]:
+    """One router per protocol named by ``server.protocols`` (None: every installed one).
+
+    The router tags its routes with the protocol's name, which the request log reports.
+    """
+    names = state.profile.server.protocols
+    if names is None:
+        protocols = state.registry.all("protocol")
+    else:
+        protocols = [state.registry.get("protocol", name, key="server.protocols") for name in names]
+    return [
+        Router(path="/", route_handlers=p.routes(state), opt={PROTOCOL_OPT: p.name})
+        for p in protocols
+        if p.routes is not None
+    ]
+
+
+def build_app(state: ServerState) -> Litestar:
+    server = state.profile.server
+    cors = None
+    if server.cors:
+        cors = CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
+                          expose_headers=["x-request-id", "request-id"])
+    app = Litestar(
+        route_handlers=[Router(path="/", route_handlers=core_routes(state), opt={PROTOCOL_OPT: CORE_PROTOCOL}),
+                        *protocol_routers(state)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        cors_config=cors,
+        openapi_config=OpenAPIConfig(title="ninfer", version=__version__,
+                                     description=f"Serving {state.model_id} over OpenAI- and Anthropic-style APIs."),
+        # Litestar checks Content-Length up front and counts streamed bytes, before any parsing.
+        request_max_body_size=server.max_request_mib * MIB,
+        logging_config=None,  # stdlib records are routed into loguru by ninfer.server.run
+    )
+    # Outermost, so unknown paths, CORS preflights and routing errors get a request id too.
+    app.asgi_handler = RequestMiddleware(app.asgi_handler, api_key=server.api_key, cors=server.cors)
+    return app

@@ -1,0 +1,90 @@
+"""The server's own routes: readiness, the served model, and a root for probes."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
+from litestar import Response, get, head
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
+
+from ninfer import __version__
+from ninfer.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from ninfer.server.state import ServerState
+
+#: what /health answers while the engine cannot take work (also while the model loads)
+HEALTH_UNAVAILABLE = {"status": "unavailable"}
+
+
+class Health(msgspec.Struct):
+    status: str
+
+
+class ModelCard(msgspec.Struct):
+    """OpenAI's model object plus the context length clients size requests by."""
+
+    id: str
+    created: int
+    max_model_len: int
+    object: str = "model"
+    owned_by: str = "ninfer"
+
+
+class LegacyModel(msgspec.Struct):
+    """The entry llama.cpp-style clients read from ``models``."""
+
+    name: str
+    model: str
+    type: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    models: list[LegacyModel]
+    object: str = "list"
+
+
+class ServerInfo(msgspec.Struct):
+    name: str
+    version: str
+    model: str
+
+
+def core_routes(state: ServerState) -> list:
+    created = int(time.time())
+    card = ModelCard(id=state.model_id, created=created, max_model_len=state.max_model_len)
+    listing = ModelList(data=[card], models=[LegacyModel(name=state.model_id, model=state.model_id)])
+
+    @get("/health", summary="Engine readiness", tags=["server"], sync_to_thread=False,
+         responses={503: ResponseSpec(data_container=Health, description="the engine cannot take work")})
+    def health() -> Response[Health]:
+        if state.engine.alive and not state.gate.draining:
+            return Response(Health("ok"))
+        return Response(Health("unavailable"), status_code=503)
+
+    @get("/v1/models", summary="The served model", tags=["models"], sync_to_thread=False)
+    def list_models() -> ModelList:
+        return listing
+
+    @get("/v1/models/{model_id:path}", summary="Look up the served model", tags=["models"], sync_to_thread=False)
+    def get_model(model_id: Annotated[str, Parameter(description="public model id")]) -> ModelCard:
+        model_id = model_id.lstrip("/")  # a :path parameter keeps its leading slash
+        if model_id != state.model_id:
+            raise NotFoundError(f"the model {model_id!r} does not exist; this server serves {state.model_id!r}",
+                                param="model", code="model_not_found")
+        return card
+
+    @get("/", summary="Server name and version", tags=["server"], sync_to_thread=False)
+    def root() -> ServerInfo:
+        return ServerInfo(name="ninfer", version=__version__, model=state.model_id)
+
+    @head("/", summary="Liveness probe", tags=["server"], sync_to_thread=False)
+    def root_head() -> None:
+        return None
+
+    return [health, list_models, get_model, root, root_head]
+

@@ -1,0 +1,107 @@
+"""The outermost layer of every request: id, API key, slot release and the request log.
+
+It wraps Litestar's whole ASGI handler (not a per-route middleware), so unknown paths,
+CORS preflights and errors raised while routing get an ``x-request-id`` too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from loguru import logger
+
+from ninfer.errors import AuthenticationError
+from ninfer.server.admission import Ticket, reset_current_ticket, set_current_ticket
+from ninfer.server.errors import send_error
+
+REQUEST_ID_HEADER = b"x-request-id"
+#: scope key holding the request's :class:`Ticket`
+TICKET_KEY = "ninfer.ticket"
+#: route-handler ``opt`` key naming the protocol plugin that contributed the route
+PROTOCOL_OPT = "ninfer_protocol"
+#: the protocol name of the server's own routes (/health, /v1/models, ...)
+CORE_PROTOCOL = "core"
+#: reachable without the API key
+OPEN_PATHS = frozenset({"/health"})
+
+
+def request_id(connection: ASGIConnection | Scope) -> str:
+    """The id sent back in ``x-request-id`` for this request (also fine for logs)."""
+    scope = connection.scope if isinstance(connection, ASGIConnection) else connection
+    return scope[TICKET_KEY].request_id
+
+
+class RequestMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str | None = None, cors: bool = False):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.cors = cors
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ticket = Ticket()
+        scope[TICKET_KEY] = ticket  # type: ignore[literal-required]
+        status = 0
+        rid = (REQUEST_ID_HEADER, ticket.request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == REQUEST_ID_HEADER for name, _ in headers):
+                    headers.append(rid)
+                message = {**message, "headers": headers}  # type: ignore[assignment]
+            await send(message)
+
+        token = set_current_ticket(ticket)
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_with_id)
+            else:
+                await send_error(send_with_id, AuthenticationError("a valid API key is required"),
+                                 self._auth_headers(scope))
+        finally:
+            reset_current_ticket(token)
+            ticket.release()
+            _log_request(scope, ticket, status)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.api_key is None or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credential = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.api_key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key):
+                return True
+        return False
+
+    def _auth_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        headers = [(b"www-authenticate", b"Bearer")]
+        # Litestar's CORS layer sits inside this one; a browser must still read the 401.
+        if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
+            headers.append((b"access-control-allow-origin", b"*"))
+        return headers
+
+
+def _log_request(scope: Scope, ticket: Ticket, status: int) -> None:
+    """One line per request: protocol routes at INFO, the server's own routes at DEBUG.
+
+    Only the method, path, status, token counts and time: never bodies or headers.
+    """
+    handler: Any = scope.get("route_handler")
+    protocol = handler.opt.get(PROTOCOL_OPT, CORE_PROTOCOL) if handler is not None else CORE_PROTOCOL
+    line = f"{ticket.request_id} {protocol} {scope['method']} {scope['path']} {status or 'no response'}"
+    if ticket.generated:
+        line += (f", prompt {ticket.prompt_tokens} (cached {ticket.cached_tokens}), "
+                 f"completion {ticket.completion_tokens} tokens")
+    line += f", {time.monotonic() - ticket.started:.2f} s"
+    logger.log("DEBUG" if protocol == CORE_PROTOCOL else "INFO", line)

@@ -1,0 +1,243 @@
+"""``ninfer-serve``'s server process: listen, load the model, serve, drain on SIGTERM.
+
+The listening socket is opened first and uvicorn answers from the start: until the
+engine is built (in a background thread), ``/health`` says 503 and every other path
+a 503 ``model_loading`` error. The first SIGTERM (or Ctrl-C) drains: new generations
+get 503, running ones may finish for up to :data:`DRAIN_TIMEOUT_S`, then the rest
+are cancelled (which aborts them in the engine) and the process exits 0. A second
+signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import threading
+from types import FrameType
+from typing import Any, Optional
+
+import uvicorn
+from litestar import Litestar
+from litestar.types import Receive, Scope, Send
+from loguru import logger
+
+from ninfer.engine.async_engine import AsyncEngine
+from ninfer.engine.builder import build_engine
+from ninfer.errors import ModelLoadingError
+from ninfer.server.admission import AdmissionGate, new_request_id
+from ninfer.server.app import build_app
+from ninfer.server.core_routes import HEALTH_UNAVAILABLE
+from ninfer.server.errors import send_error, send_json
+from ninfer.server.middleware import REQUEST_ID_HEADER
+from ninfer.server.state import ServerState
+
+DRAIN_TIMEOUT_S = 30.0
+#: after the drain, how long uvicorn waits for connections before cancelling them
+CANCEL_GRACE_S = 2
+# A silent peer is probed after 5 s idle, every 5 s, 3 times; unacknowledged data
+# fails the connection after 15 s. Accepted sockets inherit these on Linux.
+KEEPALIVE_OPTIONS = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 15_000))
+_STDLIB_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+                  "error": logging.ERROR, "critical": logging.CRITICAL, "off": logging.CRITICAL}
+
+
+def listen_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A bound, listening TCP socket whose accepted connections use TCP keepalive."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in KEEPALIVE_OPTIONS:
+            if hasattr(socket, name):  # Linux; elsewhere the system defaults stay
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _ToLoguru(logging.Handler):
+    """Stdlib records (uvicorn, Litestar, asyncio) into the one loguru sink."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level: Any = logger.level(record.levelname).name
+        except ValueError:
+            level = record.levelno
+        logger.opt(exception=record.exc_info).log(level, record.getMessage())
+
+
+def route_stdlib_logging(level: str) -> None:
+    """Send stdlib logging and Python warnings to loguru at the profile's level."""
+    stdlib_level = _STDLIB_LEVELS[level]
+    logging.basicConfig(handlers=[_ToLoguru()], level=stdlib_level, force=True)
+    logging.captureWarnings(True)  # e.g. library deprecations, which would break the line format
+    # uvicorn's lifecycle chatter repeats our own startup and shutdown lines.
+    verbose = stdlib_level <= logging.DEBUG
+    logging.getLogger("uvicorn").setLevel(stdlib_level if verbose else max(stdlib_level, logging.WARNING))
+
+
+def display_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ServerApp:
+    """The ASGI app uvicorn runs: a loading placeholder, then the Litestar app."""
+
+    def __init__(self, profile: Any, registry: Any, url: str):
+        self.profile = profile
+        self.registry = registry
+        self.url = url
+        self.app: Optional[Litestar] = None
+        self.state: Optional[ServerState] = None
+        self.server: Optional[uvicorn.Server] = None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.failed = False
+        self.stopping = False
+        self._drain_task: Optional[asyncio.Task] = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            headers = [(REQUEST_ID_HEADER, new_request_id().encode())]
+            if scope["path"] == "/health":
+                await send_json(send, 503, HEALTH_UNAVAILABLE, headers)
+            else:
+                await send_error(send, ModelLoadingError("the model is still loading; retry shortly"), headers)
+
+    # -- lifespan --------------------------------------------------------------------
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.loop = asyncio.get_running_loop()
+                threading.Thread(target=self._load, name="ninfer-load", daemon=True).start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.stopping = True
+                if self.state is not None:
+                    await asyncio.to_thread(self.state.engine.shutdown)
+                logger.info("server stopped")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _load(self) -> None:
+        """Build the engine and the app off the event loop, which keeps answering /health."""
+        state: Optional[ServerState] = None
+        try:
+            state = build_state(self.profile, self.registry)
+            app = build_app(state)
+        except Exception as exc:
+            if state is not None:
+                state.engine.shutdown()
+            logger.error("cannot start the engine: {}: {}", type(exc).__name__, exc)
+            logger.opt(exception=exc).debug("where the engine failed to start")
+            self._call(self._fail)
+            return
+        if not self._call(self._ready, state, app):
+            state.engine.shutdown()
+
+    def _call(self, fn: Any, *args: Any) -> bool:
+        """Run ``fn`` on the event loop; False once the server has already stopped."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def _ready(self, state: ServerState, app: Litestar) -> None:
+        if self.stopping or self.server.should_exit:  # a signal came while loading
+            state.engine.shutdown()
+            return
+        self.state, self.app = state, app
+        logger.info("server ready on {}", self.url)
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.server.should_exit = True
+
+    # -- draining --------------------------------------------------------------------
+    def on_signal(self, sig: int) -> None:
+        """Called from the signal handler: hand over to the event loop."""
+        if self.loop is None:
+            self.server.should_exit = True
+        else:
+            self.loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
+
+    def _begin_drain(self, signame: str) -> None:
+        if self._drain_task is not None or self.state is None:  # a second signal, or nothing to drain
+            self.server.should_exit = True
+            return
+        gate = self.state.gate
+        gate.draining = True
+        logger.info("{}: shutting down; waiting for {} request(s) in flight (at most {:.0f} s)",
+                    signame, gate.in_flight, DRAIN_TIMEOUT_S)
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain(gate))
+
+    async def _drain(self, gate: AdmissionGate) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT_S
+        while gate.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        if gate.in_flight:
+            logger.warning("cancelling {} request(s) still running after {:.0f} s", gate.in_flight, DRAIN_TIMEOUT_S)
+        self.server.should_exit = True
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a signal starts our drain and the process then exits 0.
+
+    (uvicorn's own handler would stop listening at once and re-raise the signal after
+    shutdown, which turns SIGTERM into a non-zero exit.)
+    """
+
+    def __init__(self, config: uvicorn.Config, app: ServerApp):
+        super().__init__(config)
+        self.ninfer_app = app
+
+    def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        else:
+            self.ninfer_app.on_signal(sig)
+
+
+def build_state(profile: Any, registry: Any) -> ServerState:
+    """Load the model and start the engine thread: everything protocol routes need."""
+    loaded = build_engine(profile, registry)
+    engine = AsyncEngine(loaded.engine, stats_interval_s=profile.logging.stats_interval_ms / 1000)
+    engine.start()
+    gate = AdmissionGate(capacity=profile.engine.max_concurrency + profile.server.max_pending_requests,
+                         pending_timeout_s=profile.server.pending_timeout_ms / 1000)
+    return ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
+                       family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
+                       gate=gate)
+
+
+def run(profile: Any, registry: Any) -> None:
+    """Serve until a signal (exit 0) or a failed model load (``SystemExit(1)``)."""
+    route_stdlib_logging(profile.logging.level)
+    host, port = profile.server.host, profile.server.port
+    try:
+        sock = listen_socket(host, port)
+    except OSError as exc:
+        logger.error("cannot listen on {}: {}", display_url(host, port), exc)
+        raise SystemExit(1) from None
+    app = ServerApp(profile, registry, display_url(host, sock.getsockname()[1]))
+    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False, proxy_headers=False,
+                            server_header=False, ws="none", timeout_graceful_shutdown=CANCEL_GRACE_S)
+    server = _Server(config, app)
+    app.server = server
+    logger.info("listening on {} while the model loads", app.url)
+    server.run(sockets=[sock])
+    if app.failed:
+        raise SystemExit(1)

@@ -1,0 +1,115 @@
+"""POST /v1/chat/completions: validate, render the prompt, run n engine requests, answer."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from litestar import Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from ninfer.engine.request import EngineRequest
+from ninfer.sampling_params import SamplingParams
+from ninfer.server.admission import current_ticket
+from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.sse import sse_response
+from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
+from ninfer_plugins.protocols.openai_chat.fanout import generate_all
+from ninfer_plugins.protocols.openai_chat.parsers import make_splitter
+from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
+from ninfer_plugins.protocols.openai_chat.schema import ChatCompletion, ChatCompletionRequest, encoder
+from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
+from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
+from ninfer_plugins.protocols.openai_chat.validate import check_model, validate_request
+
+if TYPE_CHECKING:
+    from ninfer.server.state import ServerState
+
+JSON = "application/json"
+
+
+def request_id() -> str:
+    """The HTTP request's id (also in ``x-request-id``), or a fresh one outside a request."""
+    ticket = current_ticket()
+    return ticket.request_id if ticket is not None else uuid.uuid4().hex
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One parameter set per choice; a given seed is offset per choice so samples differ."""
+    if n == 1:
+        return [params]
+    out = []
+    for i in range(n):
+        seed = None if params.seed is None else (params.seed + i + 2**63) % 2**64 - 2**63
+        out.append(attrs.evolve(params, seed=seed))
+    return out
+
+
+def engine_requests(rid: str, prepared: Prepared, params: SamplingParams, n: int) -> list[EngineRequest]:
+    return [
+        EngineRequest(f"{rid}-{i}", prepared.prompt_ids, p, prompt=prepared.prompt, thinking=prepared.options.thinking)
+        for i, p in enumerate(choice_params(params, n))
+    ]
+
+
+def chat_routes(state: ServerState) -> list:
+    tokenizer = state.tokenizer
+    vocab_size = state.engine.engine.vocab_size
+
+    @post(
+        "/v1/chat/completions",
+        summary="Create a chat completion",
+        description="OpenAI Chat Completions; `stream: true` answers with server-sent events.",
+        responses={200: ResponseSpec(data_container=ChatCompletion, description="The completion, or an SSE "
+                                     "stream of chat.completion.chunk objects ending in [DONE]")},
+        tags=["OpenAI"],
+        status_code=200,
+    )
+    async def create_chat_completion(request: Request, data: ChatCompletionRequest) -> Response:
+        check_model(data.model, state.model_id)
+        validate_request(data)
+        params = sampling_params(data, vocab_size)
+        state.gate.reserve()  # a full server answers 429 before any preparation work
+        prepared = await state.run_blocking(prepare, data, tokenizer, state.profile)
+        rid = request_id()
+        requests = engine_requests(rid, prepared, params, data.n or 1)
+        states = [ChoiceState(i, tokenizer, make_splitter(state, prepared.prompt, prepared.tools))
+                  for i in range(len(requests))]
+        answer = _Answer(state, f"chatcmpl-{rid}", int(time.time()), data.model or state.model_id, requests, states)
+        want_logprobs = bool(data.logprobs)
+        if data.stream:
+            options = data.stream_options
+            stream = ChunkStream(answer.id, answer.created, answer.model, states, want_logprobs=want_logprobs,
+                                 include_usage=bool(options and options.include_usage),
+                                 timings_per_token=bool(data.timings_per_token),
+                                 return_progress=bool(data.return_progress))
+            return sse_response(answer.frames(stream))
+        result = await cancel_on_disconnect(request, answer.aggregate(want_logprobs))
+        return Response(encoder.encode(result), media_type=JSON)
+
+    return [create_chat_completion]
+
+
+@attrs.define
+class _Answer:
+    state: ServerState
+    id: str
+    created: int
+    model: str
+    requests: list[EngineRequest]
+    states: list[ChoiceState]
+
+    async def aggregate(self, want_logprobs: bool) -> ChatCompletion:
+        builders = [MessageBuilder(want_logprobs) for _ in self.states]
+        async for index, event in generate_all(self.state, self.requests):
+            choice = self.states[index]
+            deltas = choice.feed(event)
+            builders[index].add(deltas, choice.logprobs(event.logprobs) if want_logprobs else ())
+        return completion(self.id, self.created, self.model, self.states, builders)
+
+    async def frames(self, stream: ChunkStream) -> Any:
+        async for payload in chunks(stream, generate_all(self.state, self.requests)):
+            yield f"data: {payload}\n\n"
+        yield "data: [DONE]\n\n"

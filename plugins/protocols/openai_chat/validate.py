@@ -1,0 +1,186 @@
+"""Field checks of a chat request that the schema's types cannot express.
+
+Each rejection names the field (``param``). Capability fields are refused only when
+they ask for behaviour ninfer cannot provide; their neutral values pass, so payloads
+that generic clients fill in with defaults keep working.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
+
+MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+MAX_TOP_K = 20
+MAX_N = 16
+#: constrained-decoding spellings of other servers; refused like response_format
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "structured_outputs")
+
+
+def check_model(requested: str | None, model_id: str) -> None:
+    """An omitted or empty model means the loaded one; any other name must match it."""
+    if requested and requested != model_id:
+        raise NotFoundError(
+            f"the model {requested!r} does not exist; this server serves {model_id!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def validate_request(req: ChatCompletionRequest) -> None:
+    """Raise :class:`InvalidRequestError` / :class:`UnsupportedFeatureError` for the first bad field."""
+    _check_ranges(req)
+    _check_stop(req.stop)
+    _check_logprobs(req)
+    _check_output_format(req)
+    _check_tools(req)
+    _check_capabilities(req)
+
+
+def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
+    return UnsupportedFeatureError(f"{param}: {what}", param=param)
+
+
+def _check_ranges(req: ChatCompletionRequest) -> None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = getattr(req, name)
+        if value is not None and value < 0:
+            raise InvalidRequestError(f"{name} must be >= 0", param=name)
+    _in_range(req, "temperature", 0.0, 2.0)
+    _in_range(req, "top_p", 0.0, 1.0)
+    _in_range(req, "min_p", 0.0, 1.0)
+    _in_range(req, "presence_penalty", -2.0, 2.0)
+    _in_range(req, "frequency_penalty", -2.0, 2.0)
+    if req.top_k is not None and not 0 <= req.top_k <= MAX_TOP_K:
+        raise InvalidRequestError(f"top_k must be in 0..{MAX_TOP_K}", param="top_k")
+    if req.repetition_penalty is not None and req.repetition_penalty != 1:
+        raise _unsupported("repetition_penalty", "only the neutral value 1 is accepted")
+    if req.n is not None and not 1 <= req.n <= MAX_N:
+        raise InvalidRequestError(f"n must be in 1..{MAX_N}", param="n")
+    if req.seed is not None and not -(2**63) <= req.seed < 2**64:
+        raise InvalidRequestError("seed must fit in 64 bits", param="seed")
+
+
+def _in_range(req: Any, name: str, lo: float, hi: float) -> None:
+    value = getattr(req, name)
+    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidRequestError(f"{name} must be a finite number in [{lo:g}, {hi:g}]", param=name)
+
+
+def _check_stop(stop: str | list[str] | None) -> None:
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if len(stops) > MAX_STOP:
+        raise InvalidRequestError(f"at most {MAX_STOP} stop strings are allowed", param="stop")
+    if any(not s for s in stops):
+        raise InvalidRequestError("stop strings must be non-empty", param="stop")
+
+
+def _check_logprobs(req: ChatCompletionRequest) -> None:
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if top and not req.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or int(key) < 0:
+            raise InvalidRequestError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
+        if not (math.isfinite(bias) and -100 <= bias <= 100):
+            raise InvalidRequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
+
+
+def _check_output_format(req: ChatCompletionRequest) -> None:
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise _unsupported("response_format", "JSON and schema-constrained output are not supported")
+    for name in GUIDED_FIELDS:
+        if getattr(req, name) is not None:
+            raise _unsupported(name, "constrained decoding is not supported")
+    if req.modalities is not None and any(m != "text" for m in req.modalities):
+        raise _unsupported("modalities", "only text output is supported")
+    if req.verbosity not in (None, "medium"):
+        raise _unsupported("verbosity", "only the default verbosity (medium) is supported")
+    if req.store:
+        raise _unsupported("store", "stored chat completions are not supported")
+
+
+def _check_tools(req: ChatCompletionRequest) -> None:
+    if req.functions:
+        raise _unsupported("functions", "legacy function definitions are not supported; use tools")
+    if isinstance(req.function_call, dict) or req.function_call not in (None, "none", "auto"):
+        raise _unsupported("function_call", "legacy forced function calls are not supported")
+    for i, tool in enumerate(req.tools or []):
+        if tool.type != "function":
+            raise _unsupported(f"tools[{i}].type", f"{tool.type!r} tools are not supported, only function tools")
+        if tool.function is None:
+            raise InvalidRequestError("a function tool needs a function definition", param=f"tools[{i}].function")
+        if not tool.function.name:
+            raise InvalidRequestError("a function needs a name", param=f"tools[{i}].function.name")
+        if tool.function.strict:
+            raise _unsupported(f"tools[{i}].function.strict", "strict schema-following tool calls are not supported")
+    allowed_tool_names(req)  # validates tool_choice
+    if req.parallel_tool_calls is False and callable_tools(req):
+        raise _unsupported("parallel_tool_calls", "a single-call limit cannot be enforced while tools are callable")
+
+
+def allowed_tool_names(req: ChatCompletionRequest) -> list[str] | None:
+    """Function names ``tool_choice`` leaves callable; None when every tool is."""
+    choice = req.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return [] if choice == "none" else None
+    if isinstance(choice, str):
+        if choice == "required":
+            raise _unsupported("tool_choice", "required tool calls cannot be enforced")
+        raise InvalidRequestError("tool_choice must be none, auto, or an allowed_tools object", param="tool_choice")
+    kind = choice.get("type")
+    if kind in ("function", "custom"):
+        raise _unsupported("tool_choice", "a named tool choice cannot be enforced")
+    if kind != "allowed_tools":
+        raise InvalidRequestError(f"tool_choice type {kind!r} is not recognised", param="tool_choice.type")
+    spec = choice.get("allowed_tools")
+    if not isinstance(spec, dict):
+        raise InvalidRequestError("allowed_tools must be an object", param="tool_choice.allowed_tools")
+    if spec.get("mode", "auto") != "auto":
+        raise _unsupported("tool_choice.allowed_tools.mode", "only mode auto can be honoured")
+    declared = {t.function.name for t in req.tools or [] if t.function is not None}
+    names = []
+    for j, entry in enumerate(spec.get("tools") or []):
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(entry, dict) or entry.get("type") != "function" or not isinstance(name, str):
+            raise InvalidRequestError(
+                "allowed tools must be function references", param=f"tool_choice.allowed_tools.tools[{j}]"
+            )
+        if name not in declared:
+            raise InvalidRequestError(f"no tool named {name!r} is declared", param=f"tool_choice.allowed_tools.tools[{j}]")
+        names.append(name)
+    return names
+
+
+def callable_tools(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Tool definitions the model may call, in declaration order (template shape)."""
+    allowed = allowed_tool_names(req)
+    out = []
+    for tool in req.tools or []:
+        fn = tool.function
+        if fn is None or (allowed is not None and fn.name not in allowed):
+            continue
+        definition: dict[str, Any] = {"name": fn.name}
+        if fn.description is not None:
+            definition["description"] = fn.description
+        if fn.parameters is not None:
+            definition["parameters"] = fn.parameters
+        out.append({"type": "function", "function": definition})
+    return out
+
+
+def _check_capabilities(req: ChatCompletionRequest) -> None:
+    if req.web_search_options is not None:
+        raise _unsupported("web_search_options", "web search is not supported")
+    if req.moderation not in (None, False):
+        raise _unsupported("moderation", "moderation is not supported")
+    if any(v is not None for v in (req.mm_processor_kwargs or {}).values()):
+        raise _unsupported("mm_processor_kwargs", "media processor options are not supported")

@@ -1,0 +1,414 @@
+"""POST /v1/chat/completions.
+
+The first half drives the aggregate and stream renderers with crafted engine events
+(the tiny random model rarely writes well-formed reasoning or tool markup); the second
+half talks to a real ``ninfer-serve`` process through the official ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx
+import msgspec
+import openai
+import pytest
+from server_harness import server_fixture
+
+from ninfer.capabilities import ReasoningParser
+from ninfer.engine.request import GenerationEvent, RequestTimings
+from ninfer.frontend.output_split import OutputSplitter
+from ninfer.frontend.tool_schema import ToolSpec
+from ninfer.outputs import PositionLogprobs, TokenLogprob
+from ninfer.tiny.tokenizer_files import build_tokenizer
+from ninfer.tokenizer import Tokenizer
+from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
+from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
+from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
+from ninfer_plugins.tool_parsers.hermes_json import HermesJsonToolParser
+
+QWEN = ReasoningParser(name="qwen3", start="<think>", end="</think>")
+WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(build_tokenizer())
+
+
+def crafted(pieces: list[str], prompt: int = 12, cached: int = 4, finish: str = "stop", logprobs: bool = False):
+    """Admission, one prefill chunk, then one event per output piece (the last finishes)."""
+    t = RequestTimings(arrival=0.0, admitted=1.0, first_token=1.5 if pieces else None,
+                       last_token=2.0 if pieces else None)
+
+    def event(text="", ids=(), processed=prompt, n_out=0, done=False):
+        lp = [PositionLogprobs(i, -0.5, [TokenLogprob(i, "x", [120], -0.5)]) for i in ids] if logprobs else None
+        return GenerationEvent("r", list(ids), text, prompt, cached, n_out, t, processed, lp, done,
+                               finish if done else None)
+
+    out = [event(processed=cached), event(processed=(cached + prompt) // 2)]
+    for k, piece in enumerate(pieces):
+        out.append(event(piece, [k + 1], n_out=k + 1, done=k == len(pieces) - 1))
+    if not pieces:
+        out.append(event(done=True))
+    return out
+
+
+def states(tokenizer, n=1, tools=None):
+    parser = (lambda: HermesJsonToolParser(tools)) if tools else (lambda: None)
+    return [ChoiceState(i, tokenizer, OutputSplitter(QWEN, parser())) for i in range(n)]
+
+
+def run_stream(tokenizer, events, tools=None, **opts) -> list[dict]:
+    options = {"want_logprobs": False, "include_usage": False, "timings_per_token": False, "return_progress": False}
+    options.update(opts)
+    stream = ChunkStream("id", 0, "m", states(tokenizer, tools=tools), **options)
+
+    async def source():
+        for e in events:
+            yield 0, e
+
+    async def collect():
+        return [json.loads(p) async for p in chunks(stream, source())]
+
+    return asyncio.run(collect())
+
+
+def run_aggregate(tokenizer, events, tools=None, logprobs=False) -> dict:
+    (state,) = states(tokenizer, tools=tools)
+    builder = MessageBuilder(logprobs)
+    for e in events:
+        builder.add(state.feed(e), state.logprobs(e.logprobs))
+    return json.loads(msgspec.json.encode(completion("id", 0, "m", [state], [builder])))
+
+
+def concat(chunks_: list[dict]) -> dict:
+    """Stream chunks folded into the aggregate message shape."""
+    msg = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = None
+    for c in chunks_:
+        for ch in c["choices"]:
+            d = ch["delta"]
+            msg["content"] += d.get("content") or ""
+            msg["reasoning_content"] += d.get("reasoning_content") or ""
+            for call in d.get("tool_calls") or []:
+                entry = msg["tool_calls"].setdefault(call["index"], {"id": None, "name": None, "arguments": ""})
+                entry["id"] = call.get("id", entry["id"])
+                entry["name"] = call.get("function", {}).get("name", entry["name"])
+                entry["arguments"] += call["function"].get("arguments", "")
+            finish = ch["finish_reason"] or finish
+    return {**msg, "finish_reason": finish}
+
+
+def test_reasoning_answer_and_tool_call_stream_equal_the_aggregate(tokenizer):
+    text = "<think>\nhmm, weather\n</think>\n\nSure." + "\n" + CALL
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    stream = run_stream(tokenizer, crafted(pieces), tools=[WEATHER])
+    assert stream[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    kinds = [set(c["choices"][0]["delta"]) for c in stream if c["choices"]]
+    assert all(len(k) <= 2 for k in kinds)  # reasoning and content never share a chunk
+    folded = concat(stream)
+    assert folded["reasoning_content"] == "hmm, weather" and folded["content"] == "Sure."
+    (call,) = folded["tool_calls"].values()
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    assert call["arguments"] == '{"city": "Paris", "unit": "c"}'  # the model's member order
+    assert folded["finish_reason"] == "tool_calls"
+
+    agg = run_aggregate(tokenizer, crafted(pieces), tools=[WEATHER])
+    message = agg["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("hmm, weather", "Sure.")
+    assert [c["function"] for c in message["tool_calls"]] == [{"name": "get_weather", "arguments": call["arguments"]}]
+    assert agg["choices"][0]["finish_reason"] == "tool_calls" and message["refusal"] is None
+    assert agg["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_parallel_calls_are_indexed_in_order(tokenizer):
+    second = CALL.replace("Paris", "Rome")
+    folded = concat(run_stream(tokenizer, crafted([CALL, "\n", second]), tools=[WEATHER]))
+    assert [c["arguments"] for c in folded["tool_calls"].values()] == [
+        '{"city": "Paris", "unit": "c"}', '{"city": "Rome", "unit": "c"}']
+    assert len({c["id"] for c in folded["tool_calls"].values()}) == 2
+
+
+@pytest.mark.parametrize("bad", [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>',
+    '<tool_call>\n{"name": "undeclared", "arguments": {}}\n</tool_call>',
+    CALL + " trailing words",
+])
+def test_malformed_tool_markup_falls_back_to_text_byte_exactly(tokenizer, bad):
+    pieces = [bad[i:i + 5] for i in range(0, len(bad), 5)]
+    folded = concat(run_stream(tokenizer, crafted(pieces), tools=[WEATHER]))
+    assert folded["content"] == bad and not folded["tool_calls"] and folded["finish_reason"] == "stop"
+    assert run_aggregate(tokenizer, crafted(pieces), tools=[WEATHER])["choices"][0]["message"]["content"] == bad
+
+
+def test_usage_and_timings_chunk_ordering(tokenizer):
+    events = crafted(["a", "b", "c"], prompt=12, cached=4)
+    plain = run_stream(tokenizer, events)
+    assert "timings" in plain[-1] and plain[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all("timings" not in c for c in plain[:-1])
+    with_usage = run_stream(tokenizer, crafted(["a", "b", "c"]), include_usage=True)
+    last = with_usage[-1]
+    assert last["choices"] == [] and last["usage"]["prompt_tokens"] == 12
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    t = last["timings"]
+    assert t["cache_n"] + t["prompt_n"] == 12 and t["predicted_n"] == 3
+    assert t["prompt_ms"] == pytest.approx(500.0) and t["predicted_ms"] == pytest.approx(500.0)
+    assert t["predicted_per_second"] == pytest.approx(4.0)  # two intervals in half a second
+    assert all(c["usage"] is None for c in with_usage[:-1])
+
+
+def test_zero_output_timings_are_finite_zeros(tokenizer):
+    agg = run_aggregate(tokenizer, crafted([], finish="length"))
+    t = agg["timings"]
+    assert t["predicted_n"] == 0 and t["predicted_per_second"] == 0 and t["predicted_per_token_ms"] == 0
+    assert all(math.isfinite(v) for v in t.values())
+    assert agg["choices"][0]["message"]["content"] == "" and agg["choices"][0]["finish_reason"] == "length"
+
+
+def test_return_progress_precedes_output_and_never_moves_back(tokenizer):
+    stream = run_stream(tokenizer, crafted(["x", "y"], prompt=12, cached=4), return_progress=True)
+    progress = [i for i, c in enumerate(stream) if "prompt_progress" in c]
+    first_delta = next(i for i, c in enumerate(stream) if c["choices"] and c["choices"][0]["delta"].get("content"))
+    values = [stream[i]["prompt_progress"] for i in progress]
+    assert progress[-1] < first_delta and stream[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert values[0]["processed"] == values[0]["cache"] == 4 and values[-1]["processed"] == values[-1]["total"] == 12
+    assert [v["processed"] for v in values] == sorted({v["processed"] for v in values})
+
+
+def test_timings_per_token_and_logprobs_ride_on_visible_chunks(tokenizer):
+    stream = run_stream(tokenizer, crafted(["x", "y", "z"], logprobs=True), timings_per_token=True,
+                        want_logprobs=True)
+    content = [c for c in stream if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content and all("timings" in c for c in content)
+    entries = [e for c in stream if c["choices"] for e in (c["choices"][0]["logprobs"] or {}).get("content") or []]
+    assert len(entries) == 3 and entries[0]["top_logprobs"] == [{"token": "x", "logprob": -0.5, "bytes": [120]}]
+
+
+# -- against a real server ------------------------------------------------------------------
+
+server = server_fixture("--max-context", "512", "--prefill-chunk", "16", "--max-concurrency", "2")
+MODEL = "tiny:qwen3"
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three rivers."}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather now",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+def chat(client, **kw):
+    return client.chat.completions.create(**{"model": MODEL, "messages": MESSAGES, "max_tokens": 12, **kw})
+
+
+def raw_stream(server, body: dict) -> tuple[httpx.Response, list]:
+    """POST a streaming request; returns the response and its data payloads (JSON or "[DONE]")."""
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES,
+                                                                      "stream": True, **body}, timeout=60) as r:
+        lines = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    return r, [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+def test_stream_deltas_concatenate_to_the_aggregate(client):
+    agg = chat(client, seed=7, max_tokens=24)
+    chunks_ = list(chat(client, seed=7, max_tokens=24, stream=True, stream_options={"include_usage": True}))
+    assert chunks_[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks_ if c.choices)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks_ if c.choices)
+    message = agg.choices[0].message
+    assert text == (message.content or "") and reasoning == (getattr(message, "reasoning_content", None) or "")
+    usage = chunks_[-1].usage  # the same except for cached tokens: the second request reuses the first's pages
+    assert chunks_[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (
+        agg.usage.prompt_tokens, agg.usage.completion_tokens)
+    finish = [c.choices[0].finish_reason for c in chunks_ if c.choices and c.choices[0].finish_reason]
+    assert finish == [agg.choices[0].finish_reason]
+    assert agg.model == MODEL and agg.object == "chat.completion" and message.refusal is None
+
+
+def test_raw_stream_framing_usage_and_timings(server):
+    r, payloads = raw_stream(server, {"max_tokens": 6, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["x-request-id"] and r.headers["content-type"].startswith(
+        "text/event-stream")
+    assert payloads[-1] == "[DONE]"
+    last = payloads[-2]
+    assert last["choices"] == [] and "timings" in last and "usage" in last
+    assert all("timings" not in p for p in payloads[:-2])
+    usage, t = last["usage"], last["timings"]
+    assert usage["completion_tokens_details"]["reasoning_tokens"] >= 0
+    assert t["cache_n"] + t["prompt_n"] == usage["prompt_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] \
+        + t["prompt_n"]
+    _, plain = raw_stream(server, {"max_tokens": 4})
+    assert plain[-1] == "[DONE]" and plain[-2]["choices"][0]["finish_reason"] and "timings" in plain[-2]
+
+
+def test_usage_and_timings_invariants_with_prefix_reuse(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x " * 60}], "max_tokens": 5}
+    first = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60).json()
+    again = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60).json()
+    for result in (first, again):
+        u, t = result["usage"], result["timings"]
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        assert t["cache_n"] == u["prompt_tokens_details"]["cached_tokens"]
+        assert t["cache_n"] + t["prompt_n"] == u["prompt_tokens"] and t["predicted_n"] == u["completion_tokens"]
+        assert all(math.isfinite(v) and v >= 0 for v in t.values())
+    assert again["timings"]["cache_n"] > 0  # the repeated prompt reused cached pages
+
+
+def test_return_progress_with_a_real_prefill(server):
+    body = {"messages": [{"role": "user", "content": "long prompt " * 20}], "max_tokens": 3, "return_progress": True,
+            "timings_per_token": True}
+    _, payloads = raw_stream(server, body)
+    progress = [i for i, p in enumerate(payloads) if isinstance(p, dict) and "prompt_progress" in p]
+    deltas = [i for i, p in enumerate(payloads) if isinstance(p, dict) and p["choices"]
+              and p["choices"][0]["delta"].get("content")]
+    values = [payloads[i]["prompt_progress"] for i in progress]
+    assert len(values) >= 3  # initial, at least one prefill chunk, final
+    assert values[0]["processed"] == values[0]["cache"] and values[-1]["processed"] == values[-1]["total"]
+    assert [v["processed"] for v in values] == sorted(v["processed"] for v in values)
+    assert not deltas or progress[-1] < deltas[0]
+    assert all("timings" in payloads[i] for i in deltas)
+
+
+def test_reasoning_split_end_to_end(client, tokenizer):
+    think = tokenizer.token_to_id("<think>")
+    forced = chat(client, max_tokens=5, logit_bias={str(think): 100}, seed=1)
+    message = forced.choices[0].message
+    assert message.reasoning_content == "<think>" * 4 and not message.content
+    assert forced.usage.completion_tokens_details.reasoning_tokens == 5
+    streamed = list(chat(client, max_tokens=5, logit_bias={str(think): 100}, seed=1, stream=True))
+    assert "".join(c.choices[0].delta.reasoning_content or "" for c in streamed if c.choices) == "<think>" * 4
+    on = chat(client, max_tokens=1, extra_body={"enable_thinking": True})
+    off = chat(client, max_tokens=1, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    closed_block = len(tokenizer.encode("<think>\n\n</think>\n\n"))
+    assert off.usage.prompt_tokens == on.usage.prompt_tokens + closed_block
+    effort_none = chat(client, max_tokens=1, reasoning_effort="none")
+    assert effort_none.usage.prompt_tokens == off.usage.prompt_tokens
+
+
+def test_preserve_thinking_keeps_earlier_reasoning(client):
+    history = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1", "reasoning_content": "r " * 10},
+               {"role": "user", "content": "q2"}]
+    kept = chat(client, messages=history, max_tokens=1, extra_body={"preserve_thinking": True})
+    dropped = chat(client, messages=history, max_tokens=1, extra_body={"chat_template_kwargs": {"preserve_thinking": False}})
+    assert kept.usage.prompt_tokens > dropped.usage.prompt_tokens
+
+
+def test_tool_history_renders_and_tool_choice_filters(client):
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "reasoning": "need data",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "noon"}]},
+    ]
+    both = chat(client, messages=history, tools=TOOLS, tool_choice="auto", max_tokens=4)
+    assert both.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    one = chat(client, messages=history, tools=TOOLS, max_tokens=1, tool_choice={
+        "type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function",
+                                                                               "function": {"name": "get_time"}}]}})
+    none = chat(client, messages=history, tools=TOOLS, tool_choice="none", max_tokens=1)
+    bare = chat(client, messages=history, max_tokens=1)
+    assert both.usage.prompt_tokens > one.usage.prompt_tokens > none.usage.prompt_tokens == bare.usage.prompt_tokens
+
+
+def test_logprobs_shape(client):
+    result = chat(client, logprobs=True, top_logprobs=3, max_tokens=6)
+    entries = result.choices[0].logprobs.content
+    assert len(entries) == result.usage.completion_tokens
+    for e in entries:
+        assert isinstance(e.token, str) and e.logprob <= 0 and isinstance(e.bytes, list)
+        assert len(e.top_logprobs) == 3
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+    assert chat(client, max_tokens=2).choices[0].logprobs is None
+
+
+def test_n_choices_have_their_own_seeds(client):
+    result = chat(client, n=3, seed=11, max_tokens=8)
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    assert len({c.message.content for c in result.choices}) > 1
+    assert result.usage.completion_tokens == 24 or result.usage.completion_tokens <= 24
+    streamed = list(chat(client, n=3, seed=11, max_tokens=8, stream=True))
+    for c in result.choices:
+        text = "".join(x.choices[0].delta.content or "" for x in streamed if x.choices and x.choices[0].index == c.index)
+        assert text == c.message.content
+
+
+def test_zero_max_tokens_processes_the_prompt_only(client):
+    result = chat(client, max_completion_tokens=0)
+    assert result.usage.completion_tokens == 0 and result.choices[0].finish_reason == "length"
+    assert result.choices[0].message.content == "" and result.timings["predicted_n"] == 0 if isinstance(
+        getattr(result, "timings", None), dict) else True
+
+
+@pytest.mark.parametrize(("kwargs", "param", "code"), [
+    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"extra_body": {"guided_regex": "a+"}}, "guided_regex", "unsupported_parameter"),
+    ({"extra_body": {"structured_outputs": {"json": {}}}}, "structured_outputs", "unsupported_parameter"),
+    ({"modalities": ["text", "audio"]}, "modalities", "unsupported_parameter"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools[0].function.strict",
+     "unsupported_parameter"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice",
+     "unsupported_parameter"),
+    ({"tools": TOOLS, "parallel_tool_calls": False}, "parallel_tool_calls", "unsupported_parameter"),
+    ({"web_search_options": {}}, "web_search_options", "unsupported_parameter"),
+    ({"verbosity": "low"}, "verbosity", "unsupported_parameter"),
+    ({"store": True}, "store", "unsupported_parameter"),
+    ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty", "unsupported_parameter"),
+    ({"extra_body": {"chat_template_kwargs": {"tokenize": True}}}, "chat_template_kwargs.tokenize",
+     "unsupported_parameter"),
+    ({"reasoning_effort": "high"}, "reasoning_effort", "reasoning_effort_not_supported"),
+    ({"reasoning_effort": "none", "extra_body": {"enable_thinking": True}}, "reasoning_effort",
+     "conflicting_template_option"),
+    ({"extra_body": {"preserve_thinking": True, "chat_template_kwargs": {"preserve_thinking": False}}},
+     "preserve_thinking", "conflicting_template_option"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_request"),
+    ({"stop": [""]}, "stop", "invalid_request"),
+    ({"temperature": 2.5}, "temperature", "invalid_request"),
+    ({"extra_body": {"top_k": 21}}, "top_k", "invalid_request"),
+    ({"extra_body": {"min_p": 1.5}}, "min_p", "invalid_request"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "invalid_request"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "invalid_request"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias", "invalid_request"),
+    ({"max_tokens": -1}, "max_tokens", "invalid_request"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]},
+     "messages[0].content[0]", "vision_disabled"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "long " * 600}]}, "messages", "context_length_exceeded"),
+    ({"max_tokens": 600}, "max_tokens", "context_length_exceeded"),
+])
+def test_rejections_name_their_field(client, kwargs, param, code):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, **kwargs)
+    error = e.value.body
+    assert e.value.status_code == 400 and (error["param"], error["code"]) == (param, code), error
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_neutral_values_are_accepted(client):
+    result = chat(client, max_tokens=2, logit_bias={"5": 0}, logprobs=False, top_logprobs=0, verbosity="medium",
+                  response_format={"type": "text"}, modalities=["text"], store=False, parallel_tool_calls=True,
+                  metadata={"k": "v"}, user="u", service_tier="auto", prompt_cache_key="p", seed=-3,
+                  prediction={"type": "content", "content": "x"}, safety_identifier="s",
+                  extra_body={"repetition_penalty": 1, "mm_processor_kwargs": {"fps": None}, "functions": [],
+                              "function_call": "none", "chat_template_kwargs": {"enable_thinking": None},
+                              "some_unknown_field": {"x": 1}, "prompt_cache_options": {"mode": "implicit"}})
+    assert result.choices[0].logprobs is None and result.usage.completion_tokens == 2
+
+
+def test_model_field(server, client):
+    with pytest.raises(openai.NotFoundError) as e:
+        chat(client, model="some-other-model")
+    assert (e.value.body["code"], e.value.body["param"]) == ("model_not_found", "model")
+    assert e.value.response.headers["x-request-id"]
+    for body in ({}, {"model": ""}, {"model": None}):
+        r = httpx.post(f"{server}/v1/chat/completions", json={**body, "messages": MESSAGES, "max_tokens": 1}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == MODEL
