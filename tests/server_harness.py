@@ -20,8 +20,10 @@ One server shared by a module (the fixture takes the variable's name)::
 The yielded base URL is a ``str`` that also carries ``.process`` (the ``Popen``) and
 ``.logs()`` (the server's stderr so far). The model defaults to ``tiny:qwen3``, built
 in the session's ``NINFER_CACHE_DIR`` (tests/conftest.py sets it); ``--device cpu`` is
-passed first, so a later ``--device`` flag wins. Startup waits for ``/health`` to say
-200; stopping sends SIGTERM, then SIGKILL if the process outlives ``stop_timeout``.
+passed first, so a later ``--device`` flag wins, while ``--host``/``--port`` are always
+the harness's (127.0.0.1 and a free port). Startup waits for ``/health`` to say 200;
+stopping sends SIGTERM, then SIGKILL if the process outlives the timeout. For full
+control (signals, exit codes) use :func:`start_server` and :func:`stop_server`.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     max_c = max([args.max_concurrency] + levels)
     longest = max(args.input_len[1] + args.output_len[1], args.decode_prompt_len + args.decode_output_len)
     model = _resolve_random(args.model, args.device, args.dtype)
-    llm = LLM(model, device=args.device, dtype=args.dtype, max_concurrency=max_c, max_context=longest,
+    device = int(args.device) if args.device.isdigit() else args.device
+    llm = LLM(model, device=device, dtype=args.dtype, max_concurrency=max_c, max_context=longest,
               kv_capacity=longest * max_c, prefill_chunk=args.prefill_chunk)
     loaded = llm.loaded
     vocab = loaded.tokenizer.vocab_size  # prompt ids the tokenizer knows

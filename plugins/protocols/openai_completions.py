@@ -11,12 +11,14 @@ that combination is refused rather than answered without them.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Optional, Union
 
-import msgspec
+import attrs
+
 from litestar import Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 from ninfer.capabilities import Protocol
 from ninfer.engine.request import EngineRequest
@@ -31,17 +33,18 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     ChatCompletionRequest,
     CompletionTokensDetails,
     PromptTokensDetails,
+    StreamOptions,
+    Timings,
     Usage,
+    encoder,
 )
 from ninfer_plugins.protocols.openai_chat.translate import sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_model, validate_request
+from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
 
 MAX_LOGPROBS = 5
+#: more than chat's four: evaluation harnesses send a task's stop list plus the EOS text
+MAX_STOP = 32
 JSON = "application/json"
-
-
-class StreamOptions(Struct):
-    include_usage: Optional[bool] = None
 
 
 class CompletionRequest(Struct):
@@ -82,6 +85,17 @@ class CompletionChoice(Struct):
     logprobs: Optional[LegacyLogprobs] = None
 
 
+class Completion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Union[Usage, None, UnsetType] = UNSET
+    timings: Union[Timings, UnsetType] = UNSET
+    object: str = "text_completion"
+    system_fingerprint: Optional[str] = None
+
+
 def _prompts(prompt: Union[str, list[Any]]) -> list[Union[str, list[int]]]:
     """Normalise the four prompt spellings to a list of strings and id lists."""
     if isinstance(prompt, str):
@@ -110,6 +124,9 @@ def _validate(req: CompletionRequest) -> None:
         )
     if req.suffix:
         raise UnsupportedFeatureError("suffix (insertion) is not supported", param="suffix")
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+    if len(stops) > MAX_STOP or not all(stops):
+        raise InvalidRequestError(f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise UnsupportedFeatureError("best_of other than n is not supported", param="best_of")
 
@@ -119,14 +136,17 @@ def _params(req: CompletionRequest, vocab_size: int) -> Any:
     shared = ChatCompletionRequest(
         messages=[], max_tokens=16 if req.max_tokens is None else req.max_tokens, temperature=req.temperature,
         top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop, n=req.n,
+        frequency_penalty=req.frequency_penalty, seed=req.seed, n=req.n,
         logprobs=req.logprobs is not None, top_logprobs=req.logprobs, logit_bias=req.logit_bias,
     )
     validate_request(shared)
-    return sampling_params(shared, vocab_size)
+    params = sampling_params(shared, vocab_size)
+    params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return params
 
 
-def _legacy_logprobs(choice: Any, positions: list[Any], offset: int) -> LegacyLogprobs:
+def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int) -> LegacyLogprobs:
+    """Positions in the legacy shape; offsets count characters of the returned text."""
     tokens, lps, tops, offsets = [], [], [], []
     for pos in positions:
         text = choice.token_text(pos.token_id)
@@ -140,26 +160,77 @@ def _legacy_logprobs(choice: Any, positions: list[Any], offset: int) -> LegacyLo
     return LegacyLogprobs(tokens, lps, tops, offsets)
 
 
-def completion_routes(state: Any) -> list:
-    tokenizer = state.tokenizer
-    vocab_size = state.engine.engine.vocab_size
-    encoder = msgspec.json.Encoder()
+@attrs.define
+class _Run:
+    """One HTTP request's engine requests (prompt-major, ``n`` per prompt) and their state."""
 
-    def usage(choices: list[Any], n: int) -> Usage:
-        heads = choices[::n]  # one choice per prompt carries that prompt's counts
+    state: Any
+    id: str
+    model: str
+    requests: list[EngineRequest]
+    choices: list[ChoiceState]
+    n: int
+    echo: list[str]  # text put before each choice's output
+    want_logprobs: bool
+    created: int = attrs.field(factory=lambda: int(time.time()))
+
+    def piece(self, k: int, text: str, positions: list[Any], offset: int, finish: Optional[str]) -> CompletionChoice:
+        lp = _legacy_logprobs(self.choices[k], positions, offset) if self.want_logprobs else None
+        return CompletionChoice(k, text, finish, lp)
+
+    def envelope(self, choices: list[CompletionChoice], final: bool = False) -> Completion:
+        out = Completion(self.id, self.created, self.model, choices)
+        if final:
+            out.usage, out.timings = self.usage(), timings(self.choices)
+        return out
+
+    def usage(self) -> Usage:
+        heads = self.choices[:: self.n]  # a prompt's counts, once per prompt
         prompt = sum(c.prompt_tokens for c in heads)
-        completion = sum(c.completion_tokens for c in choices)
+        completion = sum(c.completion_tokens for c in self.choices)
         return Usage(prompt, completion, prompt + completion, PromptTokensDetails(sum(c.cached_tokens for c in heads)),
                      CompletionTokensDetails(0))
 
-    def envelope(rid: str, created: int, model: str, choices: list[CompletionChoice], **extra: Any) -> bytes:
-        body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": None, "choices": choices, **extra}
-        return encoder.encode(body)
+    async def aggregate(self) -> bytes:
+        texts = [[e] for e in self.echo]
+        positions: list[list[Any]] = [[] for _ in self.requests]
+        async with aclosing(generate_all(self.state, self.requests)) as events:
+            async for k, event in events:
+                texts[k] += [d.text for d in self.choices[k].feed(event)]
+                positions[k] += event.logprobs or []
+        out = [self.piece(k, "".join(texts[k]), positions[k], len(self.echo[k]), c.finish_reason)
+               for k, c in enumerate(self.choices)]
+        return encoder.encode(self.envelope(out, final=True))
+
+    async def frames(self, include_usage: bool) -> AsyncIterator[bytes]:
+        offsets = [len(e) for e in self.echo]
+        pending_echo = list(self.echo)
+        async with aclosing(generate_all(self.state, self.requests)) as events:
+            async for k, event in events:
+                text = pending_echo[k] + "".join(d.text for d in self.choices[k].feed(event))
+                pending_echo[k] = ""
+                finish = self.choices[k].finish_reason if event.finished else None
+                if text or finish or event.logprobs:
+                    chunk = self.piece(k, text, event.logprobs or [], offsets[k], finish)
+                    offsets[k] += sum(len(t) for t in chunk.logprobs.tokens) if chunk.logprobs else 0
+                    yield _frame(self.envelope([chunk]))
+        if include_usage:
+            yield _frame(self.envelope([], final=True))
+        yield b"data: [DONE]\n\n"
+
+
+def _frame(chunk: Completion) -> bytes:
+    return b"data: " + encoder.encode(chunk) + b"\n\n"
+
+
+def completion_routes(state: Any) -> list:
+    tokenizer = state.tokenizer
+    vocab_size = state.engine.engine.vocab_size
 
     @post("/v1/completions", summary="Create a text completion (legacy)", tags=["OpenAI"], status_code=200,
           description="OpenAI's legacy completions on a raw prompt; `stream: true` answers with server-sent events.",
-          responses={200: ResponseSpec(data_container=CompletionChoice, description="text_completion object")})
+          responses={200: ResponseSpec(data_container=Completion, description="The completion, or an SSE stream "
+                                       "of text_completion chunks ending in [DONE]")})
     async def create_completion(request: Request, data: CompletionRequest) -> Response:
         check_model(data.model, state.model_id)
         prompts = _prompts(data.prompt)
@@ -168,53 +239,18 @@ def completion_routes(state: Any) -> list:
         n = data.n or 1
         state.gate.reserve()
         encoded = [await state.run_blocking(tokenizer.encode, p) if isinstance(p, str) else p for p in prompts]
-        texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p) for p in prompts]
+        for ids in encoded:
+            check_prompt_length(len(ids), state.max_model_len, param="prompt")
+        texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p, False) for p in prompts]
         rid = request_id()
         requests = [EngineRequest(f"{rid}-{i * n + j}", ids, p, prompt=texts[i])
                     for i, ids in enumerate(encoded) for j, p in enumerate(choice_params(params, n))]
-        choices = [ChoiceState(k, tokenizer) for k in range(len(requests))]
-        created, model, cid = int(time.time()), data.model or state.model_id, f"cmpl-{rid}"
-        echo = [texts[k // n] if data.echo else "" for k in range(len(requests))]
-        want = data.logprobs is not None
-
-        def piece(k: int, text: str, positions: list[Any], offset: int, finish: Optional[str]) -> CompletionChoice:
-            lp = _legacy_logprobs(choices[k], positions, offset) if want else None
-            return CompletionChoice(k, text, finish, lp)
-
+        run = _Run(state, f"cmpl-{rid}", data.model or state.model_id, requests,
+                   [ChoiceState(k, tokenizer) for k in range(len(requests))], n,
+                   [texts[k // n] if data.echo else "" for k in range(len(requests))], data.logprobs is not None)
         if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-
-            async def frames() -> Any:
-                offsets = [len(e) for e in echo]
-                sent_echo = [False] * len(requests)
-                async for k, event in generate_all(state, requests):
-                    deltas = choices[k].feed(event)
-                    text = "".join(d.text for d in deltas)
-                    if not sent_echo[k]:
-                        text, sent_echo[k] = echo[k] + text, True
-                    finish = choices[k].finish_reason if event.finished else None
-                    if text or finish or event.logprobs:
-                        chunk = piece(k, text, event.logprobs or [], offsets[k], finish)
-                        offsets[k] += sum(len(t) for t in chunk.logprobs.tokens) if chunk.logprobs else 0
-                        yield b"data: " + envelope(cid, created, model, [chunk]) + b"\n\n"
-                if include_usage:
-                    yield b"data: " + envelope(cid, created, model, [], usage=usage(choices, n),
-                                               timings=timings(choices)) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-
-            return sse_response(frames())
-
-        async def aggregate() -> bytes:
-            texts_out = [[e] for e in echo]
-            positions: list[list[Any]] = [[] for _ in requests]
-            async for k, event in generate_all(state, requests):
-                texts_out[k] += [d.text for d in choices[k].feed(event)]
-                positions[k] += event.logprobs or []
-            out = [piece(k, "".join(texts_out[k]), positions[k], len(echo[k]), choices[k].finish_reason)
-                   for k in range(len(requests))]
-            return envelope(cid, created, model, out, usage=usage(choices, n), timings=timings(choices))
-
-        return Response(await cancel_on_disconnect(request, aggregate()), media_type=JSON)
+            return sse_response(run.frames(bool(data.stream_options and data.stream_options.include_usage)))
+        return Response(await cancel_on_disconnect(request, run.aggregate()), media_type=JSON)
 
     return [create_completion]
 

@@ -13,8 +13,8 @@ _DONE = object()
 async def generate_all(state: Any, requests: Sequence[EngineRequest]) -> AsyncIterator[tuple[int, GenerationEvent]]:
     """``(choice index, event)`` in arrival order; closing this aborts every request.
 
-    A request refused before its first event raises here before anything is yielded
-    whenever it is the only one, and ends the whole answer otherwise.
+    The first failure of any request (a refusal at admission included) is raised here
+    and ends the whole answer; the other requests are aborted.
     """
     streams = [state.generate(r) for r in requests]
     if len(streams) == 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,7 +23,7 @@ from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completi
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletion, ChatCompletionRequest, encoder
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
 from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_model, validate_request
+from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -73,6 +74,7 @@ def chat_routes(state: ServerState) -> list:
         params = sampling_params(data, vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
         prepared = await state.run_blocking(prepare, data, tokenizer, state.profile)
+        check_prompt_length(len(prepared.prompt_ids), state.max_model_len)
         rid = request_id()
         requests = engine_requests(rid, prepared, params, data.n or 1)
         states = [ChoiceState(i, tokenizer, make_splitter(state, prepared.prompt, prepared.tools))
@@ -103,13 +105,17 @@ class _Answer:
 
     async def aggregate(self, want_logprobs: bool) -> ChatCompletion:
         builders = [MessageBuilder(want_logprobs) for _ in self.states]
-        async for index, event in generate_all(self.state, self.requests):
-            choice = self.states[index]
-            deltas = choice.feed(event)
-            builders[index].add(deltas, choice.logprobs(event.logprobs) if want_logprobs else ())
+        # aclosing: a failure in this loop must abort the engine requests now, not at GC
+        async with aclosing(generate_all(self.state, self.requests)) as events:
+            async for index, event in events:
+                choice = self.states[index]
+                deltas = choice.feed(event)
+                builders[index].add(deltas, choice.logprobs(event.logprobs) if want_logprobs else ())
         return completion(self.id, self.created, self.model, self.states, builders)
 
     async def frames(self, stream: ChunkStream) -> Any:
-        async for payload in chunks(stream, generate_all(self.state, self.requests)):
-            yield f"data: {payload}\n\n"
+        async with aclosing(generate_all(self.state, self.requests)) as events, \
+                aclosing(chunks(stream, events)) as payloads:
+            async for payload in payloads:
+                yield f"data: {payload}\n\n"
         yield "data: [DONE]\n\n"

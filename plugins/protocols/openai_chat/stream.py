@@ -19,15 +19,13 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     ChatCompletionChunk,
     ChoiceLogprobs,
     ChunkChoice,
-)
-from ninfer_plugins.protocols.openai_chat.schema import Delta as WireDelta
-from ninfer_plugins.protocols.openai_chat.schema import (
     FunctionDelta,
     PromptProgress,
     TokenLogprob,
     ToolCallDelta,
     encoder,
 )
+from ninfer_plugins.protocols.openai_chat.schema import Delta as WireDelta
 
 
 def wire_delta(d: Delta) -> WireDelta | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import jinja2
 import msgspec
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
@@ -120,7 +121,7 @@ def prepare(req: ChatCompletionRequest, tokenizer: Any, profile: Any) -> Prepare
             template_messages(turns), tools=tools or None, add_generation_prompt=True,
             **template_kwargs(options, caps),
         )
-    except Exception as exc:  # the template itself refused this conversation
+    except jinja2.TemplateError as exc:  # the template itself refused this conversation
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
                                   code="invalid_prompt") from exc
     return Prepared(prompt, tokenizer.encode(prompt), options, tools)

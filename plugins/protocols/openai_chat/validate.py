@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NotFoundError, UnsupportedFeatureError
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 
 MAX_STOP = 4
@@ -28,6 +28,14 @@ def check_model(requested: str | None, model_id: str) -> None:
             f"the model {requested!r} does not exist; this server serves {model_id!r}",
             param="model",
             code="model_not_found",
+        )
+
+
+def check_prompt_length(prompt_tokens: int, max_context: int, param: str = "messages") -> None:
+    """A rendered prompt longer than the context is the prompt's fault, whatever max_tokens says."""
+    if prompt_tokens > max_context:
+        raise ContextLengthExceededError(
+            f"the prompt has {prompt_tokens} tokens; the context holds {max_context}", param=param
         )
 
 
