@@ -28,7 +28,7 @@ from ninfer.frontend.template_caps import detect_caps
 from ninfer.plugins import load_registry
 from ninfer.profile.schema import Profile, Tools
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
-from ninfer_plugins.protocols.openai_chat.parsers import make_splitter, starts_in_reasoning
+from ninfer.frontend.parsers import make_splitter, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks

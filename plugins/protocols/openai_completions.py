@@ -27,7 +27,7 @@ from ninfer.hookspecs import hookimpl
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
-from ninfer_plugins.protocols.openai_chat.fanout import generate_all
+from ninfer.frontend.fanout import generate_all
 from ninfer_plugins.protocols.openai_chat.routes import choice_params, request_id
 from ninfer_plugins.protocols.openai_chat.schema import (
     ChatCompletionRequest,

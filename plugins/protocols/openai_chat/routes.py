@@ -17,8 +17,8 @@ from ninfer.server.admission import current_ticket
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
-from ninfer_plugins.protocols.openai_chat.fanout import generate_all
-from ninfer_plugins.protocols.openai_chat.parsers import make_splitter
+from ninfer.frontend.fanout import generate_all
+from ninfer.frontend.parsers import make_splitter
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletion, ChatCompletionRequest, encoder
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
