@@ -38,6 +38,9 @@ class ReasoningParser:
     #: text that opens and closes the reasoning channel
     start: str = "<think>"
     end: str = "</think>"
+    #: what the engine commits when a thinking budget runs out: guidance, then the close
+    #: marker and the separator the chat format puts before the answer
+    budget_close: str = "\n\nConsidering the limited time, I have to give the solution based on the thinking directly now.\n</think>\n\n"
 
 
 @attrs.frozen

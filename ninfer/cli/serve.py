@@ -112,6 +112,13 @@ def _device(profile: Profile) -> tuple[str, str]:
     return str(device), names[resolve_dtype(profile.dtype, device)]
 
 
+def _graph_mode(cuda_graph: bool, device: str) -> str:
+    # CUDA-graph decode is not built yet: say what actually runs rather than the flag
+    if device == "cpu":
+        return "eager (CPU)"
+    return "eager (CUDA graphs not in this build yet)" if cuda_graph else "eager (--no-cuda-graph)"
+
+
 def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype: str) -> None:
     e, c, s = profile.engine, profile.cache, profile.speculative
     logger.info(f"ninfer {__version__}: model {profile.model}, served as {profile.model_id or 'its checkpoint id'}, "
@@ -119,7 +126,7 @@ def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype:
     pool = "sized from free memory" if e.kv_capacity == "auto" else f"{e.kv_capacity} tokens"
     logger.info(f"engine: context {e.max_context} tokens, KV pool {pool} as {e.kv_dtype} "
                 f"(block {e.block_size}), concurrency {e.max_concurrency} + {profile.server.max_pending_requests} "
-                f"pending, prefill chunk {e.prefill_chunk}, CUDA graphs {'on' if e.cuda_graph else 'off'}")
+                f"pending, prefill chunk {e.prefill_chunk}, decode {_graph_mode(e.cuda_graph, device)}")
     if e.prefix_reuse:
         logger.info(f"context cache: {c.device_state_slots} device + {c.host_state_slots} host state slots, "
                     f"host KV {_mib(c.host_kv_mib or 0)}, {c.max_private_continuations} private continuations, "

@@ -22,6 +22,7 @@ from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
 from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
+from ninfer.engine.thinking_budget import ThinkingBudgetTracker
 from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError
 from ninfer.lora import LoraRegistry
 
@@ -32,11 +33,12 @@ MAX_FAILED_STEPS = 3
 class _Tracked:
     """Engine-side bookkeeping of one request."""
 
-    __slots__ = ("req", "seq", "out", "timings")
+    __slots__ = ("req", "seq", "out", "timings", "budget")
 
     def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState):
         self.req, self.seq, self.out = req, seq, out
         self.timings = RequestTimings(arrival=seq.arrival_time)
+        self.budget = ThinkingBudgetTracker(req.thinking_budget) if req.thinking_budget else None
 
 
 class LLMEngine:
@@ -181,6 +183,16 @@ class LLMEngine:
         tracked.timings.first_token = tracked.timings.first_token or now
         tracked.timings.last_token = now
         text = out.on_token(row.token_id)
+        committed = [row.token_id]
+        if tracked.budget is not None and not out.finished:
+            # At the thinking budget the close tokens are committed unsampled; the next
+            # step computes them like a short prefill and samples after them.
+            for forced in tracked.budget.on_token(row.token_id, seq.num_output_tokens - 1):
+                seq.token_ids.append(forced)
+                committed.append(forced)
+                text += out.on_token(forced)
+                if out.finished:
+                    break
         logprobs = None
         if row.logprob is not None:
             logprobs = [out.logprobs(row.token_id, row.logprob, row.top_ids, row.top_logprobs)]
@@ -188,8 +200,8 @@ class LLMEngine:
             text += out.finish("length")  # context capacity
         if out.finished:
             self.scheduler.finish(seq, out.finish_reason)
-            return self._final_event(tracked, text, [row.token_id], logprobs)
-        return self._event(tracked, text, [row.token_id], logprobs)
+            return self._final_event(tracked, text, committed, logprobs)
+        return self._event(tracked, text, committed, logprobs)
 
     def _event(self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, **final) -> GenerationEvent:
         seq = tracked.seq

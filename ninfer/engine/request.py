@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import NinferError
 from ninfer.outputs import PositionLogprobs
 from ninfer.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ class EngineRequest:
     lookup_prefix_cache: bool = True
     commit_prefix_cache: bool = True
     commit_generated: bool = True
+    thinking_budget: Optional[ThinkingBudget] = None
     lora_name: Optional[str] = None  # a loaded LoRA adapter to run with; None: the base model
 
 
