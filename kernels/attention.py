@@ -3,8 +3,8 @@
 Caches are laid out ``[num_blocks, block_size, num_kv_heads, head_dim]``; a token's
 flat slot is ``block * block_size + offset``. These functions are the oracle the
 Triton kernels are checked against, so they favour obvious correctness, but they
-still work per sequence (one gather, one matmul) rather than per token so CPU runs
-of small models stay quick.
+still work per sequence (one gather, one fused attention call) rather than per token
+so CPU runs stay quick.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.model.forward_batch import ForwardBatch
 
@@ -71,20 +72,16 @@ def paged_attention(
         if q_len == 0:
             continue
         table = batch.block_tables[i]
-        k = _gather_pages(k_cache, table, seq_len).float()  # [S, Hk, D]
-        v = _gather_pages(v_cache, table, seq_len).float()  # [S, Hk, Dv]
-        # [q_len, H, D] -> [Hk, group * q_len, D]: all heads sharing a KV head in one matmul.
-        qi = q[start : start + q_len].float().view(q_len, num_kv_heads, group, -1)
-        qi = qi.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, -1)
-        scores = torch.bmm(qi, k.permute(1, 2, 0)) * scale  # [Hk, group * q_len, S]
+        k = _gather_pages(k_cache, table, seq_len).float().transpose(0, 1)  # [Hk, S, D]
+        v = _gather_pages(v_cache, table, seq_len).float().transpose(0, 1)  # [Hk, S, Dv]
+        qi = q[start : start + q_len].float().transpose(0, 1)  # [H, q_len, D]
+        mask = None
         if q_len > 1:
             # The last query row sits at position seq_len - 1; earlier rows see less.
             positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
-            future = torch.arange(seq_len, device=q.device)[None, :] > positions[:, None]
-            scores = scores.view(num_kv_heads, group, q_len, seq_len).masked_fill(future, float("-inf"))
-            scores = scores.view(num_kv_heads, group * q_len, seq_len)
-        probs = torch.softmax(scores, dim=-1)
-        oi = torch.bmm(probs, v.transpose(0, 1))  # [Hk, group * q_len, Dv]
-        oi = oi.view(num_kv_heads, group, q_len, -1).permute(2, 0, 1, 3).reshape(q_len, num_heads, -1)
-        out[start : start + q_len] = oi.to(q.dtype)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= positions[:, None]
+        # torch's fused attention keeps long prefill chunks fast on CPU; enable_gqa maps
+        # query head h to KV head h // group without copying K/V per query head.
+        oi = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=group > 1)
+        out[start : start + q_len] = oi.transpose(0, 1).to(q.dtype)
     return out

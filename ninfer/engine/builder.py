@@ -89,7 +89,7 @@ def build_engine(profile, registry) -> LoadedEngine:
     dtype = resolve_dtype(profile.dtype, device)
     model_dir = resolve_model_path(profile.model, registry)
     started = time.perf_counter()
-    model, config, family = load_model(model_dir, registry, dtype, device)
+    model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context)
     tokenizer = Tokenizer.from_pretrained(model_dir)
     logger.info("loaded {} ({}) in {:.1f} s", model_dir, family.name, time.perf_counter() - started)
     presets = family.presets(config) if family.presets else None

@@ -90,12 +90,20 @@ def load_model(
     registry: PluginRegistry,
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
+    max_context: int | None = None,
 ) -> tuple[Any, dict[str, Any], ModelFamily]:
     """Build and fill the model for ``model_dir``: returns ``(model, config, family)``.
 
     ``dtype`` None keeps the checkpoint's own dtype (bfloat16 when it names none).
+    ``max_context`` beyond the checkpoint's ``max_position_embeddings`` extends the
+    position tables (with a warning) so long sequences never index past them.
     """
     config = read_config(model_dir)
+    trained = config.get("max_position_embeddings")
+    if max_context is not None and trained is not None and max_context > trained:
+        logger.warning("max context {} exceeds the checkpoint's max_position_embeddings {}; "
+                       "positions past it are extrapolated", max_context, trained)
+        config = {**config, "max_position_embeddings": max_context}
     family = find_family(registry, config)
     dtype = dtype or config_dtype(config) or torch.bfloat16
     logger.info("model family {} ({}), dtype {}, device {}", family.name, model_dir, dtype, device)
