@@ -226,19 +226,77 @@ class Tokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
         **template_kwargs: Any,
     ) -> str:
-        """Render a conversation to prompt text (special markers included, not tokenized)."""
+        """Render a conversation to prompt text (special markers included, not tokenized).
+
+        ``add_generation_prompt`` defaults to opening a new assistant turn. With
+        ``continue_final_message`` the last message is left open instead, so generation
+        continues its text (an assistant prefill); the two cannot be combined.
+        """
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final_message
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot be combined: the first "
+                             "continues the last message, the second opens a new assistant turn after it")
         name = "tool_use" if tools and "tool_use" in self.templates else "default"
         source = self.templates.get(name)
         if source is None:
             raise ValueError("this checkpoint has no chat template")
+        prepared = [_prepare_message(m) for m in messages]
+        final = _tag_final_message(prepared, source) if continue_final_message else None
         # transformers always defines `documents`, and lets kwargs override special tokens
         variables = {"documents": None, **self.special_tokens, **template_kwargs}
-        return compile_template(source).render(
+        rendered = compile_template(source).render(
             **variables,
-            messages=[_prepare_message(m) for m in messages],
+            messages=prepared,
             tools=list(tools) if tools is not None else None,
             add_generation_prompt=add_generation_prompt,
         )
+        return rendered if final is None else _cut_at_tag(rendered, final)
+
+
+# -- continuing the final message ----------------------------------------------------------
+
+#: appended to the text being continued; where it lands in the rendering is where that text ends
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(messages: list[dict[str, Any]], source: str) -> str:
+    """Append the tag to the last message's (last) text; returns that text untagged.
+
+    Mirrors transformers' ``continue_final_message``, so both render the same prompt.
+    """
+    if not messages:
+        raise ValueError("continue_final_message needs a message to continue")
+    if "content" not in source:
+        raise ValueError("continue_final_message: this chat template never reads a message's content")
+    final = messages[-1] = dict(messages[-1])
+    content = final.get("content")
+    if isinstance(content, str):
+        final["content"] = content + _CONTINUE_TAG
+        return content
+    if isinstance(content, (list, tuple)):
+        blocks = [dict(b) if isinstance(b, Mapping) else b for b in content]
+        for block in reversed(blocks):
+            if isinstance(block, dict) and "text" in block:
+                text = block["text"]
+                block["text"] = text + _CONTINUE_TAG
+                final["content"] = blocks
+                return text
+    raise ValueError("continue_final_message: the final message has no text to continue")
+
+
+def _cut_at_tag(rendered: str, final: str) -> str:
+    """The rendering up to where the continued text ends (the tag and all after it dropped)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in rendered or tag not in rendered:
+        raise ValueError("continue_final_message: the chat template dropped part of the final message, "
+                         "so it cannot be continued")
+    at = rendered.rindex(tag)
+    if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:at]
+    # the template trimmed the tag's trailing space, so it trims message ends: do the same
+    return rendered[:at].rstrip()

@@ -275,7 +275,8 @@ def test_unsupported_content_fails_only_its_own_request(llm):
     assert [r.error is None for r in results] == [True, False, False, True]
     assert results[1].error.startswith("audio content is not supported in this build")
     assert results[2].error == "guided decoding is not available in this build"
-    assert results[0].generated_tokens == results[3].generated_tokens == 3
+    # unseeded sampling may hit end-of-sequence early: the point is that both ran
+    assert 0 < results[0].generated_tokens <= 3 and 0 < results[3].generated_tokens <= 3
 
 
 def test_lora_requests_fail_alone_without_engine_support_or_when_loading_fails(llm, monkeypatch):

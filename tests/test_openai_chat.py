@@ -213,6 +213,14 @@ def test_zero_max_tokens_processes_the_prompt_only(client):
     ({"logit_bias": {"5": 101}}, "logit_bias", "invalid_request"),
     ({"logit_bias": {"999999": 1}}, "logit_bias", "invalid_request"),
     ({"max_tokens": -1}, "max_tokens", "invalid_request"),
+    # JSON types are strict: no string-to-number, float-to-int or number-to-bool coercion
+    ({"max_tokens": "5"}, "max_tokens", "invalid_request"),
+    ({"max_completion_tokens": 5.0}, "max_completion_tokens", "invalid_request"),
+    ({"temperature": "0.5"}, "temperature", "invalid_request"),
+    ({"extra_body": {"stream": "true"}}, "stream", "invalid_request"),
+    ({"logprobs": 1}, "logprobs", "invalid_request"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_request"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role", "invalid_request"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]},
      "messages[0].content[0]", "vision_disabled"),
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name", "unsupported_parameter"),
@@ -236,6 +244,15 @@ def test_neutral_values_are_accepted(client):
                               "function_call": "none", "chat_template_kwargs": {"enable_thinking": None},
                               "some_unknown_field": {"x": 1}, "prompt_cache_options": {"mode": "implicit"}})
     assert result.choices[0].logprobs is None and result.usage.completion_tokens == 2
+
+
+def test_a_missing_body_field_is_named(server):
+    r = httpx.post(f"{server}/v1/chat/completions", json={"model": MODEL, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and (r.json()["error"]["param"], r.json()["error"]["code"]) == (
+        "messages", "invalid_request")
+    whole = httpx.post(f"{server}/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1, "temperature": 1},
+                       timeout=60)
+    assert whole.status_code == 200, whole.text  # an integer is a fine float
 
 
 def test_model_field(server, client):

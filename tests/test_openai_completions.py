@@ -101,6 +101,8 @@ def test_stop_string_truncates(client):
     ({"temperature": 3}, "temperature"),
     ({"stop": ["x"] * 33}, "stop"),
     ({"stop": ["a", ""]}, "stop"),
+    ({"max_tokens": "2"}, "max_tokens"),  # strict JSON types
+    ({"echo": 1}, "echo"),
 ])
 def test_rejections_name_their_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:

@@ -178,7 +178,9 @@ class LLMEngine:
     def _commit_token(self, tracked: _Tracked, row, now: float) -> GenerationEvent:
         seq, out = tracked.seq, tracked.out
         if seq.max_tokens == 0:  # prompt processing only
-            return self._final_event(tracked, out.finish("length"), [])
+            text = out.finish("length")
+            self.scheduler.finish(seq, out.finish_reason)  # frees its slot and pages like any finish
+            return self._final_event(tracked, text, [])
         seq.token_ids.append(row.token_id)
         tracked.timings.first_token = tracked.timings.first_token or now
         tracked.timings.last_token = now

@@ -33,7 +33,8 @@ def thinking_budget(
     if budget is None or parser is None:
         return None
     close_ids = tokenizer.encode(parser.budget_close)
-    if max_tokens is not None and budget < max_tokens < budget + len(close_ids) + 1:
+    reach = budget + (0 if open_at_start else 1)  # a model-emitted opener is output too
+    if max_tokens is not None and reach < max_tokens < reach + len(close_ids) + 1:
         raise InvalidRequestError(
             f"max tokens ({max_tokens}) leave no room after the thinking budget ({budget}) for the "
             f"{len(close_ids)} close tokens and one answer token",

@@ -39,6 +39,8 @@ class Ticket:
     cached_tokens: int = 0
     completion_tokens: int = 0
     generated: bool = False
+    #: the client hung up before the response was complete (the work was cancelled)
+    disconnected: bool = False
     _gate: Optional[AdmissionGate] = None  # set while the ticket holds a slot
 
     @property

@@ -9,7 +9,8 @@ from litestar.openapi import OpenAPIConfig
 from ninfer import __version__
 from ninfer.server.core_routes import core_routes
 from ninfer.server.errors import EXCEPTION_HANDLERS, MIB
-from ninfer.server.middleware import CORE_PROTOCOL, PROTOCOL_OPT, RequestMiddleware
+from ninfer.server.middleware import CORE_PROTOCOL, OPEN_PATHS, PROTOCOL_OPT, RequestMiddleware
+from ninfer.server.openapi import error_responses
 from ninfer.server.state import ServerState
 
 
@@ -23,11 +24,16 @@ def protocol_routers(state: ServerState) -> list[Router]:
         protocols = state.registry.all("protocol")
     else:
         protocols = [state.registry.get("protocol", name, key="server.protocols") for name in names]
-    return [
-        Router(path="/", route_handlers=p.routes(state), opt={PROTOCOL_OPT: p.name})
-        for p in protocols
-        if p.routes is not None
-    ]
+    return [_router(state, p.routes(state), p.name) for p in protocols if p.routes is not None]
+
+
+def _router(state: ServerState, handlers: list, protocol: str) -> Router:
+    if state.profile.server.api_key:
+        # Every route but the open ones can then answer the middleware's 401 (OpenAI's shape).
+        for handler in handlers:
+            if not handler.paths <= OPEN_PATHS:
+                handler.responses = {**error_responses(401), **(handler.responses or {})}
+    return Router(path="/", route_handlers=handlers, opt={PROTOCOL_OPT: protocol})
 
 
 def build_app(state: ServerState) -> Litestar:
@@ -37,8 +43,7 @@ def build_app(state: ServerState) -> Litestar:
         cors = CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
                           expose_headers=["x-request-id", "request-id"])
     app = Litestar(
-        route_handlers=[Router(path="/", route_handlers=core_routes(state), opt={PROTOCOL_OPT: CORE_PROTOCOL}),
-                        *protocol_routers(state)],
+        route_handlers=[_router(state, core_routes(state), CORE_PROTOCOL), *protocol_routers(state)],
         exception_handlers=EXCEPTION_HANDLERS,
         cors_config=cors,
         openapi_config=OpenAPIConfig(title="ninfer", version=__version__,

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 from litestar import Response, get, head
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 
 from ninfer import __version__
 from ninfer.errors import NotFoundError
+from ninfer.server.openapi import error_responses, json_response
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -60,7 +60,7 @@ def core_routes(state: ServerState) -> list:
     listing = ModelList(data=[card], models=[LegacyModel(name=state.model_id, model=state.model_id)])
 
     @get("/health", summary="Engine readiness", tags=["server"], sync_to_thread=False,
-         responses={503: ResponseSpec(data_container=Health, description="the engine cannot take work")})
+         responses={503: json_response(Health, "the engine cannot take work, or the server is shutting down")})
     def health() -> Response[Health]:
         if state.engine.alive and not state.gate.draining:
             return Response(Health("ok"))
@@ -70,7 +70,8 @@ def core_routes(state: ServerState) -> list:
     def list_models() -> ModelList:
         return listing
 
-    @get("/v1/models/{model_id:path}", summary="Look up the served model", tags=["models"], sync_to_thread=False)
+    @get("/v1/models/{model_id:path}", summary="Look up the served model", tags=["models"], sync_to_thread=False,
+         responses=error_responses(400, 404))
     def get_model(model_id: Annotated[str, Parameter(description="public model id")]) -> ModelCard:
         model_id = model_id.lstrip("/")  # a :path parameter keeps its leading slash
         if model_id != state.model_id:

@@ -15,14 +15,21 @@ from litestar import Request
 from litestar.types import Receive
 
 from ninfer.errors import RequestAbortedError
+from ninfer.server.admission import current_ticket
 
 T = TypeVar("T")
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
-    """Return once the client has disconnected; unread body chunks are discarded."""
+    """Return once the client has disconnected; unread body chunks are discarded.
+
+    The current request's ticket is marked, so the request log says why it ended.
+    """
     while (await receive())["type"] != "http.disconnect":
         pass
+    ticket = current_ticket()
+    if ticket is not None:
+        ticket.disconnected = True
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -26,7 +26,8 @@ PROTOCOL_OPT = "ninfer_protocol"
 #: the protocol name of the server's own routes (/health, /v1/models, ...)
 CORE_PROTOCOL = "core"
 #: reachable without the API key
-OPEN_PATHS = frozenset({"/health"})
+# "/" answers reachability probes that clients (Claude Code) send before their key
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 def request_id(connection: ASGIConnection | Scope) -> str:
@@ -104,4 +105,6 @@ def _log_request(scope: Scope, ticket: Ticket, status: int) -> None:
         line += (f", prompt {ticket.prompt_tokens} (cached {ticket.cached_tokens}), "
                  f"completion {ticket.completion_tokens} tokens")
     line += f", {time.monotonic() - ticket.started:.2f} s"
+    if ticket.disconnected:
+        line += ", cancelled: client disconnected"
     logger.log("DEBUG" if protocol == CORE_PROTOCOL else "INFO", line)

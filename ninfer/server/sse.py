@@ -3,8 +3,9 @@
 A handler returns ``sse_response(frames)`` where ``frames`` yields complete SSE frames
 (``"data: ...\\n\\n"``, with ``event:`` lines if the protocol uses them). The response
 
-- sends ``: keep-alive`` after ``keepalive_s`` without a frame, also before the first
-  one (while the request waits for admission or prefills), so dead peers surface;
+- sends ``: keep-alive`` (or the protocol's own ``keepalive_frame``, such as Anthropic's
+  ping event) after ``keepalive_s`` without a frame, also before the first one (while
+  the request waits for admission or prefills), so dead peers surface;
 - sends the status line only with the first frame or keep-alive: an error the frames
   raise before that becomes an ordinary HTTP error (429, 400, ...) through the route's
   exception handlers; one raised later is turned into a last frame by ``on_error``;
@@ -51,9 +52,11 @@ def sse_response(
     on_error: ErrorRenderer = openai_error_frame,
     keepalive_s: float = KEEPALIVE_S,
     headers: Optional[dict[str, str]] = None,
+    keepalive_frame: Frame = KEEPALIVE_FRAME,
 ) -> SSEResponse:
     """A streaming response for ``frames`` (see the module docstring)."""
-    return SSEResponse(frames, on_error=on_error, keepalive_s=keepalive_s, headers=headers)
+    return SSEResponse(frames, on_error=on_error, keepalive_s=keepalive_s, headers=headers,
+                       keepalive_frame=keepalive_frame)
 
 
 class SSEResponse(Stream):
@@ -64,10 +67,12 @@ class SSEResponse(Stream):
         on_error: ErrorRenderer = openai_error_frame,
         keepalive_s: float = KEEPALIVE_S,
         headers: Optional[dict[str, str]] = None,
+        keepalive_frame: Frame = KEEPALIVE_FRAME,
     ):
         super().__init__(frames, media_type=MEDIA_TYPE, headers={**SSE_HEADERS, **(headers or {})})
         self.on_error = on_error
         self.keepalive_s = keepalive_s
+        self.keepalive_frame = keepalive_frame
 
     def to_asgi_response(
         self,
@@ -87,6 +92,7 @@ class SSEResponse(Stream):
             self.iterator,
             self.on_error,
             self.keepalive_s,
+            self.keepalive_frame,
             headers={**(headers or {}), **self.headers},
             cookies=itertools.chain(self.cookies, cookies or ()),
             encoded_headers=encoded_headers,
@@ -99,11 +105,13 @@ class SSEResponse(Stream):
 class _SSEStream(ASGIResponse):
     _should_set_content_length = False
 
-    def __init__(self, frames: AsyncIterator[Frame], on_error: ErrorRenderer, keepalive_s: float, **kw: Any):
+    def __init__(self, frames: AsyncIterator[Frame], on_error: ErrorRenderer, keepalive_s: float,
+                 keepalive_frame: Frame, **kw: Any):
         super().__init__(**kw)
         self.frames = aiter(frames)
         self.on_error = on_error
         self.keepalive_s = keepalive_s
+        self.keepalive_frame = keepalive_frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -129,7 +137,7 @@ class _SSEStream(ASGIResponse):
                             raise  # nothing sent yet: a plain HTTP error response
                         frame, last = self._error_frame(exc), True
                 else:
-                    frame = KEEPALIVE_FRAME
+                    frame = self.keepalive_frame
                 if not started:
                     await self.start_response(send)
                     started = True

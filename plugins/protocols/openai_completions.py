@@ -17,14 +17,15 @@ from typing import Any, AsyncIterator, Optional, Union
 import attrs
 
 from litestar import Request, Response, post
-from litestar.openapi.datastructures import ResponseSpec
 from msgspec import UNSET, Struct, UnsetType
 
 from ninfer.capabilities import Protocol
 from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.hookspecs import hookimpl
+from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
 from ninfer.frontend.fanout import generate_all
@@ -229,9 +230,12 @@ def completion_routes(state: Any) -> list:
 
     @post("/v1/completions", summary="Create a text completion (legacy)", tags=["OpenAI"], status_code=200,
           description="OpenAI's legacy completions on a raw prompt; `stream: true` answers with server-sent events.",
-          responses={200: ResponseSpec(data_container=Completion, description="The completion, or an SSE stream "
-                                       "of text_completion chunks ending in [DONE]")})
+          responses={200: json_response(Completion, "The completion, or (stream: true) server-sent events: "
+                                        "text_completion chunks, then [DONE]"),
+                     **error_responses(400, 404, 413, 429, 500, 503)},
+          operation_class=event_stream_operation(Completion, ErrorResponse))
     async def create_completion(request: Request, data: CompletionRequest) -> Response:
+        data = await strict_body(request, CompletionRequest)  # strict types: see ninfer.server.body
         check_model(data.model, state.model_id)
         prompts = _prompts(data.prompt)
         _validate(data)

@@ -9,18 +9,26 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from litestar import Request, Response, post
-from litestar.openapi.datastructures import ResponseSpec
 
 from ninfer.engine.request import EngineRequest
+from ninfer.engine.thinking_budget import ThinkingBudget
+from ninfer.frontend.thinking import thinking_budget
 from ninfer.sampling_params import SamplingParams
 from ninfer.server.admission import current_ticket
+from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
 from ninfer.frontend.fanout import generate_all
-from ninfer.frontend.parsers import make_splitter
+from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
-from ninfer_plugins.protocols.openai_chat.schema import ChatCompletion, ChatCompletionRequest, encoder
+from ninfer_plugins.protocols.openai_chat.schema import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    encoder,
+)
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
 from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
 from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
@@ -48,9 +56,29 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     return out
 
 
-def engine_requests(rid: str, prepared: Prepared, params: SamplingParams, n: int) -> list[EngineRequest]:
+def default_thinking_budget(state: ServerState, req: ChatCompletionRequest, prepared: Prepared,
+                            params: SamplingParams) -> ThinkingBudget | None:
+    """The server's ``--default-thinking-budget`` for a request that thinks (None: uncapped).
+
+    The output limit it must fit in is the request's, or else the one the engine applies.
+    """
+    budget = state.profile.reasoning.default_thinking_budget
+    if budget is None or not prepared.options.thinking:
+        return None
+    max_tokens = params.max_tokens
+    if max_tokens is None:
+        max_tokens = min(state.profile.engine.default_max_tokens, state.max_model_len - len(prepared.prompt_ids))
+    parser = reasoning_parser(state)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return thinking_budget(state.tokenizer, parser, budget, max_tokens,
+                           open_at_start=starts_in_reasoning(prepared.prompt, parser), param=param)
+
+
+def engine_requests(rid: str, prepared: Prepared, params: SamplingParams, n: int,
+                    budget: ThinkingBudget | None = None) -> list[EngineRequest]:
     return [
-        EngineRequest(f"{rid}-{i}", prepared.prompt_ids, p, prompt=prepared.prompt, thinking=prepared.options.thinking)
+        EngineRequest(f"{rid}-{i}", prepared.prompt_ids, p, prompt=prepared.prompt, thinking=prepared.options.thinking,
+                      thinking_budget=budget)
         for i, p in enumerate(choice_params(params, n))
     ]
 
@@ -63,20 +91,24 @@ def chat_routes(state: ServerState) -> list:
         "/v1/chat/completions",
         summary="Create a chat completion",
         description="OpenAI Chat Completions; `stream: true` answers with server-sent events.",
-        responses={200: ResponseSpec(data_container=ChatCompletion, description="The completion, or an SSE "
-                                     "stream of chat.completion.chunk objects ending in [DONE]")},
+        responses={200: json_response(ChatCompletion, "The completion, or (stream: true) server-sent events: "
+                                      "chat.completion.chunk objects, then [DONE]"),
+                   **error_responses(400, 404, 413, 429, 500, 503)},
+        operation_class=event_stream_operation(ChatCompletionChunk, ErrorResponse),
         tags=["OpenAI"],
         status_code=200,
     )
     async def create_chat_completion(request: Request, data: ChatCompletionRequest) -> Response:
+        data = await strict_body(request, ChatCompletionRequest)  # strict types: see ninfer.server.body
         check_model(data.model, state.model_id)
         validate_request(data)
         params = sampling_params(data, vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
         prepared = await state.run_blocking(prepare, data, tokenizer, state.profile)
         check_prompt_length(len(prepared.prompt_ids), state.max_model_len)
+        budget = default_thinking_budget(state, data, prepared, params)
         rid = request_id()
-        requests = engine_requests(rid, prepared, params, data.n or 1)
+        requests = engine_requests(rid, prepared, params, data.n or 1, budget)
         states = [ChoiceState(i, tokenizer, make_splitter(state, prepared.prompt, prepared.tools))
                   for i in range(len(requests))]
         answer = _Answer(state, f"chatcmpl-{rid}", int(time.time()), data.model or state.model_id, requests, states)

@@ -1,0 +1,122 @@
+"""Top-level fields of a Messages request: model, sampling, thinking, output options.
+
+Fields whose behaviour needs something ninfer lacks (containers, MCP servers,
+structured output) are refused naming the field; advisory ones (metadata, service
+tier, context management, beta flags...) are ignored by the schema.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.template_caps import TemplateCaps
+from ninfer.sampling_params import SamplingParams
+from ninfer_plugins.protocols.anthropic_messages.schema import MessagesRequest
+
+#: the smallest budget Anthropic accepts for enabled thinking
+MIN_THINKING_BUDGET = 1024
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+@dataclass(frozen=True)
+class ThinkingConfig:
+    """The request's ``thinking``: ``mode`` None when omitted; ``budget`` only for enabled."""
+
+    mode: Optional[str] = None
+    budget: Optional[int] = None
+
+
+def check_model(model: Optional[str]) -> None:
+    """Any non-empty label: it is echoed back, never used to pick weights."""
+    if not model:
+        raise InvalidRequestError("model must be a non-empty string", param="model")
+
+
+def check_unsupported(req: MessagesRequest) -> None:
+    if req.container is not None:
+        raise UnsupportedFeatureError("containers are not supported (ninfer runs no code)", param="container")
+    if req.mcp_servers:
+        raise UnsupportedFeatureError("MCP servers are not supported (ninfer calls no tools itself)",
+                                      param="mcp_servers")
+    if req.output_format is not None:
+        raise UnsupportedFeatureError("structured output is not supported (no constrained decoding)",
+                                      param="output_format")
+
+
+def requested_effort(output_config: Any, caps: TemplateCaps) -> Optional[str]:
+    """``output_config.effort`` if the loaded template offers it; structured output is refused."""
+    if output_config is None:
+        return None
+    if not isinstance(output_config, Mapping):
+        raise InvalidRequestError("output_config must be an object", param="output_config")
+    if output_config.get("format") is not None:
+        raise UnsupportedFeatureError("structured output is not supported (no constrained decoding)",
+                                      param="output_config.format")
+    effort = output_config.get("effort")
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise InvalidRequestError(f"effort must be one of {', '.join(EFFORTS)}", param="output_config.effort")
+    if effort not in caps.efforts:
+        offered = f"it offers {', '.join(caps.efforts)}" if caps.efforts else "it has no effort levels"
+        raise InvalidRequestError(f"effort {effort!r} is not offered by the loaded chat template ({offered})",
+                                  param="output_config.effort", code="reasoning_effort_not_supported")
+    return effort
+
+
+def parse_thinking(thinking: Any, max_tokens: Optional[int]) -> ThinkingConfig:
+    """Validate ``thinking``; an enabled budget must lie in [1024, max_tokens) when max_tokens is known."""
+    if thinking is None:
+        return ThinkingConfig()
+    if not isinstance(thinking, Mapping):
+        raise InvalidRequestError("thinking must be an object", param="thinking")
+    mode = thinking.get("type")
+    if mode not in THINKING_TYPES:
+        raise InvalidRequestError(f"thinking.type must be one of {', '.join(THINKING_TYPES)}", param="thinking.type")
+    display = thinking.get("display")
+    if display == "omitted":
+        raise UnsupportedFeatureError("omitted thinking is not supported: ninfer cannot hand back encrypted "
+                                      "reasoning to restore later; use summarized", param="thinking.display")
+    if display not in (None, "summarized"):
+        raise InvalidRequestError("thinking.display must be summarized or omitted", param="thinking.display")
+    if mode != "enabled":
+        return ThinkingConfig(mode)
+    budget = thinking.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise InvalidRequestError("enabled thinking needs an integer budget_tokens", param="thinking.budget_tokens")
+    if budget < MIN_THINKING_BUDGET:
+        raise InvalidRequestError(f"budget_tokens must be at least {MIN_THINKING_BUDGET}",
+                                  param="thinking.budget_tokens")
+    if max_tokens is not None and budget >= max_tokens:
+        raise InvalidRequestError(f"budget_tokens ({budget}) must be less than max_tokens ({max_tokens})",
+                                  param="thinking.budget_tokens")
+    return ThinkingConfig(mode, budget)
+
+
+def _in_range(value: Optional[float], name: str, lo: float, hi: float) -> None:
+    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidRequestError(f"{name} must be a number in [{lo:g}, {hi:g}]", param=name)
+
+
+def sampling_params(req: MessagesRequest, vocab_size: int) -> SamplingParams:
+    """The engine's parameters; ``max_tokens`` None leaves the server default to the engine."""
+    if req.max_tokens is not None and req.max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+    _in_range(req.temperature, "temperature", 0.0, 1.0)
+    _in_range(req.top_p, "top_p", 0.0, 1.0)
+    if req.top_p == 0:
+        raise InvalidRequestError("top_p must be greater than 0", param="top_p")
+    if req.top_k is not None and req.top_k < 0:
+        raise InvalidRequestError("top_k must be >= 0", param="top_k")
+    stops = list(req.stop_sequences or [])
+    for i, stop in enumerate(stops):
+        if not stop:
+            raise InvalidRequestError("stop sequences must be non-empty", param=f"stop_sequences[{i}]")
+    params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                            max_tokens=req.max_tokens, stop=stops)
+    params.validate(vocab_size)
+    return params

@@ -1,0 +1,153 @@
+"""The Responses routes: create, count, and the local store's retrieve/list/delete.
+
+Cancel and compaction exist as routes only to fail explicitly: background execution
+and server-side compaction are not offered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.datastructures import MultiDict
+from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody
+
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.server.openapi import self_contained_schema
+from ninfer_plugins.protocols.openai_responses.create import Creation, not_found, prepare_prompt
+from ninfer_plugins.protocols.openai_responses.prepare import PromptContext
+from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields, decode
+from ninfer_plugins.protocols.openai_responses.store import ResponseStore
+from ninfer_plugins.protocols.openai_responses.validate import check_count
+
+if TYPE_CHECKING:
+    from ninfer.server.state import ServerState
+
+JSON = "application/json"
+TAGS = ["OpenAI Responses"]
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+
+
+def body_operation(kind: type[PromptFields]) -> type[Operation]:
+    """An ``operation_class`` documenting a JSON body the handler decodes itself.
+
+    The handlers read the raw body (so an unknown member can be ``unknown_parameter``),
+    which Litestar cannot see; this puts the body's schema back into the document.
+    """
+    schema = self_contained_schema(kind)
+
+    @dataclass
+    class BodyOperation(Operation):
+        def __post_init__(self) -> None:
+            # A plain JSON schema: Litestar writes dicts into the document as they are.
+            media = OpenAPIMediaType(schema=schema)  # type: ignore[arg-type]
+            self.request_body = RequestBody(content={JSON: media}, required=True)
+
+    return BodyOperation
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), media_type=JSON, status_code=status)
+
+
+def _values(query: MultiDict, name: str) -> list[str]:
+    """A query parameter's values under ``name`` and its ``name[]`` spelling."""
+    return [*query.getall(name, []), *query.getall(f"{name}[]", [])]
+
+
+def _refuse_include(query: MultiDict) -> None:
+    if any(_values(query, "include")):
+        raise UnsupportedFeatureError("include: stored Responses are returned as they are; nothing more can be "
+                                      "included", param="include")
+
+
+def _page(items: list[dict[str, Any]], query: MultiDict) -> dict[str, Any]:
+    """One page of ``items`` (each with an id) for ``after``, ``limit`` and ``order``."""
+    raw_limit = query.get("limit")
+    try:
+        limit = DEFAULT_LIMIT if raw_limit is None else int(raw_limit)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequestError(f"limit must be an integer in 1..{MAX_LIMIT}", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequestError("order must be asc or desc", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise InvalidRequestError(f"no input Item of this Response has id {after!r}", param="after")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
+
+
+def responses_routes(state: ServerState) -> list:
+    ctx = PromptContext.of(state.tokenizer, state.profile)
+    server = state.profile.server
+    store = ResponseStore(server.response_store_max_records, server.response_store_max_mib)
+    state.extras["openai_responses.store"] = store
+    creation = Creation(state, ctx, store)
+
+    @post("/v1/responses", summary="Create a Response", tags=TAGS, status_code=200,
+          operation_class=body_operation(CreateRequest),
+          description="OpenAI Responses: typed input Items in, typed output Items out; `stream: true` answers "
+                      "with semantic server-sent events.")
+    async def create_response(request: Request) -> Response:
+        return await creation(request, decode(await request.body(), CreateRequest))
+
+    @post("/v1/responses/input_tokens", summary="Count a Response's input tokens", tags=TAGS, status_code=200,
+          operation_class=body_operation(CountRequest))
+    async def count_input_tokens(request: Request) -> Response:
+        req = decode(await request.body(), CountRequest)
+        check_count(req, state.model_id)
+        prepared, _ = await prepare_prompt(state, ctx, store, req, keep=False)
+        return _json({"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)})
+
+    @get("/v1/responses/{response_id:str}", summary="Retrieve a stored Response", tags=TAGS, sync_to_thread=False)
+    def retrieve_response(request: Request, response_id: str) -> Response:
+        if request.query_params.get("stream") in ("true", "1", "True"):
+            raise UnsupportedFeatureError("stream: finished Responses cannot be streamed again", param="stream")
+        _refuse_include(request.query_params)
+        record = store.get(response_id)
+        if record is None:
+            raise not_found(response_id)
+        return _json(record.response)
+
+    @delete("/v1/responses/{response_id:str}", summary="Delete a stored Response", tags=TAGS, status_code=200,
+            sync_to_thread=False)
+    def delete_response(response_id: str) -> Response:
+        if not store.delete(response_id):
+            raise not_found(response_id)
+        return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    @get("/v1/responses/{response_id:str}/input_items", summary="List a stored Response's input Items",
+         tags=TAGS, sync_to_thread=False)
+    def list_input_items(request: Request, response_id: str) -> Response:
+        _refuse_include(request.query_params)
+        record = store.get(response_id)
+        if record is None:
+            raise not_found(response_id)
+        return _json(_page(record.input_items, request.query_params))
+
+    @post("/v1/responses/{response_id:str}/cancel", summary="Cancel (always fails)", tags=TAGS,
+          sync_to_thread=False)
+    def cancel_response(response_id: str) -> Response:
+        if store.get(response_id) is None:
+            raise not_found(response_id)
+        raise InvalidRequestError("only background Responses can be cancelled, and background execution is not "
+                                  "supported", code="background_not_supported")
+
+    @post("/v1/responses/compact", summary="Compact a conversation (always fails)", tags=TAGS, sync_to_thread=False)
+    def compact_response() -> Response:
+        raise InvalidRequestError("server-side conversation compaction is not supported",
+                                  code="compaction_not_supported")
+
+    return [create_response, count_input_tokens, retrieve_response, delete_response, list_input_items,
+            cancel_response, compact_response]

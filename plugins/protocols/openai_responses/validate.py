@@ -1,0 +1,131 @@
+"""Field checks the request structs cannot express.
+
+Each rejection names its field. Capability fields fail only when they ask for
+behaviour this server cannot provide; their neutral values pass, so clients that send
+defaults keep working.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields
+
+#: the one ``include`` value honoured: reasoning Items carry a replayable envelope
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
+SUMMARIES = ("auto", "concise", "detailed", "none")
+MAX_METADATA = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+#: recognised Create fields whose every non-null value asks for something unsupported
+_REFUSED = {
+    "conversation": "Conversations are not supported; chain Responses with previous_response_id",
+    "prompt": "stored prompt templates are not supported",
+    "context_management": "server-side context management is not supported",
+    "moderation": "moderation is not supported",
+    "background_options": "background execution is not supported",
+    "access_programs": "programmatic tool access is not supported",
+    "image": "image generation is not supported",
+    "personality": "personalities are not supported",
+}
+
+
+def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
+    return UnsupportedFeatureError(f"{param}: {what}", param=param)
+
+
+def check_model(requested: Optional[str], model_id: str, required: bool) -> None:
+    if requested is None or requested == "":
+        if required:
+            raise InvalidRequestError("model is required", param="model")
+        return
+    if requested != model_id:
+        raise NotFoundError(f"the model {requested!r} does not exist; this server serves {model_id!r}",
+                            param="model", code="model_not_found")
+
+
+def check_prompt_fields(req: PromptFields) -> None:
+    """Checks shared by Create and the input-token count."""
+    for name, what in _REFUSED.items():
+        if getattr(req, name, None) is not None:
+            raise _unsupported(name, what)
+    text = req.text
+    if text is not None:
+        if text.format is not None and text.format.get("type") != "text":
+            raise _unsupported("text.format", "JSON and schema-constrained output are not supported")
+        if text.verbosity not in (None, "medium"):
+            raise _unsupported("text.verbosity", "only the default verbosity (medium) is supported")
+    if req.truncation not in (None, "disabled"):
+        if req.truncation == "auto":
+            raise _unsupported("truncation", "overlong input fails instead of dropping Items")
+        raise InvalidRequestError("truncation must be auto or disabled", param="truncation")
+    for key, value in (req.chat_template_kwargs or {}).items():
+        if key not in TEMPLATE_KWARGS and value is not None:
+            raise _unsupported(f"chat_template_kwargs.{key}", f"only {', '.join(TEMPLATE_KWARGS)} are supported")
+    reasoning = req.reasoning
+    for key in ("summary", "generate_summary"):
+        value = getattr(reasoning, key) if reasoning is not None else None
+        if value is not None and value not in SUMMARIES:
+            raise InvalidRequestError(f"reasoning.{key} must be one of {', '.join(SUMMARIES)}",
+                                      param=f"reasoning.{key}")
+
+
+def check_count(req: CountRequest, model_id: str) -> None:
+    check_model(req.model, model_id, required=False)
+    check_prompt_fields(req)
+
+
+def check_create(req: CreateRequest, model_id: str) -> None:
+    check_model(req.model, model_id, required=True)
+    check_prompt_fields(req)
+    if req.max_output_tokens is not None and req.max_output_tokens < 0:
+        raise InvalidRequestError("max_output_tokens must be >= 0", param="max_output_tokens")
+    if req.max_tool_calls is not None and req.max_tool_calls < 0:
+        raise InvalidRequestError("max_tool_calls must be >= 0", param="max_tool_calls")
+    _in_range(req.temperature, "temperature", 0.0, 2.0)
+    _in_range(req.top_p, "top_p", 0.0, 1.0)
+    if req.top_logprobs not in (None, 0):
+        raise _unsupported("top_logprobs", "log probabilities are not supported")
+    if req.background:
+        raise _unsupported("background", "background execution is not supported")
+    if req.service_tier not in (None, "auto", "default"):
+        raise _unsupported("service_tier", "only the default service tier exists here")
+    for entry in req.include or []:
+        if entry != ENCRYPTED_REASONING:
+            raise _unsupported("include", f"{entry!r} cannot be included (only {ENCRYPTED_REASONING})")
+    _check_metadata(req.metadata)
+    _check_cache_hints(req)
+
+
+def _in_range(value: Optional[float], name: str, lo: float, hi: float) -> None:
+    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidRequestError(f"{name} must be a finite number in [{lo:g}, {hi:g}]", param=name)
+
+
+def _check_metadata(metadata: Optional[dict[str, Any]]) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA:
+        raise InvalidRequestError(f"metadata holds at most {MAX_METADATA} pairs", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise InvalidRequestError(f"metadata keys are at most {MAX_METADATA_KEY} characters",
+                                      param=f"metadata.{key}")
+        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+            raise InvalidRequestError(f"metadata values are strings of at most {MAX_METADATA_VALUE} characters",
+                                      param=f"metadata.{key}")
+
+
+def _check_cache_hints(req: CreateRequest) -> None:
+    """Cache hints only steer reuse, which the engine does by itself: checked, then unused."""
+    if req.prompt_cache_retention not in (None, "in_memory", "in-memory", "24h"):
+        raise InvalidRequestError("prompt_cache_retention must be in_memory or 24h", param="prompt_cache_retention")
+    options = req.prompt_cache_options or {}
+    if options.get("mode") not in (None, "implicit", "explicit"):
+        raise InvalidRequestError("prompt_cache_options.mode must be implicit or explicit",
+                                  param="prompt_cache_options.mode")
+    if options.get("ttl") not in (None, "30m", "12h"):
+        raise InvalidRequestError("prompt_cache_options.ttl must be 30m or 12h", param="prompt_cache_options.ttl")
