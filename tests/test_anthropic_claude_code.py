@@ -12,6 +12,8 @@ model's output short.
 
 from __future__ import annotations
 
+from _shared import shared_path
+
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import httpx
 import pytest
 from server_harness import server_fixture
 
-FIXTURE = Path("/work/shared/fixtures/claude-code-2.1.197-messages-request.json")
+FIXTURE = shared_path("fixtures", "claude-code-2.1.197-messages-request.json")
 #: the prompt plus the request's 32000 output tokens must fit
 server = server_fixture("--max-context", "98304", "--prefill-chunk", "512", "--protocols", "anthropic_messages")
 pytestmark = pytest.mark.skipif(not FIXTURE.is_file(), reason="the Claude Code fixture is not available")

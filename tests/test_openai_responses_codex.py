@@ -8,6 +8,8 @@ this file's run time (CPU reference attention); later turns reuse its pages.
 
 from __future__ import annotations
 
+from _shared import shared_path
+
 import json
 import shutil
 from pathlib import Path
@@ -16,7 +18,7 @@ import httpx
 import pytest
 from server_harness import running_server
 
-FIXTURE = Path("/work/shared/fixtures/codex-0.171.0-responses-request.json")
+FIXTURE = shared_path("fixtures", "codex-0.171.0-responses-request.json")
 CONTEXT = 32768
 PAGE = 16
 

@@ -15,13 +15,12 @@ from ninfer.cli.serve import build_parser
 from ninfer.hookspecs import hookimpl
 from ninfer.plugins import PluginRegistry
 from ninfer.profile import Profile, ProfileError, check_selections, default_profile_path, load_profile, resolve, to_yaml
+from _shared import shared_path
 from ninfer.profile.checks import Bool
 from ninfer.profile.flags import overrides_from_args
 from ninfer.profile.schema import SECTIONS, options
 
-SPEC = Path("/work/shared/spec/serving.md")
-if not SPEC.exists():  # the shared folder sits beside the checkout
-    SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "serving.md"
+SPEC = shared_path("spec", "serving.md")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 Expected = Any | Callable[[Profile], Any]
