@@ -177,6 +177,8 @@ def _apply(event: GenerationEvent, result: RequestOutput, completion: Completion
     if event.logprobs and completion.logprobs is not None:
         completion.logprobs += event.logprobs
     result.num_cached_tokens = event.num_cached_tokens
+    if event.prompt_logprobs is not None:  # every sample of a prompt scores it alike; keep one
+        result.prompt_logprobs = event.prompt_logprobs
     if event.finished:
         completion.finish_reason = event.finish_reason
         completion.stop_reason = event.stop_reason

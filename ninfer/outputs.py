@@ -17,7 +17,7 @@ class TokenLogprob:
 
 @attrs.define
 class PositionLogprobs:
-    """The sampled token's log probability plus the top-N alternatives at one position."""
+    """One token's log probability (sampled, or given in the prompt) plus the top-N alternatives."""
 
     token_id: int
     logprob: float
@@ -43,3 +43,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     num_cached_tokens: int = 0
+    #: with ``SamplingParams.prompt_logprobs``: one entry per prompt token, None for the
+    #: first (nothing precedes it to predict it)
+    prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = None

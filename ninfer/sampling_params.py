@@ -11,6 +11,8 @@ from ninfer.errors import InvalidRequestError
 
 #: the most top-N log probabilities a request may ask for per token
 MAX_LOGPROBS = 50
+#: the most top-N alternatives a request may ask for per prompt token
+MAX_PROMPT_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 
 
@@ -39,6 +41,9 @@ class SamplingParams:
     ignore_eos: bool = False
     #: top-N log probabilities per generated token (None = off, 0 = sampled token only)
     logprobs: Optional[int] = None
+    #: log probabilities of the prompt's tokens plus top-N alternatives each (None = off);
+    #: taken from the raw model logits, and computed afresh (no prefix-cache reuse)
+    prompt_logprobs: Optional[int] = None
     logit_bias: dict[int, float] = attrs.field(factory=dict)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -65,6 +70,10 @@ class SamplingParams:
             raise InvalidRequestError("seed must fit in 64 bits", param="seed")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(f"logprobs must be in 0..{MAX_LOGPROBS}", param="logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS:
+            raise InvalidRequestError(
+                f"prompt_logprobs must be in 0..{MAX_PROMPT_LOGPROBS}", param="prompt_logprobs"
+            )
         for tok, bias in self.logit_bias.items():
             if not isinstance(tok, int) or (vocab_size is not None and not 0 <= tok < vocab_size):
                 raise InvalidRequestError(f"logit_bias token id {tok} is outside the vocabulary", param="logit_bias")

@@ -215,8 +215,22 @@ def test_errors_auth_and_probes(server, client):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.count_tokens(
             model=MODEL, messages=USER)
-    # Claude Code's first probe (with --api-key, only an authenticated one gets 200)
+    # Claude Code's first probe ("/" answers without a key too)
     assert httpx.head(f"{server}/", headers={"x-api-key": KEY}, timeout=10).status_code == 200
+
+
+def test_a_missing_key_is_an_anthropic_shaped_401(server):
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.create(
+            model=MODEL, messages=USER, max_tokens=1)
+    response = refused.value.response
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error" and body["error"]["message"]
+    assert response.headers["request-id"] == body["request_id"] == response.headers["x-request-id"]
+    assert refused.value.request_id == body["request_id"]  # where the SDK reports it from
+    keyless = httpx.post(f"{server}/v1/messages", json={"model": MODEL, "messages": USER, "max_tokens": 1},
+                         timeout=10)
+    assert keyless.status_code == 401 and keyless.json()["error"]["type"] == "authentication_error"
 
 
 def test_overload_is_529_and_queue_timeout_504(server):

@@ -9,6 +9,7 @@ import openai
 import pytest
 from server_harness import server_fixture
 
+from ninfer import LLM, SamplingParams
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 
@@ -69,6 +70,42 @@ def test_legacy_logprobs_shape(client):
         assert top[token] == pytest.approx(logprob)
 
 
+LONG = "Paged attention keeps the KV cache in fixed-size blocks, so that many requests of any length share " \
+       "one pool of memory and a finished request hands its pages straight back"  # spans several 32-token chunks
+
+
+def test_echo_logprobs_score_the_prompt_like_the_python_api(client, tokenizer):
+    ids = tokenizer.encode(LONG)
+    assert len(ids) > 64
+    choice = complete(client, prompt=LONG, echo=True, logprobs=2, max_tokens=0).choices[0]
+    lp = choice.logprobs
+    assert choice.text == LONG
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == LONG
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert token in top and 2 <= len(top) <= 3 and top[token] == pytest.approx(logprob)
+    llm = LLM(MODEL, device="cpu", max_context=256, prefill_chunk=32)
+    want = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=0, prompt_logprobs=2))[0]
+    assert lp.token_logprobs[1:] == pytest.approx([p.logprob for p in want.prompt_logprobs[1:]], abs=1e-4)
+
+
+def test_echo_logprobs_put_the_prompt_before_the_output(client):
+    plain = complete(client, logprobs=1).choices[0]
+    both = complete(client, echo=True, logprobs=1).choices[0]
+    n_prompt = len(both.logprobs.tokens) - len(plain.logprobs.tokens)
+    assert both.text == PROMPT + plain.text and n_prompt > 1
+    assert both.logprobs.token_logprobs[n_prompt:] == pytest.approx(plain.logprobs.token_logprobs)
+    assert both.logprobs.text_offset[n_prompt:] == [len(PROMPT) + o for o in plain.logprobs.text_offset]
+    chunks = list(complete(client, echo=True, logprobs=1, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert "".join(c.choices[0].text for c in chunks) == both.text
+    assert streamed[0] is None and streamed[1:] == pytest.approx(both.logprobs.token_logprobs[1:])
+    offsets = [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == both.logprobs.text_offset
+
+
 def test_stream_concatenates_to_the_aggregate(client, server):
     aggregate = complete(client, max_tokens=12, echo=True)
     chunks = list(complete(client, max_tokens=12, echo=True, stream=True))
@@ -91,7 +128,6 @@ def test_stop_string_truncates(client):
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    ({"echo": True, "logprobs": 1}, "echo"),
     ({"logprobs": 6}, "logprobs"),
     ({"suffix": "end"}, "suffix"),
     ({"best_of": 3}, "best_of"),

@@ -15,12 +15,12 @@ import types
 import httpx
 import msgspec
 import pytest
-from litestar import Request, post
+from litestar import Request, Response, get, post
 from litestar.params import JSONBody
 from loguru import logger
 
 from ninfer.capabilities import Protocol
-from ninfer.errors import ServerShuttingDownError
+from ninfer.errors import NinferError, ServerShuttingDownError
 from ninfer.server.admission import AdmissionGate, Ticket
 from ninfer.server.app import build_app
 from ninfer.server.middleware import request_id
@@ -93,6 +93,20 @@ def test_api_key_as_bearer_or_x_api_key(server):
     _error(httpx.get(f"{server}/schema/openapi.json", timeout=10), 401, "invalid_api_key")
     assert httpx.get(url, headers=AUTH, timeout=10).status_code == 200
     assert httpx.get(url, headers={"x-api-key": KEY}, timeout=10).status_code == 200
+    # The key is checked after routing: an unknown path is a 404 with or without it.
+    _error(httpx.get(f"{server}/no/such/path", timeout=10), 404, "not_found")
+
+
+def test_chat_completions_401_is_openai_shaped(server):
+    if "/v1/chat/completions" not in _paths(server, AUTH):
+        pytest.skip("no chat completions route installed")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    refused = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=10,
+                         headers={"Authorization": "Bearer wrong"})
+    error = _error(refused, 401, "invalid_api_key")
+    assert error["type"] == "authentication_error" and refused.headers["www-authenticate"] == "Bearer"
+    garbage = httpx.post(f"{server}/v1/chat/completions", content=b"{", timeout=10)
+    _error(garbage, 401, "invalid_api_key")  # the key is checked before the body is read
 
 
 def test_cors_preflight_is_open_and_responses_carry_cors_headers(server):
@@ -225,8 +239,9 @@ def test_accepted_connections_inherit_keepalive_and_user_timeout():
 # -- the app in-process: health states, error mapping, protocol routes ------------------------
 
 
-def _state(*protocols: Protocol, alive: bool = True) -> ServerState:
-    server = types.SimpleNamespace(protocols=[p.name for p in protocols], cors=False, api_key=None, max_request_mib=1)
+def _state(*protocols: Protocol, alive: bool = True, api_key: str | None = None) -> ServerState:
+    server = types.SimpleNamespace(protocols=[p.name for p in protocols], cors=False, api_key=api_key,
+                                   max_request_mib=1)
     by_name = {p.name: p for p in protocols}
     registry = types.SimpleNamespace(get=lambda kind, name, key=None: by_name[name])
     return ServerState(profile=types.SimpleNamespace(server=server), registry=registry,
@@ -292,6 +307,38 @@ def test_protocol_routes_are_tagged_and_failures_never_leak():
     text = "".join(records)
     assert "unhandled RuntimeError" in text and "prompt-text" not in text
     assert re.search(r"INFO req_[0-9a-f]{32} boom POST /v1/boom 500, [0-9.]+ s", text), text
+
+
+def test_a_missing_key_is_answered_in_the_routes_own_error_shape():
+    def own_shape(_: Request, exc: NinferError) -> Response:  # a protocol with an error shape of its own
+        return Response({"own": type(exc).__name__}, status_code=401)
+
+    @get("/v1/own", exception_handlers={NinferError: own_shape}, sync_to_thread=False)
+    def own() -> dict:
+        return {}
+
+    records: list[str] = []
+    sink = logger.add(records.append, level="DEBUG", format="{level} {message}")
+    try:
+        app = build_app(_state(Protocol("own", routes=lambda state: [own]), api_key=KEY))
+
+        async def main():
+            refused = await _get(app, "GET", "/v1/own")
+            assert (refused.status_code, refused.json()) == (401, {"own": "AuthenticationError"})
+            assert RID.match(refused.headers["x-request-id"])
+            assert (await _get(app, "GET", "/v1/own", headers={"x-api-key": KEY})).status_code == 200
+            core = await _get(app, "GET", "/v1/models")
+            assert _error(core, 401, "invalid_api_key")["type"] == "authentication_error"
+            assert core.headers["www-authenticate"] == "Bearer"
+            # Without --cors an OPTIONS is not a preflight, yet it stays open; so do the probes.
+            for method, path in (("OPTIONS", "/v1/own"), ("OPTIONS", "/v1/models"), ("GET", "/health"),
+                                 ("GET", "/"), ("HEAD", "/")):
+                assert (await _get(app, method, path)).status_code in (200, 204), (method, path)
+
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    assert re.search(r"INFO req_[0-9a-f]{32} own GET /v1/own 401, [0-9.]+ s", "".join(records))
 
 
 # -- startup placeholder and draining ------------------------------------------------------------

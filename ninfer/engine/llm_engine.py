@@ -25,6 +25,7 @@ from ninfer.engine.stats import EngineStats
 from ninfer.engine.thinking_budget import ThinkingBudgetTracker
 from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError
 from ninfer.lora import LoraRegistry
+from ninfer.outputs import PositionLogprobs
 
 #: consecutive failed model steps after which the engine declares itself dead
 MAX_FAILED_STEPS = 3
@@ -33,12 +34,16 @@ MAX_FAILED_STEPS = 3
 class _Tracked:
     """Engine-side bookkeeping of one request."""
 
-    __slots__ = ("req", "seq", "out", "timings", "budget")
+    __slots__ = ("req", "seq", "out", "timings", "budget", "prompt_logprobs")
 
     def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState):
         self.req, self.seq, self.out = req, seq, out
         self.timings = RequestTimings(arrival=seq.arrival_time)
         self.budget = ThinkingBudgetTracker(req.thinking_budget) if req.thinking_budget else None
+        # prompt log probabilities gathered over the prefill chunks, until delivered
+        self.prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = (
+            [None] if req.params.prompt_logprobs is not None else None
+        )
 
 
 class LLMEngine:
@@ -61,6 +66,7 @@ class LLMEngine:
         self.eos_token_ids = list(tokenizer.eos_token_ids)
         self._requests: dict[str, _Tracked] = {}
         self._seq_ids = itertools.count()
+        self._prompt_logprobs: dict[int, int] = {}  # seq id -> top-N, while its prompt is being scored
         self._failed_steps = 0
         self.dead: Optional[str] = None
 
@@ -86,7 +92,8 @@ class LLMEngine:
             num_prompt_tokens=n_prompt,
             max_tokens=max_tokens,
             sampling=resolve_sampling(params, self.presets, thinking, self.config.process_sampling),
-            lookup_prefix_cache=req.lookup_prefix_cache,
+            # scoring the prompt needs every position computed, so cached pages cannot stand in
+            lookup_prefix_cache=req.lookup_prefix_cache and params.prompt_logprobs is None,
             commit_prefix_cache=req.commit_prefix_cache,
             commit_generated=req.commit_generated,
             lora_slot=lora_slot,
@@ -101,6 +108,8 @@ class LLMEngine:
         out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)
         self._requests[req.request_id] = _Tracked(req, seq, out)
         self.scheduler.add(seq)
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[seq.seq_id] = params.prompt_logprobs
 
     def lora_slot(self, name: Optional[str]) -> int:
         """The slot of a loaded adapter (0 for None); an unknown name is the client's error."""
@@ -151,7 +160,7 @@ class LLMEngine:
             events.append(self._event(tracked, "", []))
         t0 = time.perf_counter()
         try:
-            rows = self.runner.execute(sched)
+            rows, prompt_rows = self.runner.execute(sched, self._prompt_logprobs)
         except Exception as exc:  # the whole batch failed
             return self._fail_batch(sched, exc)
         self._failed_steps = 0
@@ -165,6 +174,8 @@ class LLMEngine:
             row = next(rows_iter) if chunk.sample else None
             tracked = self._requests[seq.request_id]
             try:
+                for r in prompt_rows.get(seq.seq_id, ()):
+                    tracked.prompt_logprobs.append(tracked.out.logprobs(r.token_id, r.logprob, r.top_ids, r.top_logprobs))
                 if row is not None:
                     events.append(self._commit_token(tracked, row, now))
                 else:  # a prefill chunk that is not the prompt's last
@@ -177,10 +188,13 @@ class LLMEngine:
 
     def _commit_token(self, tracked: _Tracked, row, now: float) -> GenerationEvent:
         seq, out = tracked.seq, tracked.out
+        # The prompt is fully computed now: its log probabilities go out with this event, once.
+        self._prompt_logprobs.pop(seq.seq_id, None)
+        prompt_lps, tracked.prompt_logprobs = tracked.prompt_logprobs, None
         if seq.max_tokens == 0:  # prompt processing only
             text = out.finish("length")
             self.scheduler.finish(seq, out.finish_reason)  # frees its slot and pages like any finish
-            return self._final_event(tracked, text, [])
+            return self._final_event(tracked, text, [], prompt_logprobs=prompt_lps)
         seq.token_ids.append(row.token_id)
         tracked.timings.first_token = tracked.timings.first_token or now
         tracked.timings.last_token = now
@@ -202,10 +216,12 @@ class LLMEngine:
             text += out.finish("length")  # context capacity
         if out.finished:
             self.scheduler.finish(seq, out.finish_reason)
-            return self._final_event(tracked, text, committed, logprobs)
-        return self._event(tracked, text, committed, logprobs)
+            return self._final_event(tracked, text, committed, logprobs, prompt_lps)
+        return self._event(tracked, text, committed, logprobs, prompt_lps)
 
-    def _event(self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, **final) -> GenerationEvent:
+    def _event(
+        self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None, **final
+    ) -> GenerationEvent:
         seq = tracked.seq
         return GenerationEvent(
             request_id=seq.request_id,
@@ -217,17 +233,22 @@ class LLMEngine:
             timings=tracked.timings,
             prompt_processed=min(seq.num_computed_tokens, seq.num_prompt_tokens),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             **final,
         )
 
-    def _final_event(self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None) -> GenerationEvent:
+    def _final_event(
+        self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None
+    ) -> GenerationEvent:
         self._requests.pop(tracked.seq.request_id, None)
+        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
         self.stats.record_finish(tracked.seq)
         return self._event(
             tracked,
             text,
             token_ids,
             logprobs,
+            prompt_logprobs,
             finished=True,
             finish_reason=tracked.out.finish_reason,
             stop_reason=tracked.out.stop_reason,
@@ -236,6 +257,7 @@ class LLMEngine:
     def _error_event(self, tracked: _Tracked, exc: Exception) -> GenerationEvent:
         self.scheduler.abort(tracked.seq)
         self._requests.pop(tracked.seq.request_id, None)
+        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
         error = exc if isinstance(exc, NinferError) else NinferError(f"internal error: {type(exc).__name__}")
         return self._event(tracked, "", [], finished=True, finish_reason="error", error=error)
 

@@ -2,12 +2,16 @@
 
 Plain data (sequences, chunks) comes in; tensors live only here. Per-step metadata
 is built with vectorised tensor ops, and the sampled ids cross to the host once.
+
+Sequences that ask for prompt log probabilities also get logits for the rows of their
+prompt chunk: the row at position ``p`` scores prompt token ``p + 1``. The prompt's last
+row is the sampling row, whose own log probability covers the first output token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -24,6 +28,10 @@ class SampledRow:
     logprob: Optional[float] = None
     top_ids: Optional[list[int]] = None
     top_logprobs: Optional[list[float]] = None
+
+
+#: prompt rows scored per matmul: bounds the [rows, vocab] float32 logits of a long chunk
+PROMPT_LOGPROB_ROWS = 512
 
 
 class ModelRunner:
@@ -80,14 +88,64 @@ class ModelRunner:
         return ids, positions.to(dev), batch
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> list[SampledRow]:
-        """Run one step; returns one row per chunk with ``sample`` set, in order."""
+    def execute(
+        self, sched: SchedulerOutput, prompt_logprobs: Optional[Mapping[int, int]] = None
+    ) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
+        """Run one step: one row per chunk with ``sample`` set, in order, and the prompt
+        positions scored for the sequences in ``prompt_logprobs`` (seq id -> top-N)."""
         input_ids, positions, batch = self.build_batch(sched)
         if batch.lora is None:
             hidden = self.model(input_ids, positions, batch)
         else:
             with self.loras.step(batch.lora):
                 hidden = self.model(input_ids, positions, batch)
+        prompt = self._score_prompt(sched, hidden, prompt_logprobs) if prompt_logprobs else {}
+        return self._sample(sched, hidden, batch), prompt
+
+    def _score_prompt(
+        self, sched: SchedulerOutput, hidden: torch.Tensor, wanted: Mapping[int, int]
+    ) -> dict[int, list[SampledRow]]:
+        """Log probabilities of the next prompt token at every prompt row of the wanting chunks."""
+        rows: list[int] = []
+        targets: list[int] = []
+        owners: list[tuple[int, int, int]] = []  # (seq id, top-N, number of rows)
+        offset = 0
+        for c in sched.chunks:
+            seq, start = c.seq, c.seq.num_computed_tokens
+            end = min(start + c.num_tokens, seq.num_prompt_tokens - 1)  # rows that predict a prompt token
+            k = wanted.get(seq.seq_id)
+            if k is not None and end > start:
+                rows += range(offset, offset + end - start)
+                targets += seq.token_ids[start + 1 : end + 1]
+                owners.append((seq.seq_id, k, end - start))
+            offset += c.num_tokens
+        if not rows:
+            return {}
+        top_n = max(k for _, k, _ in owners)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        targets_t = torch.tensor(targets, dtype=torch.int64, device=self.device)
+        chosen, top_lps, top_ids = [], [], []
+        for lo in range(0, len(rows), PROMPT_LOGPROB_ROWS):
+            part = slice(lo, lo + PROMPT_LOGPROB_ROWS)
+            lps = torch.log_softmax(self.model.compute_logits(hidden[rows_t[part]]).float(), dim=-1)
+            chosen.append(lps.gather(1, targets_t[part, None]).squeeze(1))
+            if top_n:
+                values, ids = lps.topk(top_n, dim=-1)
+                top_lps.append(values)
+                top_ids.append(ids)
+        chosen_h = torch.cat(chosen).tolist()
+        top_lps_h = torch.cat(top_lps).tolist() if top_n else [[] for _ in rows]
+        top_ids_h = torch.cat(top_ids).tolist() if top_n else [[] for _ in rows]
+        out: dict[int, list[SampledRow]] = {}
+        i = 0
+        for seq_id, k, count in owners:
+            out[seq_id] = [
+                SampledRow(targets[j], chosen_h[j], top_ids_h[j][:k], top_lps_h[j][:k]) for j in range(i, i + count)
+            ]
+            i += count
+        return out
+
+    def _sample(self, sched: SchedulerOutput, hidden: torch.Tensor, batch: ForwardBatch) -> list[SampledRow]:
         sampled = [c for c in sched.chunks if c.sample]
         if not sampled:
             return []

@@ -69,3 +69,6 @@ class GenerationEvent:
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     stop_reason: Optional[object] = None  # matched stop string or stop token id
     error: Optional[NinferError] = None
+    #: the prompt's log probabilities (None for position 0), once: on the first token's
+    #: event, or the final one when nothing is generated; only when the request asked
+    prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = None

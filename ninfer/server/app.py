@@ -9,7 +9,7 @@ from litestar.openapi import OpenAPIConfig
 from ninfer import __version__
 from ninfer.server.core_routes import core_routes
 from ninfer.server.errors import EXCEPTION_HANDLERS, MIB
-from ninfer.server.middleware import CORE_PROTOCOL, OPEN_PATHS, PROTOCOL_OPT, RequestMiddleware
+from ninfer.server.middleware import CORE_PROTOCOL, OPEN_PATHS, PROTOCOL_OPT, RequestMiddleware, api_key_guard
 from ninfer.server.openapi import error_responses
 from ninfer.server.state import ServerState
 
@@ -29,7 +29,7 @@ def protocol_routers(state: ServerState) -> list[Router]:
 
 def _router(state: ServerState, handlers: list, protocol: str) -> Router:
     if state.profile.server.api_key:
-        # Every route but the open ones can then answer the middleware's 401 (OpenAI's shape).
+        # Every route but the open ones can then answer the key guard's 401.
         for handler in handlers:
             if not handler.paths <= OPEN_PATHS:
                 handler.responses = {**error_responses(401), **(handler.responses or {})}
@@ -44,6 +44,9 @@ def build_app(state: ServerState) -> Litestar:
                           expose_headers=["x-request-id", "request-id"])
     app = Litestar(
         route_handlers=[_router(state, core_routes(state), CORE_PROTOCOL), *protocol_routers(state)],
+        # App-wide, so it covers the OpenAPI document too; a guard runs after routing, so its
+        # 401 is rendered by the route's own exception handlers (Anthropic's shape on /v1/messages).
+        guards=[api_key_guard(server.api_key)] if server.api_key else None,
         exception_handlers=EXCEPTION_HANDLERS,
         cors_config=cors,
         openapi_config=OpenAPIConfig(title="ninfer", version=__version__,
@@ -53,5 +56,5 @@ def build_app(state: ServerState) -> Litestar:
         logging_config=None,  # stdlib records are routed into loguru by ninfer.server.run
     )
     # Outermost, so unknown paths, CORS preflights and routing errors get a request id too.
-    app.asgi_handler = RequestMiddleware(app.asgi_handler, api_key=server.api_key, cors=server.cors)
+    app.asgi_handler = RequestMiddleware(app.asgi_handler)
     return app

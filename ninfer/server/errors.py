@@ -20,7 +20,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import Send
 from loguru import logger
 
-from ninfer.errors import NinferError
+from ninfer.errors import AuthenticationError, NinferError
 
 #: HTTP status -> machine-readable code for Litestar's own exceptions
 _HTTP_CODES = {
@@ -53,7 +53,8 @@ def ninfer_error_body(exc: NinferError) -> dict[str, Any]:
 
 
 def handle_ninfer_error(_: Request, exc: NinferError) -> Response:
-    return Response(ninfer_error_body(exc), status_code=exc.status)
+    headers = {"www-authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
+    return Response(ninfer_error_body(exc), status_code=exc.status, headers=headers)
 
 
 def handle_http_exception(request: Request, exc: HTTPException) -> Response:

@@ -1,7 +1,9 @@
-"""The outermost layer of every request: id, API key, slot release and the request log.
+"""The outermost layer of every request (id, slot release, request log) and the API-key guard.
 
-It wraps Litestar's whole ASGI handler (not a per-route middleware), so unknown paths,
-CORS preflights and errors raised while routing get an ``x-request-id`` too.
+The middleware wraps Litestar's whole ASGI handler (not a per-route middleware), so
+unknown paths, CORS preflights and errors raised while routing get an ``x-request-id``
+too. The key is checked by a guard instead, after routing: its 401 is then rendered by
+the matched route's exception handlers, in that route's protocol's error shape.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import time
 from typing import Any
 
 from litestar.connection import ASGIConnection
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.handlers import BaseRouteHandler
+from litestar.types import ASGIApp, Guard, Message, Receive, Scope, Send
 from loguru import logger
 
 from ninfer.errors import AuthenticationError
 from ninfer.server.admission import Ticket, reset_current_ticket, set_current_ticket
-from ninfer.server.errors import send_error
 
 REQUEST_ID_HEADER = b"x-request-id"
 #: scope key holding the request's :class:`Ticket`
@@ -37,10 +39,8 @@ def request_id(connection: ASGIConnection | Scope) -> str:
 
 
 class RequestMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None = None, cors: bool = False):
+    def __init__(self, app: ASGIApp):
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
-        self.cors = cors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,34 +63,39 @@ class RequestMiddleware:
 
         token = set_current_ticket(ticket)
         try:
-            if self._authorized(scope):
-                await self.app(scope, receive, send_with_id)
-            else:
-                await send_error(send_with_id, AuthenticationError("a valid API key is required"),
-                                 self._auth_headers(scope))
+            await self.app(scope, receive, send_with_id)
         finally:
             reset_current_ticket(token)
             ticket.release()
             _log_request(scope, ticket, status)
 
-    def _authorized(self, scope: Scope) -> bool:
-        if self.api_key is None or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credential = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), self.api_key):
-                    return True
-            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key):
-                return True
-        return False
 
-    def _auth_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
-        headers = [(b"www-authenticate", b"Bearer")]
-        # Litestar's CORS layer sits inside this one; a browser must still read the 401.
-        if self.cors and any(name == b"origin" for name, _ in scope["headers"]):
-            headers.append((b"access-control-allow-origin", b"*"))
-        return headers
+def api_key_guard(api_key: str) -> Guard:
+    """A guard admitting requests that carry ``api_key`` as a Bearer token or in ``x-api-key``.
+
+    Open routes (:data:`OPEN_PATHS`) and OPTIONS pass without it: with ``--cors`` Litestar
+    answers preflights before routing, and without it a plain OPTIONS only lists methods.
+    """
+    expected = api_key.encode()
+
+    async def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+        if connection.scope["method"] == "OPTIONS" or handler.paths <= OPEN_PATHS:
+            return
+        if not _carries_key(connection.scope["headers"], expected):
+            raise AuthenticationError("a valid API key is required")
+
+    return require_api_key
+
+
+def _carries_key(headers: list[tuple[bytes, bytes]], expected: bytes) -> bool:
+    for name, value in headers:  # constant-time comparisons: no timing hints about the key
+        if name == b"authorization":
+            scheme, _, credential = value.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(credential.strip(), expected):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), expected):
+            return True
+    return False
 
 
 def _log_request(scope: Scope, ticket: Ticket, status: int) -> None:

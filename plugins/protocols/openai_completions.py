@@ -3,9 +3,10 @@
 Prompts may be a string, a list of strings, a list of token ids or a list of such
 lists; each prompt gets ``n`` choices, indexed prompt-major. Log probabilities use the
 legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``).
-``echo`` prepends the prompt to the text; combined with log probabilities it would
-need the prompt's own log probabilities, which the engine does not compute yet, so
-that combination is refused rather than answered without them.
+``echo`` prepends the prompt to the text; with log probabilities too, the engine scores
+the prompt and its tokens lead the log probabilities (the first has nothing before it to
+predict it, so its entries are null). With ``max_tokens: 0`` that is exactly what
+evaluation harnesses use to compute a text's likelihood.
 """
 
 from __future__ import annotations
@@ -118,11 +119,6 @@ def _prompts(prompt: Union[str, list[Any]]) -> list[Union[str, list[int]]]:
 def _validate(req: CompletionRequest) -> None:
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise InvalidRequestError(f"logprobs must be in 0..{MAX_LOGPROBS}", param="logprobs")
-    if req.echo and req.logprobs is not None:
-        raise UnsupportedFeatureError(
-            "echo with logprobs needs log probabilities of the prompt tokens, which this server cannot compute yet",
-            param="echo",
-        )
     if req.suffix:
         raise UnsupportedFeatureError("suffix (insertion) is not supported", param="suffix")
     stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
@@ -143,22 +139,39 @@ def _params(req: CompletionRequest, vocab_size: int) -> Any:
     validate_request(shared)
     params = sampling_params(shared, vocab_size)
     params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if req.echo and req.logprobs is not None:
+        params.prompt_logprobs = req.logprobs
     return params
 
 
-def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int) -> LegacyLogprobs:
-    """Positions in the legacy shape; offsets count characters of the returned text."""
-    tokens, lps, tops, offsets = [], [], [], []
+def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int,
+                     prompt: Optional[tuple[list[int], list[Any]]] = None) -> LegacyLogprobs:
+    """Positions in the legacy shape; offsets count characters of the returned text.
+
+    ``prompt`` (echo): the prompt's token ids and log probabilities, listed first from
+    offset 0; the generated ``positions`` start at ``offset`` (the echoed text's length).
+    """
+    out = LegacyLogprobs([], [], [], [])
+    if prompt is not None:
+        at = 0
+        for token_id, pos in zip(*prompt):
+            at += _add_position(out, choice.token_text(token_id), pos, at)
     for pos in positions:
-        text = choice.token_text(pos.token_id)
+        offset += _add_position(out, choice.token_text(pos.token_id), pos, offset)
+    return out
+
+
+def _add_position(out: LegacyLogprobs, text: str, pos: Any, offset: int) -> int:
+    """Append one token (``pos`` None: the prompt's first, unscored); returns its length."""
+    top = None
+    if pos is not None:
         top = {t.token: t.logprob for t in pos.top}
-        top.setdefault(text, pos.logprob)  # the sampled token is always listed
-        tokens.append(text)
-        lps.append(pos.logprob)
-        tops.append(top)
-        offsets.append(offset)
-        offset += len(text)
-    return LegacyLogprobs(tokens, lps, tops, offsets)
+        top.setdefault(text, pos.logprob)  # the token itself is always listed
+    out.tokens.append(text)
+    out.token_logprobs.append(None if pos is None else pos.logprob)
+    out.top_logprobs.append(top)
+    out.text_offset.append(offset)
+    return len(text)
 
 
 @attrs.define
@@ -173,10 +186,15 @@ class _Run:
     n: int
     echo: list[str]  # text put before each choice's output
     want_logprobs: bool
+    scores_prompt: bool = False  # echo with log probabilities: the prompt's own lead each choice's
     created: int = attrs.field(factory=lambda: int(time.time()))
 
-    def piece(self, k: int, text: str, positions: list[Any], offset: int, finish: Optional[str]) -> CompletionChoice:
-        lp = _legacy_logprobs(self.choices[k], positions, offset) if self.want_logprobs else None
+    def piece(self, k: int, text: str, positions: list[Any], offset: int, finish: Optional[str],
+              prompt_logprobs: Optional[list[Any]] = None) -> CompletionChoice:
+        lp = None
+        if self.want_logprobs:
+            prompt = None if prompt_logprobs is None else (self.requests[k].prompt_token_ids, prompt_logprobs)
+            lp = _legacy_logprobs(self.choices[k], positions, offset, prompt)
         return CompletionChoice(k, text, finish, lp)
 
     def envelope(self, choices: list[CompletionChoice], final: bool = False) -> Completion:
@@ -195,11 +213,14 @@ class _Run:
     async def aggregate(self) -> bytes:
         texts = [[e] for e in self.echo]
         positions: list[list[Any]] = [[] for _ in self.requests]
+        prompts: list[Optional[list[Any]]] = [None for _ in self.requests]
         async with aclosing(generate_all(self.state, self.requests)) as events:
             async for k, event in events:
                 texts[k] += [d.text for d in self.choices[k].feed(event)]
                 positions[k] += event.logprobs or []
-        out = [self.piece(k, "".join(texts[k]), positions[k], len(self.echo[k]), c.finish_reason)
+                prompts[k] = event.prompt_logprobs if event.prompt_logprobs is not None else prompts[k]
+        out = [self.piece(k, "".join(texts[k]), positions[k], len(self.echo[k]), c.finish_reason,
+                          prompts[k] if self.scores_prompt else None)
                for k, c in enumerate(self.choices)]
         return encoder.encode(self.envelope(out, final=True))
 
@@ -208,12 +229,16 @@ class _Run:
         pending_echo = list(self.echo)
         async with aclosing(generate_all(self.state, self.requests)) as events:
             async for k, event in events:
-                text = pending_echo[k] + "".join(d.text for d in self.choices[k].feed(event))
-                pending_echo[k] = ""
+                text = "".join(d.text for d in self.choices[k].feed(event))
+                prompt = event.prompt_logprobs if self.scores_prompt else None
+                # a scored echo waits for the event that carries the prompt's log probabilities
+                if not self.scores_prompt or prompt is not None or event.finished:
+                    text, pending_echo[k] = pending_echo[k] + text, ""
                 finish = self.choices[k].finish_reason if event.finished else None
-                if text or finish or event.logprobs:
-                    chunk = self.piece(k, text, event.logprobs or [], offsets[k], finish)
-                    offsets[k] += sum(len(t) for t in chunk.logprobs.tokens) if chunk.logprobs else 0
+                if text or finish or event.logprobs or prompt is not None:
+                    chunk = self.piece(k, text, event.logprobs or [], offsets[k], finish, prompt)
+                    if event.logprobs:  # the next generated token starts where this chunk's last ends
+                        offsets[k] = chunk.logprobs.text_offset[-1] + len(chunk.logprobs.tokens[-1])
                     yield _frame(self.envelope([chunk]))
         if include_usage:
             yield _frame(self.envelope([], final=True))
@@ -251,7 +276,8 @@ def completion_routes(state: Any) -> list:
                     for i, ids in enumerate(encoded) for j, p in enumerate(choice_params(params, n))]
         run = _Run(state, f"cmpl-{rid}", data.model or state.model_id, requests,
                    [ChoiceState(k, tokenizer) for k in range(len(requests))], n,
-                   [texts[k // n] if data.echo else "" for k in range(len(requests))], data.logprobs is not None)
+                   [texts[k // n] if data.echo else "" for k in range(len(requests))], data.logprobs is not None,
+                   params.prompt_logprobs is not None)
         if data.stream:
             return sse_response(run.frames(bool(data.stream_options and data.stream_options.include_usage)))
         return Response(await cancel_on_disconnect(request, run.aggregate()), media_type=JSON)
