@@ -10,24 +10,14 @@ import msgspec
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.chat_messages import parse_messages, template_messages
+from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options, template_kwargs
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import callable_tools
 
-#: every effort value of the OpenAI protocol; which ones work depends on the template
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 #: chat_template_kwargs keys with a meaning here; other non-null keys are refused
 TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
-
-
-@attrs.frozen
-class PromptOptions:
-    """Resolved template options: ``effort`` is None when the template default applies."""
-
-    thinking: bool
-    preserve_thinking: bool
-    effort: str | None
 
 
 @attrs.frozen
@@ -54,60 +44,21 @@ def _both_spellings(req: ChatCompletionRequest, key: str) -> bool | None:
 
 def resolve_options(req: ChatCompletionRequest, caps: TemplateCaps, thinking_default: bool,
                     preserve_default: bool) -> PromptOptions:
-    """Thinking switch, effort and history reasoning from the request, the template and the server.
-
-    A template without a thinking switch renders the same prompt whatever the request
-    says, so the server default decides its thinking mode.
-    """
+    """Thinking switch, effort and history reasoning from the request, the template and the server."""
     for key, value in (req.chat_template_kwargs or {}).items():
         if key not in TEMPLATE_KWARGS and value is not None:
             raise UnsupportedFeatureError(
                 f"chat_template_kwargs.{key} is not supported (only {', '.join(TEMPLATE_KWARGS)})",
                 param=f"chat_template_kwargs.{key}",
             )
-    enable = _both_spellings(req, "enable_thinking")
-    preserve = _both_spellings(req, "preserve_thinking")
-    effort = req.reasoning_effort
-    if effort is not None:
-        if effort not in EFFORTS:
-            raise InvalidRequestError(f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort")
-        if effort != "none" and effort not in caps.efforts:
-            offered = ", ".join(("none", *caps.efforts))
-            raise InvalidRequestError(
-                f"reasoning_effort {effort!r} is not offered by the loaded chat template (it offers: {offered})",
-                param="reasoning_effort",
-                code="reasoning_effort_not_supported",
-            )
-        if enable is not None and enable != (effort != "none"):
-            raise InvalidRequestError(
-                f"reasoning_effort {effort!r} contradicts enable_thinking={str(enable).lower()}",
-                param="reasoning_effort",
-                code="conflicting_template_option",
-            )
-        enable = effort != "none"
-    if preserve and not caps.preserve_thinking:
-        raise UnsupportedFeatureError(
-            "preserve_thinking: the loaded chat template cannot keep earlier turns' reasoning",
-            param="preserve_thinking",
-        )
-    thinking = enable if enable is not None and caps.enable_thinking else thinking_default
-    return PromptOptions(
-        thinking=thinking,
-        preserve_thinking=preserve_default if preserve is None else preserve,
-        effort=effort if effort not in (None, "none") else None,
+    return resolve_prompt_options(
+        caps,
+        effort=req.reasoning_effort,
+        enable=_both_spellings(req, "enable_thinking"),
+        preserve=_both_spellings(req, "preserve_thinking"),
+        thinking_default=thinking_default,
+        preserve_default=preserve_default,
     )
-
-
-def template_kwargs(options: PromptOptions, caps: TemplateCaps) -> dict[str, Any]:
-    """Only variables the template reads: others would be silently meaningless."""
-    kwargs: dict[str, Any] = {}
-    if caps.enable_thinking:
-        kwargs["enable_thinking"] = options.thinking
-    if caps.preserve_thinking:
-        kwargs["preserve_thinking"] = options.preserve_thinking
-    if options.effort is not None:
-        kwargs["reasoning_effort"] = options.effort
-    return kwargs
 
 
 def prepare(req: ChatCompletionRequest, tokenizer: Any, profile: Any) -> Prepared:
