@@ -186,3 +186,20 @@ def test_log_lines_are_coloured_on_a_terminal():
         os.close(controller)
         os.close(terminal)
     assert "\x1b[" in output and "server ready" in output
+
+
+@pytest.mark.parametrize(
+    "flags, key",
+    [
+        (["--vision"], "media.vision"),
+        (["--request-log-jsonl", "/tmp/ninfer-requests.jsonl"], "logging.request_log_jsonl"),
+        (["--context-cost-presets", "/tmp/presets.yaml"], "engine.context_cost_presets"),
+    ],
+)
+def test_options_this_build_cannot_honour_are_refused_at_startup(flags, key):
+    """Accepted by --check (a profile is portable), refused before the model loads."""
+    env = {**os.environ, "NINFER_PLUGINS": "qwen3_reasoning,kv_native"}
+    check = subprocess.run([SERVE, *flags, "--check"], capture_output=True, text=True, env=env, timeout=60)
+    assert check.returncode == 0 and key in check.stderr
+    start = subprocess.run([SERVE, *flags, "--port", "1"], capture_output=True, text=True, env=env, timeout=60)
+    assert start.returncode == 2 and key in start.stderr

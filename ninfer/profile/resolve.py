@@ -43,7 +43,8 @@ def resolve(profile: Profile) -> Profile:
 def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
     """Every plugin the profile names but the registry lacks, as ``key.path: ...`` messages.
 
-    Also checks ``speculative.draft_tokens`` against the chosen backend's declared range.
+    Also checks ``speculative.draft_tokens`` against the chosen backend's declared range,
+    and refuses options whose machinery this install does not have.
     ``None`` selections mean "the default" and are not checked here.
     """
     from ninfer.plugins import UnknownCapabilityError
@@ -69,4 +70,16 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
             lo, hi = obj.draft_tokens
             if not lo <= draft <= hi:
                 errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
+    return errors + _unavailable(profile, registry)
+
+
+def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
+    """Options this install cannot honour yet: refused rather than silently ignored."""
+    errors = []
+    if profile.media.vision and not registry.names("media_processor"):
+        errors.append("media.vision: needs a media_processor plugin (none installed)")
+    if profile.logging.request_log_jsonl is not None:
+        errors.append("logging.request_log_jsonl: the structured request log is not available in this build yet")
+    if profile.engine.context_cost_presets is not None:
+        errors.append("engine.context_cost_presets: this build has no context-cost planner to configure")
     return errors
