@@ -48,3 +48,21 @@ def tiny_qwen3_moe(tmp_path_factory) -> Path:
 def tiny_model(request) -> Path:
     """Each family's tiny checkpoint in turn."""
     return request.getfixturevalue(f"tiny_{request.param}")
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory) -> Path:
+    """Only the tiny tokenizer's files (tokenizer.json, config, chat template); read-only."""
+    from ninfer.tiny.tokenizer_files import write_tokenizer_files
+
+    out = tmp_path_factory.mktemp("tiny_tok")
+    write_tokenizer_files(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tok(tok_dir: Path):
+    """The tiny tokenizer loaded through ninfer's own wrapper."""
+    from ninfer.tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(tok_dir)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Sequence
 
 import pytest
 
 from ninfer.engine.detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
-from ninfer.tiny.tokenizer_files import write_tokenizer_files
 from ninfer.tokenizer import Tokenizer
 
 VALID_TEXTS = [
@@ -20,13 +18,6 @@ VALID_TEXTS = [
     '{"city": "Zürich", "emoji": "🎉"}\n<think>\nplan\n</think>\n\nanswer<|im_end|>',
     "a legitimate replacement char \ufffd stays",
 ]
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    out = tmp_path_factory.mktemp("tiny_tok")
-    write_tokenizer_files(out)
-    return Tokenizer.from_pretrained(out)
 
 
 class CountingDecoder:

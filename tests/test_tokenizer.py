@@ -43,18 +43,6 @@ def random_text(rng: random.Random, n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny_tok")
-    write_tokenizer_files(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tok(tok_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained(tok_dir)
-
-
-@pytest.fixture(scope="module")
 def hf_tok(tok_dir: Path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(str(tok_dir))

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from ninfer.tiny.tokenizer_files import write_tokenizer_files
 from ninfer.tokenizer import Tokenizer
 
 CONVERSATIONS = {
@@ -20,18 +19,6 @@ CONVERSATIONS = {
     "empty": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
     "user_last": [{"role": "user", "content": "Complete: once upon"}],
 }
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny_tok")
-    write_tokenizer_files(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tok(tok_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained(tok_dir)
 
 
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))

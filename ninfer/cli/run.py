@@ -20,10 +20,10 @@ from typing import Any, Optional
 
 from loguru import logger
 
-from ninfer import __version__
 from ninfer.batch.schema import BatchInput, BatchInputError, parse_batch_json
+from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import Profile, ProfileError, check_selections, load_profile, resolve
-from ninfer.profile.flags import add_profile_flags, overrides_from_args
+from ninfer.profile.flags import overrides_from_args
 from ninfer.profile.schema import options
 
 PROG = "ninfer-run"
@@ -41,23 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
         "between. Exit status: 0 results written (failed requests carry their error), 1 runtime failure, "
         "2 bad flags, profile or input (nothing written).",
     )
-    parser.add_argument("model", nargs="?", metavar="MODEL_PATH",
-                        help="checkpoint directory or tiny:FAMILY; overrides the profile's model")
+    add_model_arguments(parser)
     parser.add_argument("--input", required=True, metavar="FILE", help="batch input JSON file")
     parser.add_argument("--output", required=True, metavar="FILE",
                         help="results JSON file, replaced in one step when the run ends")
-    parser.add_argument("--profile", metavar="FILE",
-                        help="startup profile (YAML); without it and MODEL_PATH the packaged demo profile is used")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar, and only warnings and errors in the log")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_profile_flags(parser)
+    add_version_and_profile_flags(parser)
     return parser
 
 
 def _report(errors: list[str], label: str = "error") -> None:
-    for message in errors:
-        print(f"{PROG}: {label}: {message}", file=sys.stderr)
+    report(PROG, errors, label)
 
 
 def _read_batch(path: str) -> BatchInput:

@@ -8,15 +8,15 @@ any model loads, and failures exit with status 2. ``--help``, ``--check`` and
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 from typing import TYPE_CHECKING
 
 from loguru import logger
 
 from ninfer import __version__
+from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import ProfileError, check_selections, load_profile, resolve, to_yaml
-from ninfer.profile.flags import add_profile_flags, overrides_from_args
+from ninfer.profile.flags import overrides_from_args
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -45,22 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
         "profile. Defaults shown are the built-in ones. Give null to clear an optional value a "
         "profile sets, e.g. --spec null.",
     )
-    parser.add_argument("model", nargs="?", metavar="MODEL_PATH",
-                        help="checkpoint directory or tiny:FAMILY; overrides the profile's model")
-    parser.add_argument("--profile", metavar="FILE",
-                        help="startup profile (YAML); without it and MODEL_PATH the packaged demo profile is used")
+    add_model_arguments(parser)
     parser.add_argument("--check", action="store_true",
                         help="print the resolved profile as YAML and exit without loading a model")
     parser.add_argument("--list-plugins", action="store_true",
                         help="list installed plugins and the profile's choices, then exit")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_profile_flags(parser)
+    add_version_and_profile_flags(parser)
     return parser
 
 
 def _report(errors: list[str], label: str = "error") -> None:
-    for message in errors:
-        print(f"{PROG}: {label}: {message}", file=sys.stderr)
+    report(PROG, errors, label)
 
 
 def _registry(profile: Profile) -> PluginRegistry:
