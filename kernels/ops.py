@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer_kernels import activation, attention, norm, rope
+from ninfer_kernels import activation, attention, causal_conv, gated_delta, norm, qk_norm_rope, rope
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
 
@@ -25,6 +25,9 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "silu_and_mul": {"reference": activation.silu_and_mul, "triton": None},
     "write_kv": {"reference": attention.write_kv, "triton": None},
     "paged_attention": {"reference": attention.paged_attention, "triton": None},
+    "qk_norm_rope": {"reference": qk_norm_rope.qk_norm_rope, "triton": None},
+    "causal_conv1d": {"reference": causal_conv.causal_conv1d, "triton": None},
+    "gated_delta_rule": {"reference": gated_delta.gated_delta_rule, "triton": None},
 }
 
 
@@ -56,6 +59,19 @@ def apply_rope(
     return choose("apply_rope", q.device.type)(q, k, positions, cos_sin, rotary_dim)
 
 
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return choose("qk_norm_rope", q.device.type)(q, k, q_weight, k_weight, eps, positions, cos_sin, rotary_dim)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return choose("silu_and_mul", x.device.type)(x)
 
@@ -70,6 +86,22 @@ def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
 ) -> torch.Tensor:
     return choose("paged_attention", q.device.type)(q, k_cache, v_cache, batch, scale)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    return choose("causal_conv1d", x.device.type)(x, weight, states, batch)
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    return choose("gated_delta_rule", q.device.type)(q, k, v, g, beta, states, batch)
 
 
 try:

@@ -29,6 +29,13 @@ class ToolParser:
     description: str = ""
     #: ``factory(tools, tolerant=False)`` -> :class:`ninfer.frontend.output_split.ToolCallParser`
     factory: Callable[..., Any] | None = None
+    #: ``grammar(tools, mode, *, parallel=True, answer=None)`` ->
+    #: :class:`ninfer.guided.spec.GuideSpec`: constrains output to this format's calls of
+    #: ``tools`` (:class:`ninfer.frontend.tool_schema.ToolSpec`). ``mode`` "required": the
+    #: answer is calls only; "auto": free text (or, with ``answer``, output following that
+    #: json_object/json_schema guide) or calls. ``parallel`` False allows one call at most;
+    #: strict tools' arguments follow their schema. None: calls of this format cannot be forced.
+    grammar: Callable[..., Any] | None = None
 
 
 @attrs.frozen
@@ -55,6 +62,8 @@ class Protocol:
 class GuidedDecodingBackend:
     name: str
     description: str = ""
+    #: ``factory(tokenizer, vocab_size)`` -> :class:`ninfer.guided.backend.GuideCompiler`,
+    #: built once per engine (``tokenizer`` is a :class:`ninfer.tokenizer.Tokenizer`)
     factory: Callable[..., Any] | None = None
 
 

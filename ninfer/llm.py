@@ -14,6 +14,8 @@ from ninfer.plugins import load_registry
 from ninfer.sampling_params import SamplingParams
 
 PromptType = Union[str, list[int], dict]
+#: the most sequences an offline engine may decode together (``LLM(max_num_seqs=...)``)
+MAX_NUM_SEQS = 256
 
 
 def _is_profile(path: str) -> bool:
@@ -24,8 +26,10 @@ class LLM:
     """Load a checkpoint (a directory, ``tiny:FAMILY``, or a profile YAML) and generate.
 
     ``overrides`` use profile option names: ``LLM("tiny:qwen3", max_concurrency=4,
-    prefill_chunk=64, dtype="fp32")``. ``lora_modules`` maps adapter names to PEFT
-    adapter paths to load right away (see :meth:`load_lora`).
+    prefill_chunk=64, dtype="fp32")``. ``max_num_seqs`` (as in vLLM) lets offline runs
+    decode more sequences together than the server's 1..8 admission range allows.
+    ``lora_modules`` maps adapter names to PEFT adapter paths to load right away (see
+    :meth:`load_lora`).
     """
 
     def __init__(
@@ -33,8 +37,11 @@ class LLM:
         model_path_or_profile: Optional[str] = None,
         *,
         lora_modules: Optional[dict[str, str]] = None,
+        max_num_seqs: Optional[int] = None,
         **overrides: Any,
     ):
+        import attrs
+
         from ninfer.profile import load_profile, resolve
 
         if model_path_or_profile is not None and _is_profile(model_path_or_profile):
@@ -42,6 +49,12 @@ class LLM:
         else:
             profile = load_profile(None, model=model_path_or_profile, overrides=overrides)
         self.profile = resolve(profile)
+        if max_num_seqs is not None:
+            # offline use may batch beyond the server's admission range (engine.max_concurrency)
+            if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
+                raise ValueError(f"max_num_seqs must be in 1..{MAX_NUM_SEQS}, got {max_num_seqs}")
+            engine = attrs.evolve(self.profile.engine, max_concurrency=max_num_seqs)
+            self.profile = attrs.evolve(self.profile, engine=engine)
         self.registry = load_registry(self.profile.plugins.allow)
         self.loaded: LoadedEngine = build_engine(self.profile, self.registry)
         self.engine = self.loaded.engine
@@ -132,23 +145,25 @@ class LLM:
     ) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         by_id: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
-        for position, (text, ids, params) in enumerate(requests):
-            lora_name = lora_names[position] if lora_names is not None else None
-            result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
-            outputs.append(result)
-            for index in range(params.n):
-                sub = params
-                if params.n > 1:  # each sample is its own engine request with its own seed
-                    seed = params.seed + index if params.seed is not None else random.getrandbits(63)
-                    sub = _evolve(params, n=1, seed=seed)
-                rid = f"{result.request_id}-{index}"
-                completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
-                result.outputs.append(completion)
-                by_id[rid] = (result, completion)
-                self.engine.add_request(
-                    EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name)
-                )
         try:
+            # A request the engine refuses (e.g. a guide that does not compile) withdraws
+            # the ones queued before it: nothing of this call is left in the engine.
+            for position, (text, ids, params) in enumerate(requests):
+                lora_name = lora_names[position] if lora_names is not None else None
+                result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
+                outputs.append(result)
+                for index in range(params.n):
+                    sub = params
+                    if params.n > 1:  # each sample is its own engine request with its own seed
+                        seed = params.seed + index if params.seed is not None else random.getrandbits(63)
+                        sub = _evolve(params, n=1, seed=seed)
+                    rid = f"{result.request_id}-{index}"
+                    completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
+                    result.outputs.append(completion)
+                    by_id[rid] = (result, completion)
+                    self.engine.add_request(
+                        EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name)
+                    )
             while self.engine.has_unfinished():
                 for event in self.engine.step():
                     _apply(event, *by_id[event.request_id])

@@ -8,6 +8,7 @@ from typing import Optional
 import attrs
 
 from ninfer.errors import InvalidRequestError
+from ninfer.guided.spec import GuideSpec
 
 #: the most top-N log probabilities a request may ask for per token
 MAX_LOGPROBS = 50
@@ -47,6 +48,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = attrs.field(factory=dict)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    #: constrain the output (see :mod:`ninfer.guided.spec`); with thinking on it applies
+    #: from the end of the reasoning channel
+    guided: Optional[GuideSpec] = None
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.stop, str):

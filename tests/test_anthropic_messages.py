@@ -173,7 +173,7 @@ def test_tools_and_tool_history(client):
     assert create(client, messages=history, tools=[TOOL], tool_choice={"type": "none"}).usage.input_tokens \
         < ran.usage.input_tokens + ran.usage.cache_read_input_tokens  # tool_choice none renders no tools
     with pytest.raises(anthropic.BadRequestError) as info:
-        create(client, messages=history, tools=[TOOL], tool_choice={"type": "any"})
+        create(client, messages=history, tools=[TOOL], tool_choice={"type": "tool", "name": "get_time"})
     body = info.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "tool_choice" in body["error"]["message"] and body["request_id"].startswith("req_")

@@ -15,11 +15,12 @@ import torch
 pytest.importorskip("triton")
 
 from ninfer.model.forward_batch import ForwardBatch  # noqa: E402
-from ninfer_kernels import activation, attention, norm, ops, rope  # noqa: E402
+from ninfer_kernels import activation, attention, norm, ops, qk_norm_rope, rope  # noqa: E402
 from ninfer_kernels.triton import activation as t_activation  # noqa: E402
 from ninfer_kernels.triton import kv_write as t_kv_write  # noqa: E402
 from ninfer_kernels.triton import norm as t_norm  # noqa: E402
 from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
+from ninfer_kernels.triton import qk_norm_rope as t_qk_norm_rope  # noqa: E402
 from ninfer_kernels.triton import rope as t_rope  # noqa: E402
 
 torch.set_num_threads(2)
@@ -204,6 +205,23 @@ def test_apply_rope_matches_reference(head_dim, rotary_dim, dtype):
     torch.testing.assert_close(got_k, want_k, atol=TOL[dtype], rtol=TOL[dtype])
     assert torch.equal(got_q[..., rotary_dim:], q[..., rotary_dim:])
     assert torch.equal(q, fused[:, : 6 * head_dim].reshape(9, 6, head_dim))  # inputs untouched
+
+
+@pytest.mark.parametrize("head_dim,rotary_dim,dtype", [(32, 32, torch.float32), (32, 8, torch.float32),
+                                                       (24, 12, torch.bfloat16)])
+def test_qk_norm_rope_matches_reference(head_dim, rotary_dim, dtype):
+    gen = torch.Generator().manual_seed(3 * head_dim + rotary_dim)
+    table = rope.rope_cos_sin(256, rotary_dim, 1_000_000.0, dtype, DEVICE)
+    positions = torch.randint(0, 256, (9,), generator=gen).to(DEVICE)
+    fused = (torch.randn(9, 8 * head_dim, generator=gen) * 3).to(dtype).to(DEVICE)
+    q = fused[:, : 6 * head_dim].reshape(9, 6, head_dim)
+    k = fused[:, 6 * head_dim :].reshape(9, 2, head_dim)
+    qw, kw = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(DEVICE) for _ in range(2)]
+    want = qk_norm_rope.qk_norm_rope(q, k, qw, kw, 1e-6, positions, table, rotary_dim)
+    got = t_qk_norm_rope.qk_norm_rope(q, k, qw, kw, 1e-6, positions, table, rotary_dim)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=TOL[dtype], rtol=TOL[dtype])
 
 
 def test_every_op_has_a_triton_kernel():

@@ -13,13 +13,15 @@ from ninfer.model.loader import iter_weights, weight_files
 from ninfer.tiny.make import VOCAB_MULTIPLE, make_tiny
 
 FAMILIES = ["qwen3", "qwen3_moe"]
+#: hybrid Gated DeltaNet families (checkpoints built per test: conftest has fixtures for FAMILIES only)
+HYBRID = ["qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
 def _files(path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + HYBRID)
 def test_same_seed_gives_identical_files(family, tmp_path):
     a = make_tiny(tmp_path / "a", family, seed=3)
     b = make_tiny(tmp_path / "b", family, seed=3)
@@ -87,3 +89,31 @@ def test_cli_writes_sharded_checkpoint(tmp_path, capsys):
 def test_cli_rejects_unknown_family(tmp_path):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "x"), "--family", "llama9"])
+
+
+@pytest.mark.parametrize("family", HYBRID)
+def test_hybrid_checkpoints_load_in_transformers_with_mtp_weights(family, tmp_path):
+    """The text model loads without key mismatches; vision-language layouts load whole too."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    path = make_tiny(tmp_path / family, family, seed=0)
+    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config", config)
+    assert model.config.model_type == text["model_type"]
+    assert text["vocab_size"] == config["vocab_size"]  # the nested copy agrees with make_tiny's
+    names = dict(iter_weights(path))
+    mtp = [n for n in names if n.startswith("mtp.")]
+    assert "mtp.fc.weight" in mtp and any(n.startswith("mtp.layers.0.self_attn.") for n in mtp)
+    if "vision_config" in config:
+        assert any(n.startswith("model.visual.") for n in names)
+        full, info = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        assert not info["missing_keys"] and not info["mismatched_keys"]
+        assert type(full).__name__ == config["architectures"][0]
+
+
+def test_cli_writes_a_hybrid_family(tmp_path, capsys):
+    main([str(tmp_path / "next"), "--family", "qwen3_next"])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "next")
+    assert json.loads((tmp_path / "next" / "config.json").read_text())["architectures"] == ["Qwen3NextForCausalLM"]

@@ -223,7 +223,7 @@ def test_empty_input_probe_is_answered(client):
     ({"input": "x", "top_logprobs": 2}, 400, "unsupported_parameter", "top_logprobs"),
     ({"input": "x", "truncation": "auto"}, 400, "unsupported_parameter", "truncation"),
     ({"input": "x", "conversation": "conv_1"}, 400, "unsupported_parameter", "conversation"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, 400, "unsupported_parameter", "text.format"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "invalid_request", "text.format.type"),
     ({"input": "x", "service_tier": "priority"}, 400, "unsupported_parameter", "service_tier"),
     ({"input": "x", "temperature": 3}, 400, "invalid_request", "temperature"),
     ({"input": "x", "metadata": {"k": "v" * 513}}, 400, "invalid_request", "metadata.k"),

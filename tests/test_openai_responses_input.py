@@ -192,21 +192,20 @@ def test_namespaces_get_their_own_identity_and_hosted_tools_are_left_out():
 
 @pytest.mark.parametrize("tools, choice, parallel, param", [
     ([DIRECT, {"type": "web_search"}], {"type": "web_search"}, None, "tool_choice"),
-    ([DIRECT], "required", None, "tool_choice"),
-    ([DIRECT], {"type": "function", "name": "lookup"}, None, "tool_choice"),
+    ([DIRECT], "always", None, "tool_choice"),
+    ([DIRECT, NS], {"type": "function", "name": "lookup", "namespace": "other"}, None, "tool_choice.name"),
     ([DIRECT], {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}]}, None,
      "tool_choice.tools[0]"),
-    ([DIRECT], {"type": "allowed_tools", "mode": "required", "tools": []}, None, "tool_choice.mode"),
+    ([DIRECT], {"type": "allowed_tools", "mode": "sometimes", "tools": []}, None, "tool_choice.mode"),
     ([DIRECT], {"type": "allowed_tools", "tools": [{"type": "function", "name": "nope"}]}, None,
      "tool_choice.tools[0]"),
-    ([{**DIRECT, "strict": True}], None, None, "tools[0].strict"),
+    ([{**DIRECT, "strict": "yes"}], None, None, "tools[0].strict"),
     ([{"type": "custom", "name": "patch"}], None, None, "tools[0].type"),
     ([DIRECT, DIRECT], None, None, "tools[1]"),
     ([{"type": "function", "name": "crm.lookup"}, NS], None, None, "tools[1].tools[0]"),
     ([{**DIRECT, "defer_loading": True}], None, None, "tools[0].defer_loading"),
     ([{"type": "namespace", "name": "n", "tools": [{"type": "custom", "name": "x"}]}], None, None,
      "tools[0].tools[0].type"),
-    ([DIRECT], None, False, "parallel_tool_calls"),
     ([{"type": "mystery"}], None, None, "tools[0].type"),
 ])
 def test_tool_configurations_that_cannot_be_honoured_fail(tools, choice, parallel, param):

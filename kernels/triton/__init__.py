@@ -11,10 +11,15 @@ import importlib.util
 if importlib.util.find_spec("triton") is not None:
     from ninfer_kernels import ops
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
-    from ninfer_kernels.triton import activation, kv_write, norm, paged_attention, rope
+    from ninfer_kernels.triton import (
+        activation, causal_conv, gated_delta, kv_write, norm, paged_attention, qk_norm_rope, rope,
+    )
 
     ops.register_triton("rms_norm", norm.rms_norm)
     ops.register_triton("apply_rope", rope.apply_rope)
     ops.register_triton("silu_and_mul", activation.silu_and_mul)
     ops.register_triton("write_kv", kv_write.write_kv)
     ops.register_triton("paged_attention", paged_attention.paged_attention)
+    ops.register_triton("qk_norm_rope", qk_norm_rope.qk_norm_rope)
+    ops.register_triton("causal_conv1d", causal_conv.causal_conv1d)
+    ops.register_triton("gated_delta_rule", gated_delta.gated_delta_rule)

@@ -3,8 +3,8 @@
 The runner feeds the engine directly (``add_request`` / ``step``) and keeps at most
 ``batch_size`` requests in flight: a finished request's slot is refilled at once, in
 input order, and results are stored by input position. A request that cannot run
-(media content, guided decoding, an adapter this build cannot load, a prompt too long
-for the context) gets an error result; the others still run.
+(media content, a guide that does not compile, an adapter this build cannot load, a
+prompt too long for the context) gets an error result; the others still run.
 
 Prompt rule without the chat template: the text of every message, in order, joined
 with nothing between them; roles are dropped and a content array contributes its text
@@ -13,6 +13,9 @@ parts in order. The generation prompt and thinking switch only shape templated p
 Log probabilities are batch-uniform as the input format asks: requests are grouped by
 input position into consecutive groups of ``batch_size``, and every request of a group
 receives the largest ``num_logprobs`` any of them asked for.
+
+A guide the backend refuses (a bad schema, pattern or grammar) fails its request with
+the guide's JSON path in front of the message, like the input file's own errors.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Callable, Optional
 import jinja2
 from tqdm import tqdm
 
+from ninfer.batch.guides import guide_spec
 from ninfer.batch.lora_hook import apply_lora
 from ninfer.batch.schema import BatchInput, BatchRequest
 from ninfer.engine.request import EngineRequest, GenerationEvent
@@ -132,8 +136,6 @@ class _Preparer:
         if req.media_item is not None:
             kind, path = req.media_item
             raise RequestFailed(f"{kind} content is not supported in this build ({path}); only text parts run")
-        if req.guided_decoding is not None:
-            raise RequestFailed("guided decoding is not available in this build")
         if req.lora_name is not None and not self.lora_field:
             raise RequestFailed("LoRA is not available in this build")
         if req.lora_name is not None and self.lora_error is not None:
@@ -157,6 +159,7 @@ class _Preparer:
             stop=list(req.stop),
             logprobs=k if k > 0 else None,
             logit_bias={t: b for t, b in req.logit_bias.items() if t < self.vocab_size},
+            guided=guide_spec(req.guided_decoding, req.guided_decoding_path) if req.guided_decoding else None,
         )
         use_cache = self.batch.lookup_policy == "use_cache"
         extra = {"lora_name": req.lora_name} if req.lora_name is not None else {}
@@ -212,6 +215,16 @@ def _record(result: RequestResult, event: GenerationEvent) -> None:
         result.error = event.error.message
 
 
+def _error_text(error: Exception, req: Optional[EngineRequest]) -> str:
+    """The result's error; a refused guide is named by its path in the input file."""
+    message = getattr(error, "message", None) or str(error)
+    guide = req.params.guided if req is not None else None
+    param = getattr(error, "param", None)
+    if guide is not None and param is not None and (param == guide.param or param.startswith(guide.param + ".")):
+        return f"{param}: {message}"
+    return message
+
+
 def _fail(result: RequestResult, message: str) -> None:
     result.finish_reason, result.error = "error", message
 
@@ -232,11 +245,12 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
             while queue or in_flight:
                 while queue and len(in_flight) < batch.batch_size:
                     req = queue.popleft()
+                    engine_req = None
                     try:
                         engine_req = prepare(req)
                         engine.add_request(engine_req)
                     except (RequestFailed, NinferError, ValueError, jinja2.TemplateError) as e:
-                        _fail(results[req.index], getattr(e, "message", None) or str(e))
+                        _fail(results[req.index], _error_text(e, engine_req))
                         bar.update(1)
                         continue
                     in_flight[engine_req.request_id] = results[req.index]

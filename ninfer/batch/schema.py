@@ -3,8 +3,8 @@
 Every problem is reported under its JSON path (``requests[3].logit_bias["12"]``), all of
 them in one pass. Fields the format does not know are warnings, not errors, so files
 written for other runtimes still run. A ``null`` value means the field is not set.
-Nothing here needs the model: token ids past the vocabulary and features this build
-lacks (media, guided decoding, LoRA) are decided per request by the runner.
+Nothing here needs the model: token ids past the vocabulary, features this build lacks
+(media, LoRA) and whether a guide compiles are decided per request by the runner.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class BatchRequest:
     num_logprobs: int = 0
     stop: list[str] = field(default_factory=list)
     guided_decoding: Optional[dict[str, Any]] = None
+    #: JSON path of the guide in force (the request's own, or the top-level default)
+    guided_decoding_path: str = "guided_decoding"
     #: ``(type, JSON path)`` of the first image/audio/video item, if any
     media_item: Optional[tuple[str, str]] = None
 
@@ -340,5 +342,6 @@ def _request(r: _Reader, i: int, req: Any, defaults: dict[str, Any], loras: dict
         num_logprobs=r.integer(req, "num_logprobs", path, 0, MAX_LOGPROBS, defaults["num_logprobs"]),
         stop=r.stop(req["stop"], _at(path, "stop")) if req.get("stop") is not None else [],
         guided_decoding=defaults["guided_decoding"] if guide is None else r.guide(guide, _at(path, "guided_decoding")),
+        guided_decoding_path="guided_decoding" if guide is None else _at(path, "guided_decoding"),
         media_item=media,
     )

@@ -1,4 +1,9 @@
-"""The same workloads through Hugging Face transformers ``generate`` (the baseline)."""
+"""The same workloads through Hugging Face transformers ``generate`` (the baseline).
+
+Two setups: ``dynamic`` is plain ``generate`` (dynamic KV cache, eager); ``compiled``
+uses a static cache with transformers' automatic ``torch.compile`` of the decode step,
+warmed by one untimed run of identical shapes so compilation is not timed.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import time
 import torch
 
 from ninfer.bench.workload import Workload
+
+SETUPS = ("dynamic", "compiled")
 
 
 def load_hf(model_dir: str, dtype: torch.dtype, device: torch.device):
@@ -17,7 +24,15 @@ def load_hf(model_dir: str, dtype: torch.dtype, device: torch.device):
     return model
 
 
-def _generate(model, prompts: list[list[int]], new_tokens: int, device) -> float:
+def _setup_kwargs(setup: str) -> dict:
+    if setup == "dynamic":
+        return {}
+    from transformers import CompileConfig
+
+    return {"cache_implementation": "static", "compile_config": CompileConfig(fullgraph=True)}
+
+
+def _generate(model, prompts: list[list[int]], new_tokens: int, device, setup: str = "dynamic") -> float:
     """Left-padded batch, EOS ignored (min_new_tokens); returns seconds."""
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -31,7 +46,7 @@ def _generate(model, prompts: list[list[int]], new_tokens: int, device) -> float
     start = time.perf_counter()
     with torch.no_grad():
         model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                       do_sample=False, pad_token_id=0)
+                       do_sample=False, pad_token_id=0, **_setup_kwargs(setup))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
@@ -46,11 +61,13 @@ def offline_throughput(model, work: Workload, batch: int, device) -> dict:
     return {"output_tokens": work.output_tokens, "seconds": seconds, "output_tok_s": work.output_tokens / seconds}
 
 
-def decode_throughput(model, work: Workload, device) -> dict:
+def decode_throughput(model, work: Workload, device, setup: str = "dynamic") -> dict:
     """Whole-batch generate minus a one-token generate (the prefill) over the rest."""
     new = work.output_lens[0]
-    total = _generate(model, work.prompts, new, device)
-    prefill = _generate(model, work.prompts, 1, device)
+    if setup == "compiled":  # compile (and capture) on identical shapes, untimed
+        _generate(model, work.prompts, new, device, setup)
+    total = _generate(model, work.prompts, new, device, setup)
+    prefill = _generate(model, work.prompts, 1, device, setup)
     tokens = len(work.prompts) * (new - 1)
     seconds = max(total - prefill, 1e-9)
-    return {"decode_tokens": tokens, "seconds": seconds, "decode_tok_s": tokens / seconds}
+    return {"decode_tokens": tokens, "seconds": seconds, "decode_tok_s": tokens / seconds, "setup": setup}

@@ -1,19 +1,25 @@
 """``ninfer-bench``: throughput figures as JSON lines, ours beside transformers'.
 
 Examples: ``ninfer-bench tiny:qwen3 --device cpu --num-requests 32`` (CPU, the tiny
-model); ``ninfer-bench random:qwen3-8b`` (GPU, a full-size random checkpoint written once
-into the cache).
+model); ``ninfer-bench --suite gpu`` (on CUDA: copy bandwidth, decode at concurrency 1,
+8, 32 and 64 with bandwidth utilisation, and 2k/8k prefill on a Qwen3-8B-shaped random
+checkpoint, transformers dynamic and static+compiled beside us; then nano-vllm's
+offline setup on a Qwen3-0.6B shape). Random checkpoints are written once into the cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 
-from ninfer.bench import hf_runs, ninfer_runs
-from ninfer.bench.workload import fixed_workload, random_workload
+#: ``--suite gpu``: the issue's figure set in one run
+GPU_SUITE = dict(
+    model="random:qwen3-8b", only="bandwidth,decode,prefill,offline", concurrency="1,8,32,64",
+    hf_dynamic="1,8,32,64", hf_compiled="1,8", prefill_lens="2048,8192", offline_model="random:qwen3-0.6b",
+    num_requests=256, input_len=(100, 1024), output_len=(100, 1024), max_concurrency=256, prefill_chunk=8192,
+    no_hf_offline=True,
+)
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -21,40 +27,43 @@ def _range(text: str) -> tuple[int, int]:
     return int(lo), int(hi or lo)
 
 
+def _ints(text: str) -> list[int]:
+    return [int(c) for c in text.split(",") if c]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=__doc__)
     p.add_argument("model", nargs="?", default="tiny:qwen3", help="checkpoint dir, tiny:FAMILY, or random:SHAPE ("
                    "qwen3-0.6b, qwen3-8b); default tiny:qwen3")
+    p.add_argument("--suite", choices=["gpu"], help="preset figure set (see above); explicit flags still apply")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--only", default="offline,decode", help="figures: bandwidth, decode, prefill, offline, guided")
     p.add_argument("--num-requests", type=int, default=64, help="offline run: number of requests")
     p.add_argument("--input-len", type=_range, default=(100, 1024), help="offline prompt lengths LO,HI (uniform)")
     p.add_argument("--output-len", type=_range, default=(100, 1024), help="offline output lengths LO,HI (uniform)")
+    p.add_argument("--offline-model", help="run the offline figure on this model instead (loaded afterwards)")
     p.add_argument("--concurrency", default="1,8", help="decode runs: comma-separated concurrency levels")
     p.add_argument("--decode-prompt-len", type=int, default=512)
     p.add_argument("--decode-output-len", type=int, default=256)
+    p.add_argument("--prefill-lens", default="2048,8192", help="prefill runs: prompt lengths")
     p.add_argument("--max-concurrency", type=int, default=8, help="engine admission limit for the offline run")
     p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly")
     p.add_argument("--hf-batch", type=int, default=16, help="transformers offline batch size")
-    p.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
-    p.add_argument("--only", default="offline,decode", help="which figures: offline, decode")
+    p.add_argument("--hf-dynamic", help="transformers dynamic-cache decode levels (default: --concurrency)")
+    p.add_argument("--hf-compiled", default="", help="transformers static-cache + compile decode levels")
+    p.add_argument("--no-transformers", action="store_true", help="skip the transformers baselines")
+    p.add_argument("--no-hf-offline", action="store_true", help="skip transformers in the offline figure only")
+    p.add_argument("--guided", help="also the guided-decoding overhead figure for these guides (comma-separated: "
+                   "json_schema, json_object, regex, ebnf) at each --concurrency level")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
-
-
-def _resolve_random(model: str, device: str, dtype: str) -> str:
-    """``random:SHAPE`` -> a cached full-size random checkpoint (built on first use)."""
-    if not model.startswith("random:"):
-        return model
-    from ninfer.bench.random_checkpoint import make_random_checkpoint
-    from ninfer.engine.builder import resolve_device, resolve_dtype
-    from ninfer.tiny.cache import cache_root
-
-    shape = model.split(":", 1)[1]
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    out = cache_root().parent / "random" / f"{shape}-{str(torch_dtype).replace('torch.', '')}"
-    return str(make_random_checkpoint(out, shape, torch_dtype, dev))
+    if p.parse_known_args(argv)[0].suite == "gpu":
+        p.set_defaults(**GPU_SUITE)  # explicit flags still win
+    args = p.parse_args(argv)
+    if args.hf_dynamic is None:
+        args.hf_dynamic = args.concurrency
+    return args
 
 
 def emit(record: dict) -> None:
@@ -63,42 +72,36 @@ def emit(record: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ninfer import LLM
+    from ninfer.bench.figures import Bench
     from ninfer.log import setup_logging
 
     setup_logging("warning")
-    levels = [int(c) for c in args.concurrency.split(",") if c]
-    only = set(args.only.split(","))
-    max_c = max([args.max_concurrency] + levels)
-    longest = max(args.input_len[1] + args.output_len[1], args.decode_prompt_len + args.decode_output_len)
-    model = _resolve_random(args.model, args.device, args.dtype)
-    device = int(args.device) if args.device.isdigit() else args.device
-    llm = LLM(model, device=device, dtype=args.dtype, max_concurrency=max_c, max_context=longest,
-              kv_capacity=longest * max_c, prefill_chunk=args.prefill_chunk)
-    loaded = llm.loaded
-    vocab = loaded.tokenizer.vocab_size  # prompt ids the tokenizer knows
-    common = {"model": args.model, "device": str(loaded.device), "dtype": str(loaded.dtype).replace("torch.", ""),
-              "host": platform.node()}
-    hf = None if args.no_transformers else hf_runs.load_hf(loaded.model_dir, loaded.dtype, loaded.device)
+    only = set(args.only.split(",")) | ({"guided"} if args.guided else set())
+    bench = Bench(args, emit)
+    levels, lens = _ints(args.concurrency), _ints(args.prefill_lens)
+    offline_here = "offline" in only and not args.offline_model
+    if only & {"bandwidth", "decode", "prefill", "guided"} or offline_here:
+        bench.load(args.model, levels if only & {"decode", "guided"} else [], lens if "prefill" in only else [],
+                   offline=offline_here,
+                   transformers=bool(only & {"decode", "prefill"}) or (offline_here and not args.no_hf_offline))
+        if "bandwidth" in only:
+            bench.bandwidth()
+        if "decode" in only:
+            bench.decode(levels, _ints(args.hf_dynamic), _ints(args.hf_compiled))
+        if "prefill" in only:
+            bench.prefill(lens)
+        if "guided" in only:
+            from ninfer.bench.guided import guided_overhead
 
-    if "offline" in only:
-        work = random_workload(args.num_requests, args.input_len, args.output_len, vocab, args.seed)
-        ours = ninfer_runs.offline_throughput(llm.engine, work)
-        emit({"figure": "offline_throughput", "engine": "ninfer", "requests": args.num_requests, **common, **ours})
-        if hf is not None:
-            theirs = hf_runs.offline_throughput(hf, work, args.hf_batch, loaded.device)
-            emit({"figure": "offline_throughput", "engine": "transformers", "requests": args.num_requests,
-                  "batch": args.hf_batch, **common, **theirs})
-            emit({"figure": "offline_throughput_ratio", "ninfer_over_transformers":
-                  ours["output_tok_s"] / theirs["output_tok_s"], **common})
-    if "decode" in only:
-        for c in levels:
-            work = fixed_workload(c, args.decode_prompt_len, args.decode_output_len, vocab, args.seed + c)
-            ours = ninfer_runs.decode_throughput(llm.engine, work)
-            emit({"figure": "decode", "engine": "ninfer", "concurrency": c, **common, **ours})
-            if hf is not None:
-                theirs = hf_runs.decode_throughput(hf, work, loaded.device)
-                emit({"figure": "decode", "engine": "transformers", "concurrency": c, **common, **theirs})
+            for record in guided_overhead(bench.llm.engine, bench.llm.get_tokenizer(),
+                                          (args.guided or "json_schema").split(","), levels,
+                                          args.decode_prompt_len, args.decode_output_len, args.seed):
+                emit({**record, **bench.common})
+        if offline_here:
+            bench.offline()
+    if "offline" in only and args.offline_model:
+        bench.load(args.offline_model, [], [], offline=True, transformers=not args.no_hf_offline)
+        bench.offline()
     return 0
 
 

@@ -10,7 +10,9 @@ from loguru import logger
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.defaults import ProcessSamplingOverrides
+from ninfer.engine.guided_setup import build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
+from ninfer.engine.state_setup import allocate_state_slots, state_pool_bytes
 from ninfer.model.loader import load_model
 from ninfer.tiny.cache import resolve_model_path
 from ninfer.tokenizer import Tokenizer
@@ -52,7 +54,9 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device) -> int:
     per_token = sum(2 * s.num_kv_heads * s.head_dim for s in model.attention_specs()) * kv_format.bytes_per_element(dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = free - (1 << 30)  # 1 GiB headroom for activations and the allocator
+        # 1 GiB headroom for activations and the allocator; hybrid families' recurrent
+        # state pool (one slot per admitted request) is allocated after the KV pool
+        budget = free - (1 << 30) - state_pool_bytes(model, profile.engine.max_concurrency)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency
 
@@ -95,8 +99,14 @@ def build_engine(profile, registry) -> LoadedEngine:
     presets = family.presets(config) if family.presets else None
     kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device)
     cfg = engine_config(profile, kv_tokens)
-    vocab_size = int(config["vocab_size"])
-    engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size)
+    # multimodal checkpoints (Qwen3.5/3.6) keep the text model's settings in text_config
+    vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+    guided = build_guided_decoding(profile, registry, tokenizer, family, vocab_size)
+    engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size, guided=guided)
+    allocate_state_slots(engine)  # hybrid families: recurrent-state pool and its slots
+    if profile.engine.cuda_graph and device.type == "cuda":
+        if not engine.runner.enable_cuda_graphs(cfg.max_concurrency, cfg.max_context):
+            logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
 

@@ -16,6 +16,9 @@ from loguru import logger
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.defaults import resolve_sampling
+from ninfer.engine.guided_masks import GuidedMasks
+from ninfer.engine.guided_setup import GuidedDecoding
+from ninfer.engine.guided_state import GuidedState
 from ninfer.engine.model_runner import ModelRunner
 from ninfer.engine.output_processor import RequestOutputState
 from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
@@ -23,7 +26,7 @@ from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
 from ninfer.engine.thinking_budget import ThinkingBudgetTracker
-from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError, UnsupportedFeatureError
 from ninfer.lora import LoraRegistry
 from ninfer.outputs import PositionLogprobs
 
@@ -34,10 +37,10 @@ MAX_FAILED_STEPS = 3
 class _Tracked:
     """Engine-side bookkeeping of one request."""
 
-    __slots__ = ("req", "seq", "out", "timings", "budget", "prompt_logprobs")
+    __slots__ = ("req", "seq", "out", "timings", "budget", "prompt_logprobs", "guided")
 
-    def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState):
-        self.req, self.seq, self.out = req, seq, out
+    def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState, guided: Optional[GuidedState]):
+        self.req, self.seq, self.out, self.guided = req, seq, out, guided
         self.timings = RequestTimings(arrival=seq.arrival_time)
         self.budget = ThinkingBudgetTracker(req.thinking_budget) if req.thinking_budget else None
         # prompt log probabilities gathered over the prefill chunks, until delivered
@@ -47,7 +50,18 @@ class _Tracked:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: EngineConfig, kv_format, presets, device, dtype, vocab_size: int):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: EngineConfig,
+        kv_format,
+        presets,
+        device,
+        dtype,
+        vocab_size: int,
+        guided: Optional[GuidedDecoding] = None,
+    ):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.presets, self.device, self.vocab_size = presets, device, vocab_size
         bs = config.block_size
@@ -62,6 +76,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk)
         self.loras = LoraRegistry(model)  # empty until LLM.load_lora / the batch runner adds adapters
         self.runner = ModelRunner(model, bs, device, vocab_size, self.loras)
+        #: guided decoding (None: off); the runner masks the guided rows it samples
+        self.guided = guided
+        self.guided_masks = (
+            GuidedMasks(guided.compiler, vocab_size, device, config.max_concurrency) if guided is not None else None
+        )
+        self.runner.guided = self.guided_masks
         self.stats = EngineStats()
         self.eos_token_ids = list(tokenizer.eos_token_ids)
         self._requests: dict[str, _Tracked] = {}
@@ -85,6 +105,7 @@ class LLMEngine:
         max_tokens = self._output_budget(n_prompt, params.max_tokens)
         thinking = self.config.thinking if req.thinking is None else req.thinking
         lora_slot = self.lora_slot(req.lora_name)
+        guided = self._guided_state(req, thinking)
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request_id=req.request_id,
@@ -106,10 +127,24 @@ class LLMEngine:
                 param="max_tokens",
             )
         out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)
-        self._requests[req.request_id] = _Tracked(req, seq, out)
+        self._requests[req.request_id] = _Tracked(req, seq, out, guided)
         self.scheduler.add(seq)
+        if guided is not None:
+            self.guided_masks.track(seq.seq_id, guided)
         if params.prompt_logprobs is not None:
             self._prompt_logprobs[seq.seq_id] = params.prompt_logprobs
+
+    def _guided_state(self, req: EngineRequest, thinking: bool) -> Optional[GuidedState]:
+        """Compile the request's guide (raising before anything is queued)."""
+        spec = req.params.guided
+        if spec is None:
+            return None
+        if self.guided is None:
+            raise UnsupportedFeatureError(
+                "guided decoding is turned off on this server (guided.backend: none, or no backend installed)",
+                param=spec.param,
+            )
+        return self.guided.start(spec, req.prompt_token_ids, thinking)
 
     def lora_slot(self, name: Optional[str]) -> int:
         """The slot of a loaded adapter (0 for None); an unknown name is the client's error."""
@@ -195,18 +230,21 @@ class LLMEngine:
             text = out.finish("length")
             self.scheduler.finish(seq, out.finish_reason)  # frees its slot and pages like any finish
             return self._final_event(tracked, text, [], prompt_logprobs=prompt_lps)
-        seq.token_ids.append(row.token_id)
         tracked.timings.first_token = tracked.timings.first_token or now
         tracked.timings.last_token = now
-        text = out.on_token(row.token_id)
-        committed = [row.token_id]
+        committed: list[int] = []
+        text = self._append(tracked, row.token_id, committed)
+        # Tokens committed unsampled: the thinking budget's close, then the separator a
+        # guide waits for after reasoning. The next step computes them like a short
+        # prefill and samples after them.
         if tracked.budget is not None and not out.finished:
-            # At the thinking budget the close tokens are committed unsampled; the next
-            # step computes them like a short prefill and samples after them.
             for forced in tracked.budget.on_token(row.token_id, seq.num_output_tokens - 1):
-                seq.token_ids.append(forced)
-                committed.append(forced)
-                text += out.on_token(forced)
+                text += self._append(tracked, forced, committed)
+                if out.finished:
+                    break
+        if tracked.guided is not None and not out.finished:
+            for forced in tracked.guided.owed():
+                text += self._append(tracked, forced, committed)
                 if out.finished:
                     break
         logprobs = None
@@ -218,6 +256,18 @@ class LLMEngine:
             self.scheduler.finish(seq, out.finish_reason)
             return self._final_event(tracked, text, committed, logprobs, prompt_lps)
         return self._event(tracked, text, committed, logprobs, prompt_lps)
+
+    def _append(self, tracked: _Tracked, token_id: int, committed: list[int]) -> str:
+        """Commit one output token; returns the text it releases."""
+        tracked.seq.token_ids.append(token_id)
+        committed.append(token_id)
+        out, guided = tracked.out, tracked.guided
+        text = out.on_token(token_id)
+        if guided is not None and not out.finished:
+            guided.on_token(token_id)  # raises GuideRejectedError, failing this request alone
+            if guided.finished:  # the guide allows nothing more
+                text += out.finish("stop")
+        return text
 
     def _event(
         self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None, **final
@@ -240,8 +290,7 @@ class LLMEngine:
     def _final_event(
         self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None
     ) -> GenerationEvent:
-        self._requests.pop(tracked.seq.request_id, None)
-        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
+        self._forget(tracked)
         self.stats.record_finish(tracked.seq)
         return self._event(
             tracked,
@@ -256,10 +305,15 @@ class LLMEngine:
 
     def _error_event(self, tracked: _Tracked, exc: Exception) -> GenerationEvent:
         self.scheduler.abort(tracked.seq)
-        self._requests.pop(tracked.seq.request_id, None)
-        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
+        self._forget(tracked)
         error = exc if isinstance(exc, NinferError) else NinferError(f"internal error: {type(exc).__name__}")
         return self._event(tracked, "", [], finished=True, finish_reason="error", error=error)
+
+    def _forget(self, tracked: _Tracked) -> None:
+        self._requests.pop(tracked.seq.request_id, None)
+        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
+        if self.guided_masks is not None:
+            self.guided_masks.forget(tracked.seq.seq_id)
 
     def fail_all(self, error: NinferError) -> list[GenerationEvent]:
         """End every request with ``error`` (the engine is going away)."""

@@ -15,6 +15,7 @@ from typing import Mapping, Optional
 
 import torch
 
+from ninfer.engine.cuda_graph import DecodeGraphs, can_capture
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
@@ -44,6 +45,34 @@ class ModelRunner:
         self.device = device
         self.vocab_size = vocab_size
         self.sampler = Sampler()
+        self.graphs: Optional[DecodeGraphs] = None
+        #: guided decoding's mask source (ninfer.engine.guided_masks.GuidedMasks); the engine sets it
+        self.guided = None
+
+    def enable_cuda_graphs(self, max_batch: int, max_context: int) -> bool:
+        """Capture decode graphs when the device and the model allow it; False otherwise."""
+        if self.device.type != "cuda" or not can_capture(self.model):
+            return False
+        self.graphs = DecodeGraphs(self.model, max_batch, max_context, self.block_size, self.device)
+        self.graphs.capture()
+        return True
+
+    def _replayable(self, sched: SchedulerOutput, prompt_logprobs) -> bool:
+        chunks = sched.chunks
+        return (
+            self.graphs is not None
+            and not prompt_logprobs
+            and all(c.num_tokens == 1 and c.sample for c in chunks)
+            and self.graphs.bucket_for(len(chunks)) is not None
+            and (not self.loras or all(c.seq.lora_slot == 0 for c in chunks))
+            and chunks[0].seq.state_slot is None
+        )
+
+    def _replay(self, sched: SchedulerOutput) -> tuple[torch.Tensor, ForwardBatch]:
+        seqs = [c.seq for c in sched.chunks]
+        positions = [s.num_computed_tokens for s in seqs]
+        tokens = [s.token_ids[p] for s, p in zip(seqs, positions)]
+        return self.graphs.run(tokens, positions, [s.block_table for s in seqs])
 
     def build_batch(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
         chunks = sched.chunks
@@ -82,6 +111,8 @@ class ModelRunner:
             query_lens_host=q_lens,
             seq_lens_host=seq_lens,
         )
+        if chunks[0].seq.state_slot is not None:  # the family keeps recurrent state
+            batch.state_slots = torch.tensor([c.seq.state_slot for c in chunks], dtype=torch.int64, device=dev)
         if self.loras:
             batch.lora = LoraBatch.build([c.seq.lora_slot for c in chunks], q_lens, dev)
         ids = torch.tensor(input_ids, dtype=torch.int64).to(dev)
@@ -93,6 +124,9 @@ class ModelRunner:
     ) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
         """Run one step: one row per chunk with ``sample`` set, in order, and the prompt
         positions scored for the sequences in ``prompt_logprobs`` (seq id -> top-N)."""
+        if self._replayable(sched, prompt_logprobs):
+            hidden, batch = self._replay(sched)
+            return self._sample(sched, hidden, batch), {}
         input_ids, positions, batch = self.build_batch(sched)
         if batch.lora is None:
             hidden = self.model(input_ids, positions, batch)
@@ -149,6 +183,8 @@ class ModelRunner:
         sampled = [c for c in sched.chunks if c.sample]
         if not sampled:
             return []
+        # guided rows' masks, filled on the host while the device still runs the forward pass
+        token_mask = self.guided.masks([c.seq.seq_id for c in sampled]) if self.guided else None
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         settings = [c.seq.sampling for c in sampled]
         # Token histories are only copied out when some row applies penalties.
@@ -160,6 +196,7 @@ class ModelRunner:
             prompt_token_ids=[c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in sampled],
             vocab_size=logits.shape[-1],
             device=self.device,
+            token_mask=token_mask,
         )
         out = self.sampler(logits, meta)
         token_ids = out.token_ids.tolist()  # the step's one host sync

@@ -11,8 +11,11 @@ a counter-based integer hash on the device. A seeded request therefore draws the
 tokens whatever shares its batch, and the token a row draws does not depend on whether
 the filters ran over the whole vocabulary or over a ranked top-k slice.
 
+Guided rows then lose every token their guide forbids (after the penalties, so greedy
+and random rows alike choose among the allowed tokens only).
+
 Log probabilities describe the model's distribution with the logit bias applied, before
-penalties, temperature and filters: ``log_softmax(logits + bias)``.
+penalties, temperature, filters and guide masks: ``log_softmax(logits + bias)``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Optional
 import attrs
 import torch
 
-from ninfer.engine.sampling_metadata import SamplingMetadata
+from ninfer.engine.sampling_metadata import SamplingMetadata, TokenMask
 
 # splitmix64 constants, as signed 64-bit values (torch has no unsigned 64-bit arithmetic)
 _GOLDEN_GAMMA = 0x9E3779B97F4A7C15 - 2**64
@@ -54,6 +57,8 @@ class Sampler:
             logits = logits.index_put((meta.bias_rows, meta.bias_token_ids), meta.bias_values, accumulate=True)
         base_logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         logits = _apply_penalties(logits, meta)
+        if meta.token_mask is not None:
+            logits = apply_token_mask(logits, meta.token_mask)
         if meta.all_greedy:
             token_ids = logits.argmax(dim=-1)
         else:
@@ -81,6 +86,15 @@ def _apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tens
         counts = meta.output_counts
         logits = logits - meta.frequency_penalty * counts - meta.presence_penalty * (counts > 0)
     return logits
+
+
+def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> torch.Tensor:
+    """``logits`` with the tokens each guided row may not take set to -inf."""
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (mask.bitmask.unsqueeze(-1) >> shifts) & 1  # [G, words, 32]: arithmetic shift is fine for one bit
+    allowed = bits.flatten(1)[:, : logits.shape[-1]].bool()
+    guided = logits.index_select(0, mask.rows).masked_fill(~allowed, -torch.inf)
+    return logits.index_copy(0, mask.rows, guided)
 
 
 def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -20,6 +20,16 @@ TOP_P_OFF = 2.0
 
 
 @attrs.frozen(eq=False)
+class TokenMask:
+    """The tokens guided rows may take this step (see :mod:`ninfer.engine.guided_masks`)."""
+
+    #: int64 [G]: which rows of the batch are guided
+    rows: torch.Tensor
+    #: int32 [G, ceil(V / 32)]: bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed
+    bitmask: torch.Tensor
+
+
+@attrs.frozen(eq=False)
 class SamplingMetadata:
     """Row settings as ``[B]``/``[B, 1]`` tensors on the sampling device.
 
@@ -59,6 +69,8 @@ class SamplingMetadata:
     bias_values: Optional[torch.Tensor] = None
     #: the most top log probabilities any row asked for; None when no row wants logprobs
     max_num_logprobs: Optional[int] = None
+    #: guided decoding's allowed tokens; None when no row is guided this step
+    token_mask: Optional[TokenMask] = None
 
     @classmethod
     def build(
@@ -69,6 +81,7 @@ class SamplingMetadata:
         prompt_token_ids: Sequence[Sequence[int]],
         vocab_size: int,
         device: torch.device | str,
+        token_mask: Optional[TokenMask] = None,
     ) -> SamplingMetadata:
         """``output_positions[i]`` is the index, within row i's output, of the token sampled now."""
         n = len(rows)
@@ -90,6 +103,7 @@ class SamplingMetadata:
             vocab_size=vocab_size,
             all_greedy=all_greedy,
             max_num_logprobs=max(wanted) if wanted else None,
+            token_mask=token_mask,
             **fields,
         )
 

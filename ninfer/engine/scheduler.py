@@ -3,6 +3,9 @@
 There are no separate prefill and decode phases. Each step carries every decode-ready
 sequence (one token each) plus chunks of pending prompt from sequences still
 prefilling, oldest admission first, until the step's token budget is spent.
+
+For models with recurrent state, admission also needs a free state slot (see
+:mod:`ninfer.engine.state_slots`), and finishing a sequence returns it.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from loguru import logger
+
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.sequence import Sequence, SequenceStatus
+from ninfer.engine.state_slots import StateSlots
 from ninfer.errors import ContextLengthExceededError
 
 
@@ -49,6 +55,7 @@ class Scheduler:
         max_concurrency: int,
         prefill_chunk: int,
         max_batched_tokens: Optional[int] = None,
+        state_slots: Optional[StateSlots] = None,
     ) -> None:
         if max_concurrency < 1 or prefill_chunk < 1:
             raise ValueError("max_concurrency and prefill_chunk must be >= 1")
@@ -66,6 +73,23 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
+        self.state_slots: Optional[StateSlots] = None
+        if state_slots is not None:
+            self.attach_state_slots(state_slots)
+
+    def attach_state_slots(self, slots: StateSlots) -> None:
+        """Serve a model with recurrent state: one slot per admitted sequence.
+
+        Prefix reuse is switched off with it. Cached KV pages cover only the attention
+        layers; resuming after a cached prefix would also need the recurrent state at
+        exactly that token, which nothing snapshots yet, so reuse could not stay exact.
+        """
+        if self.running:
+            raise RuntimeError("state slots must be attached before any request is admitted")
+        self.state_slots = slots
+        if self.block_manager.enable_prefix_reuse:
+            self.block_manager.enable_prefix_reuse = False
+            logger.info("prefix reuse is off for this model family: its recurrent state has no snapshots yet")
 
     # -- gauges ---------------------------------------------------------------------
 
@@ -122,6 +146,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        if self.state_slots is not None:
+            self.state_slots.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
@@ -137,10 +163,14 @@ class Scheduler:
         admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_concurrency:
             head = self.waiting[0]
+            if self.state_slots is not None and not self.state_slots.can_take():
+                break  # strict FIFO, as for pages below
             if not self.block_manager.can_allocate(head):
                 break  # strict FIFO: nobody overtakes a head that is waiting for pages
             self.waiting.popleft()
             self.block_manager.allocate(head)
+            if self.state_slots is not None:
+                self.state_slots.take(head)
             head.status = SequenceStatus.RUNNING
             head.admitted_time = time.monotonic()
             self.running.append(head)

@@ -62,7 +62,9 @@ class ToolCallParseStats:
     omitted_empty_args: int = 0  # empty blocks of non-string parameters dropped
     mismatched_args: int = 0  # arguments kept although not of a declared type
     #: first reason markup went back to text: none, malformed_structure, duplicate_parameter,
-    #: invalid_tool_name, undeclared_tool or trailing_content
+    #: invalid_tool_name, undeclared_tool or trailing_content; or truncated_call when a
+    #: call already streaming (tolerant mode) broke off and was closed early (it still counts
+    #: in ``calls``; the raw text after what its arguments stand for went out as text)
     fallback_reason: str = "none"
 
     def fell_back(self, reason: str) -> None:

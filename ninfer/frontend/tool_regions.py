@@ -2,19 +2,25 @@
 
 Answer text streams out at once. Only two things are held back: a suffix that could
 still grow into the opening marker (plus the whitespace just before it, which separates
-prose from a call), and a call region until its structure is decided. A region is
-never streamed as a call before it is known to be one, so markup that turns out to be
-malformed goes back out as ordinary text with every byte in place.
+prose from a call), and a call region until its structure is decided.
 
 Rules for what surrounds the calls (the region is everything from the first call to
 the end of the output):
 
-* strict (default): after a call only whitespace and further calls may follow. Calls
-  are therefore released when the output ends; text after a call, a missing closing
-  tag or any malformed later call returns the whole region to text.
-* tolerant (``--tolerant-tool-calls``): each complete call is released as soon as it
-  is complete; a missing or garbled closing tag and text after a call stay text while
-  the complete calls are kept.
+* strict (default): a region is never streamed as calls before it is known to be
+  valid, so markup that turns out to be malformed goes back out as ordinary text with
+  every byte in place. After a call only whitespace and further calls may follow.
+  Calls are therefore released when the output ends; text after a call, a missing
+  closing tag or any malformed later call returns the whole region to text.
+* tolerant (``--tolerant-tool-calls``): a call streams as soon as its header names a
+  declared tool (the body decides when that is): the start first, then its arguments
+  JSON in pieces as each becomes certain. From then on the call is committed. If its
+  body later turns out malformed, or the output ends inside it, the call is closed with
+  the arguments streamed so far, completed into a valid JSON object (open strings and
+  containers closed), and the raw text after the last byte those arguments stand for
+  goes out as ordinary text (diagnostic reason ``truncated_call``). A call that breaks
+  before its header commits it, a missing or garbled closing tag and text after a call
+  stay text while the complete calls are kept.
 
 Whitespace separating a released call from text or from another call is formatting
 and is dropped; a region that falls back returns with its separating whitespace.
@@ -67,10 +73,25 @@ class ParsedCall:
 
 
 class CallBody(Protocol):
-    """Parses one call body, resuming where it stopped; offsets index the parser buffer."""
+    """Parses one call body, resuming where it stopped; offsets index the parser buffer.
+
+    ``name`` is set once the text read so far commits the call to a declared tool;
+    from then on :meth:`take` yields the arguments JSON as it becomes certain (every
+    piece a prefix of what follows). Only tolerant parsers stream, but bodies keep this
+    up in both modes.
+    """
+
+    name: str | None
 
     def step(self, buf: str, final: bool) -> ParsedCall | Malformed | None:
         """None while more text is needed (never when ``final``)."""
+
+    def take(self) -> str:
+        """Arguments text that became certain since the previous call."""
+
+    def salvage(self) -> ParsedCall:
+        """A committed call whose body broke: the arguments taken so far completed into
+        a JSON object, ending (``end``) where the text those arguments stand for ends."""
 
 
 def skip_space(buf: str, pos: int, limit: int = GAP_LIMIT + 1) -> int:
@@ -117,6 +138,7 @@ class TaggedToolParser:
         self._call: ParsedCall | None = None  # body parsed, closing tag pending
         self._held: list[ParsedCall] = []  # strict: complete calls awaiting the end
         self._index = 0
+        self._streamed: list[str] | None = None  # tolerant: arguments sent for the open call
 
     def new_body(self, start: int) -> CallBody:
         """A body parser for the call whose body starts at buffer offset ``start``."""
@@ -155,16 +177,34 @@ class TaggedToolParser:
         return True
 
     def _in_body(self, final: bool, out: list[Delta]) -> bool:
-        assert self._body is not None
-        result = self._body.step(self._buf, final)
+        body = self._body
+        assert body is not None
+        result = body.step(self._buf, final)
+        if self.tolerant and body.name is not None:
+            self._stream(body, out)
         if result is None:
             assert not final
             return False
-        if isinstance(result, Malformed):
+        if isinstance(result, Malformed) and self._streamed is not None:
+            call = body.salvage()  # committed: close it and scan what follows afresh
+            self.stats.fell_back("truncated_call")
+            out.extend(self._release(call))
+            self._buf, self._pos, self._body, self._mode = self._buf[call.end:], 0, None, _AFTER
+        elif isinstance(result, Malformed):
             self._fall_back(result.reason, result.at, out)
         else:
             self._call, self._pos, self._mode = result, result.end, _CLOSE
         return True
+
+    def _stream(self, body: CallBody, out: list[Delta]) -> None:
+        """Start the committed call once, then send its newly certain arguments."""
+        assert body.name is not None
+        if self._streamed is None:
+            self._streamed = []
+            out.append(ToolCallStart(self._index, new_call_id(), body.name))
+        if piece := body.take():
+            self._streamed.append(piece)
+            out.append(ToolCallArgs(self._index, piece))
 
     def _closing(self, final: bool, out: list[Delta]) -> bool:
         call = self._call
@@ -215,8 +255,11 @@ class TaggedToolParser:
         self.stats.calls += 1
         self.stats.omitted_empty_args += call.omitted
         self.stats.mismatched_args += call.mismatched
-        return [
-            ToolCallStart(index, new_call_id(), call.name),
-            ToolCallArgs(index, call.arguments),
-            ToolCallEnd(index, call.arguments),
-        ]
+        if self._streamed is None:
+            start: list[Delta] = [ToolCallStart(index, new_call_id(), call.name)]
+            rest = call.arguments
+        else:  # the start and a prefix of the arguments are out already
+            sent, self._streamed, start = "".join(self._streamed), None, []
+            assert call.arguments.startswith(sent), "streamed arguments must prefix the final ones"
+            rest = call.arguments[len(sent):]
+        return [*start, *([ToolCallArgs(index, rest)] if rest else []), ToolCallEnd(index, call.arguments)]

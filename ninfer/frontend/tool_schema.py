@@ -28,6 +28,11 @@ class ToolSpec:
 
     name: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: the client asked for arguments that follow ``parameters`` exactly (enforced by a
+    #: tool-call grammar whenever one is in force)
+    strict: bool = False
+    #: the request field holding ``parameters``, named by errors about the schema
+    param: str = "tools"
 
     def parameter_types(self, key: str) -> frozenset[str] | None:
         """The explicit types of top-level parameter ``key``; None means untyped."""

@@ -35,6 +35,10 @@ class ForwardBatch:
     query_lens_host: list[int] = field(default_factory=list)
     seq_lens_host: list[int] = field(default_factory=list)
     lora: Optional[LoraBatch] = None  # rows per LoRA adapter; None when no row uses one
+    #: int64 [B] recurrent-state slot per sequence (hybrid families; None otherwise). A
+    #: sequence whose chunk starts at position 0 starts from a zero state; any other
+    #: chunk continues from what its slot holds.
+    state_slots: Optional[torch.Tensor] = None
 
     @property
     def num_seqs(self) -> int:

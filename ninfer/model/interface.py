@@ -26,6 +26,11 @@ class CausalLM(nn.Module, abc.ABC):
     The engine allocates one KV cache per entry of :meth:`attention_specs` (through
     the selected KV-dtype plugin), hands them to :meth:`bind_kv_caches`, then calls
     :meth:`forward` once per step and :meth:`compute_logits` on the rows it samples.
+
+    Models with recurrent layers (hybrid families) also keep fixed-size state per
+    sequence outside the KV cache: the engine calls :meth:`allocate_state` once, gives
+    each admitted sequence one slot, and passes the slots in ``ForwardBatch.state_slots``.
+    The defaults below describe a model without such state.
     """
 
     @abc.abstractmethod
@@ -47,3 +52,11 @@ class CausalLM(nn.Module, abc.ABC):
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Consume checkpoint tensors by their Hugging Face names."""
+
+    def state_bytes_per_slot(self) -> int:
+        """Device bytes of recurrent state one sequence needs; 0 when the model keeps none."""
+        return 0
+
+    def allocate_state(self, num_slots: int, device: torch.device | str) -> int:
+        """Allocate state for ``num_slots`` concurrent sequences; returns the bytes taken."""
+        return 0

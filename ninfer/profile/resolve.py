@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ninfer.profile.schema import Profile
+from ninfer.profile.schema import GUIDED_OFF, Profile
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -54,6 +54,7 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
         ("speculative_backend", "speculative.backend", profile.speculative.backend),
         ("tool_parser", "tools.parser", profile.tools.parser),
         ("reasoning_parser", "reasoning.parser", profile.reasoning.parser),
+        ("guided_decoding", "guided.backend", None if profile.guided.backend == GUIDED_OFF else profile.guided.backend),
         *(("protocol", "server.protocols", name) for name in profile.server.protocols or ()),
     ]
     errors = []

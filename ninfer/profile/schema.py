@@ -21,6 +21,8 @@ DTYPES = ("auto", "bf16", "fp16", "fp32")
 #: draft-token ranges the serving contract fixes for the backends it names; other
 #: backends are checked against their plugin's declared range at startup
 SPEC_DRAFT_RANGES: dict[str, tuple[int, int]] = {"mtp": (1, 5), "dflash": (1, 15), "dflash2": (1, 15)}
+#: ``guided.backend`` value that turns guided decoding off
+GUIDED_OFF = "none"
 
 
 @attrs.frozen
@@ -146,6 +148,13 @@ class Tools:
 
 
 @attrs.frozen
+class Guided:
+    backend: str | None = opt(None, Optional(Str()), "guided-decoding backend, a guided_decoding plugin; none "
+                              "turns guided decoding off", flag="guided-backend", metavar="NAME|none",
+                              default_text="llguidance when installed")
+
+
+@attrs.frozen
 class Media:
     vision: bool = opt(False, Bool(), "accept image and video input (loads the vision tower)")
     media_cache_mib: int = opt(1024, _NAT, "prepared media kept for reuse, in MiB; 0 keeps none", metavar="N")
@@ -186,6 +195,7 @@ class Profile:
     sampling: Sampling = attrs.field(factory=Sampling)
     reasoning: Reasoning = attrs.field(factory=Reasoning)
     tools: Tools = attrs.field(factory=Tools)
+    guided: Guided = attrs.field(factory=Guided)
     media: Media = attrs.field(factory=Media)
     logging: Logging = attrs.field(factory=Logging)
     plugins: Plugins = attrs.field(factory=Plugins)

@@ -76,6 +76,11 @@ class DecoderLM(CausalLM):
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     # -- engine contract -------------------------------------------------------
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """Dense stacks decode without host syncs; MoE routing sizes expert groups on the host."""
+        return not any(self.cfg.is_sparse(i) for i in range(self.cfg.num_layers))
+
     def attention_specs(self) -> list[AttentionSpec]:
         return [AttentionSpec(self.cfg.num_kv_heads, self.cfg.head_dim)] * self.cfg.num_layers
 

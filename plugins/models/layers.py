@@ -96,9 +96,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
-        q, k = ops.apply_rope(q, k, positions, cos_sin, self.head_dim)
+        q, k = ops.qk_norm_rope(
+            q.reshape(tokens, self.num_heads, self.head_dim),
+            k.reshape(tokens, self.num_kv_heads, self.head_dim),
+            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin, self.head_dim,
+        )
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
         self.kv_cache.write(k, v.reshape(tokens, self.num_kv_heads, self.head_dim), batch.slot_mapping)
         out = self.kv_cache.attend(q, batch, self.scale)

@@ -11,23 +11,26 @@ from typing import Any, Optional
 
 import jinja2
 
-from ninfer.capabilities import ReasoningParser
+from ninfer.capabilities import ReasoningParser, ToolParser
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.chat_messages import ChatTurn, template_messages
 from ninfer.frontend.parsers import starts_in_reasoning
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer.frontend.thinking import thinking_budget
+from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.anthropic_messages.blocks import consume_billing, lower_messages, system_text
 from ninfer_plugins.protocols.anthropic_messages.cache import check_cache_control
+from ninfer_plugins.protocols.anthropic_messages.guided import answer_guide
 from ninfer_plugins.protocols.anthropic_messages.schema import MessagesRequest
-from ninfer_plugins.protocols.anthropic_messages.tools import template_tools, tools_enabled
+from ninfer_plugins.protocols.anthropic_messages.tools import parse_tool_choice, template_tools, tool_request
 from ninfer_plugins.protocols.anthropic_messages.validate import (
     ThinkingConfig,
     check_unsupported,
     parse_thinking,
     requested_effort,
 )
+from ninfer_plugins.protocols.tool_guide import request_guide
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Context:
     profile: Any
     parser: Optional[ReasoningParser]
     max_context: int
+    #: writes the grammar of forced, single or strict tool calls
+    tool_parser: Optional[ToolParser] = None
 
 
 @dataclass(frozen=True)
@@ -49,17 +54,22 @@ class Prepared:
     tools: list[dict[str, Any]]
     prefill: bool
     budget: Optional[ThinkingBudget] = None
+    #: what the output must follow (structured output, forced or strict tool calls)
+    guide: Optional[GuideSpec] = None
 
 
 def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepared:
-    """Validate, render and tokenize; with ``generate`` also fix the output and thinking budgets."""
+    """Validate, render and tokenize; with ``generate`` also fix the output and thinking budgets
+    and the output guide."""
     check_unsupported(req)
     caps = detect_caps(ctx.tokenizer.chat_template_source)
     effort = requested_effort(req.output_config, caps)
     default_max = ctx.profile.engine.default_max_tokens
     config = parse_thinking(req.thinking, (req.max_tokens or default_max) if generate else req.max_tokens)
     tools = template_tools(req.tools)
-    callable_tools = tools if tools_enabled(req.tool_choice) else []
+    choice = parse_tool_choice(req.tool_choice)
+    callable_tools = tools if choice.enabled else []
+    answer = answer_guide(req)
     system, consumed = consume_billing(req.system)
     check_cache_control(req.cache_control, req.system, consumed, req.messages, req.tools)
     lowered = lower_messages(req.messages)
@@ -81,12 +91,14 @@ def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepar
     if generate and len(ids) > ctx.max_context:  # a count may exceed it: clients count to decide what to cut
         raise ContextLengthExceededError(f"the prompt has {len(ids)} tokens; the context holds {ctx.max_context}",
                                          param="messages")
-    budget = None
+    budget = guide = None
+    if generate:  # a count needs no grammar: it is what a later Create compiles
+        guide = request_guide(tool_request(req.tools, tools, choice), answer, ctx.tool_parser)
     if generate and thinking:
         # the output budget the engine will apply: the request's, or the default fitted to the context
         room = req.max_tokens if req.max_tokens is not None else max(min(default_max, ctx.max_context - len(ids)), 0)
         budget = _budget(ctx, config, prompt, room)
-    return Prepared(prompt, ids, thinking, callable_tools, lowered.prefill, budget)
+    return Prepared(prompt, ids, thinking, callable_tools, lowered.prefill, budget, guide)
 
 
 def _thinking(config: ThinkingConfig, caps: TemplateCaps, default: bool, prefill: bool) -> bool:

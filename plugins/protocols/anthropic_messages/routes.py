@@ -27,6 +27,7 @@ from ninfer_plugins.protocols.anthropic_messages.prepare import Context, prepare
 from ninfer_plugins.protocols.anthropic_messages.schema import Message, TokenCount, decode_request, encoder
 from ninfer_plugins.protocols.anthropic_messages.stream import PING, frames
 from ninfer_plugins.protocols.anthropic_messages.validate import check_model, sampling_params
+from ninfer_plugins.protocols.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -35,7 +36,7 @@ JSON = "application/json"
 
 
 def messages_routes(state: ServerState) -> list:
-    ctx = Context(state.tokenizer, state.profile, reasoning_parser(state), state.max_model_len)
+    ctx = Context(state.tokenizer, state.profile, reasoning_parser(state), state.max_model_len, tool_parser(state))
     vocab_size = state.engine.engine.vocab_size
     default_max = state.profile.engine.default_max_tokens
 
@@ -48,6 +49,7 @@ def messages_routes(state: ServerState) -> list:
         params = sampling_params(req, vocab_size)
         state.gate.reserve()  # a full server answers 529 before any preparation work
         prepared = await state.run_blocking(prepare, req, ctx)
+        params.guided = prepared.guide
         rid = request_id()
         engine_request = EngineRequest(rid, prepared.prompt_ids, params, prompt=prepared.prompt,
                                        thinking=prepared.thinking, thinking_budget=prepared.budget)

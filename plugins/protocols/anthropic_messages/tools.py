@@ -1,35 +1,71 @@
 """User-defined tools and ``tool_choice`` -> the function definitions the chat template renders.
 
-Only client tools the model may call freely are executable: ninfer has no constrained
-decoding to force a call or follow a strict schema, and no executor for Anthropic's
+Client tools are executable, including forced (``any``), named (``tool``), single-call
+and strict ones, which a tool-call grammar enforces
+(:mod:`ninfer_plugins.protocols.tool_guide`). ninfer has no executor for Anthropic's
 server tools, MCP or toolsets, so those are refused naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.tool_schema import ToolSpec
+from ninfer_plugins.protocols.tool_guide import ToolRequest
+
+CHOICE_TYPES = ("auto", "none", "any", "tool")
 
 
 def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(f"{what} is not supported", param=param)
 
 
-def tools_enabled(tool_choice: Any) -> bool:
-    """False for ``{"type": "none"}``; raises for choices that cannot be honoured."""
+@dataclass(frozen=True)
+class ToolChoice:
+    """``tool_choice``: ``kind`` auto, none, any or tool (``name`` set for tool)."""
+
+    kind: str = "auto"
+    name: Optional[str] = None
+    parallel: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
+def parse_tool_choice(tool_choice: Any) -> ToolChoice:
     if tool_choice is None:
-        return True
+        return ToolChoice()
     if not isinstance(tool_choice, Mapping):
         raise InvalidRequestError("tool_choice must be an object", param="tool_choice")
     kind = tool_choice.get("type")
-    if kind in ("any", "tool"):
-        raise _unsupported("tool_choice.type", f"tool_choice {kind!r} (forcing a tool call)")
-    if kind not in ("auto", "none"):
+    if kind not in CHOICE_TYPES:
         raise InvalidRequestError("tool_choice.type must be auto, none, any or tool", param="tool_choice.type")
-    if tool_choice.get("disable_parallel_tool_use"):
-        raise _unsupported("tool_choice.disable_parallel_tool_use", "limiting a response to one tool call")
-    return kind == "auto"
+    name = tool_choice.get("name")
+    if kind == "tool" and (not isinstance(name, str) or not name):
+        raise InvalidRequestError("tool_choice of type tool needs a name", param="tool_choice.name")
+    single = tool_choice.get("disable_parallel_tool_use", False)
+    if not isinstance(single, bool):
+        raise InvalidRequestError("disable_parallel_tool_use must be a boolean",
+                                  param="tool_choice.disable_parallel_tool_use")
+    return ToolChoice(kind, name if kind == "tool" else None, not single)
+
+
+def tool_request(tools: Any, definitions: list[dict[str, Any]], choice: ToolChoice) -> ToolRequest:
+    """What the choice asks of calls to ``definitions`` (the validated ``tools``, in order)."""
+    if not choice.enabled:
+        return ToolRequest()
+    specs = [ToolSpec(d["function"]["name"], d["function"]["parameters"], strict=tools[i].get("strict") is True,
+                      param=f"tools[{i}].input_schema") for i, d in enumerate(definitions)]
+    if choice.name is not None:
+        specs = [s for s in specs if s.name == choice.name]
+        if not specs:
+            raise InvalidRequestError(f"no tool named {choice.name!r} is declared", param="tool_choice.name")
+    single = "tool_choice.disable_parallel_tool_use"
+    return ToolRequest(specs, forced=choice.kind in ("any", "tool"), parallel=choice.parallel,
+                       choice_param="tool_choice", parallel_param=single)
 
 
 def template_tools(tools: Any) -> list[dict[str, Any]]:
@@ -56,8 +92,8 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
         raise _unsupported(f"{where}.type", "MCP toolsets")
     if kind not in (None, "custom"):
         raise _unsupported(f"{where}.type", f"the Anthropic-provided tool {kind!r} (ninfer has no server tools)")
-    if tool.get("strict"):
-        raise _unsupported(f"{where}.strict", "strict schema-following tool input")
+    if tool.get("strict") is not None and not isinstance(tool.get("strict"), bool):
+        raise InvalidRequestError("strict must be a boolean", param=f"{where}.strict")
     if tool.get("defer_loading"):
         raise _unsupported(f"{where}.defer_loading", "deferred tool loading")
     callers = tool.get("allowed_callers")

@@ -1,8 +1,8 @@
 """Top-level fields of a Messages request: model, sampling, thinking, output options.
 
-Fields whose behaviour needs something ninfer lacks (containers, MCP servers,
-structured output) are refused naming the field; advisory ones (metadata, service
-tier, context management, beta flags...) are ignored by the schema.
+Fields whose behaviour needs something ninfer lacks (containers, MCP servers) are
+refused naming the field; advisory ones (metadata, service tier, context management,
+beta flags...) are ignored by the schema. Structured output is read by :mod:`.guided`.
 """
 
 from __future__ import annotations
@@ -42,20 +42,14 @@ def check_unsupported(req: MessagesRequest) -> None:
     if req.mcp_servers:
         raise UnsupportedFeatureError("MCP servers are not supported (ninfer calls no tools itself)",
                                       param="mcp_servers")
-    if req.output_format is not None:
-        raise UnsupportedFeatureError("structured output is not supported (no constrained decoding)",
-                                      param="output_format")
 
 
 def requested_effort(output_config: Any, caps: TemplateCaps) -> Optional[str]:
-    """``output_config.effort`` if the loaded template offers it; structured output is refused."""
+    """``output_config.effort`` if the loaded template offers it."""
     if output_config is None:
         return None
     if not isinstance(output_config, Mapping):
         raise InvalidRequestError("output_config must be an object", param="output_config")
-    if output_config.get("format") is not None:
-        raise UnsupportedFeatureError("structured output is not supported (no constrained decoding)",
-                                      param="output_config.format")
     effort = output_config.get("effort")
     if effort is None:
         return None

@@ -20,6 +20,7 @@ from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
+from ninfer_plugins.protocols.openai_chat.guided import chat_guide
 from ninfer.frontend.fanout import generate_all
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
@@ -32,6 +33,7 @@ from ninfer_plugins.protocols.openai_chat.schema import (
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
 from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
 from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
+from ninfer_plugins.protocols.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -104,6 +106,7 @@ def chat_routes(state: ServerState) -> list:
         validate_request(data)
         params = sampling_params(data, vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
+        params.guided = await state.run_blocking(chat_guide, data, tool_parser(state))
         prepared = await state.run_blocking(prepare, data, tokenizer, state.profile)
         check_prompt_length(len(prepared.prompt_ids), state.max_model_len)
         budget = default_thinking_budget(state, data, prepared, params)

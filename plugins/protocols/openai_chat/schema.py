@@ -2,10 +2,11 @@
 
 Litestar decodes requests into these and builds the OpenAPI document from them.
 Types are exact where the wire format is fixed; fields whose accepted values depend on
-other fields (tool choice, response format, capability fields that are rejected when
-they ask for something) are loose here and checked in :mod:`.validate`, which names the
-field in its errors. Unknown top-level fields are ignored, as OpenAI clients expect.
-Output fields typed ``... | UnsetType`` are left out of the JSON when unset.
+other fields (tool choice, output constraints, capability fields that are rejected when
+they ask for something) are loose here and checked in :mod:`.validate` and
+:mod:`.guided`, which name the field in their errors. Unknown top-level fields are
+ignored, as OpenAI clients expect. Output fields typed ``... | UnsetType`` are left
+out of the JSON when unset.
 """
 
 from __future__ import annotations
@@ -158,8 +159,15 @@ class ChatCompletionRequest(Struct):
     enable_thinking: Optional[bool] = None
     preserve_thinking: Optional[bool] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    # output format and capability fields (rejected when they ask for something we lack)
+    # output constraints (checked and translated in .guided): OpenAI's, vLLM's, llama.cpp's
     response_format: Optional[dict[str, Any]] = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    grammar: Any = None
+    structured_outputs: Any = None
+    # capability fields (rejected when they ask for something we lack)
     modalities: Optional[list[str]] = None
     audio: Optional[dict[str, Any]] = None
     verbosity: Optional[str] = None
@@ -167,12 +175,6 @@ class ChatCompletionRequest(Struct):
     web_search_options: Optional[dict[str, Any]] = None
     moderation: Any = None
     mm_processor_kwargs: Optional[dict[str, Any]] = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    grammar: Any = None
-    structured_outputs: Any = None
     # advisory hints (accepted, no effect on generation)
     prediction: Any = None
     metadata: Optional[dict[str, Any]] = None

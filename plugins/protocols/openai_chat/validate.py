@@ -17,8 +17,6 @@ MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 MAX_TOP_K = 20
 MAX_N = 16
-#: constrained-decoding spellings of other servers; refused like response_format
-GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "structured_outputs")
 
 
 def check_model(requested: str | None, model_id: str) -> None:
@@ -101,12 +99,7 @@ def _check_logprobs(req: ChatCompletionRequest) -> None:
 
 
 def _check_output_format(req: ChatCompletionRequest) -> None:
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise _unsupported("response_format", "JSON and schema-constrained output are not supported")
-    for name in GUIDED_FIELDS:
-        if getattr(req, name) is not None:
-            raise _unsupported(name, "constrained decoding is not supported")
+    # response_format and the constrained-decoding fields are checked by .guided
     if req.modalities is not None and any(m != "text" for m in req.modalities):
         raise _unsupported("modalities", "only text output is supported")
     if req.verbosity not in (None, "medium"):
@@ -127,33 +120,55 @@ def _check_tools(req: ChatCompletionRequest) -> None:
             raise InvalidRequestError("a function tool needs a function definition", param=f"tools[{i}].function")
         if not tool.function.name:
             raise InvalidRequestError("a function needs a name", param=f"tools[{i}].function.name")
-        if tool.function.strict:
-            raise _unsupported(f"tools[{i}].function.strict", "strict schema-following tool calls are not supported")
     allowed_tool_names(req)  # validates tool_choice
-    if req.parallel_tool_calls is False and callable_tools(req):
-        raise _unsupported("parallel_tool_calls", "a single-call limit cannot be enforced while tools are callable")
+
+
+def _declared(req: ChatCompletionRequest) -> set[str]:
+    return {t.function.name for t in req.tools or [] if t.function is not None}
+
+
+def _named_function(choice: dict[str, Any], req: ChatCompletionRequest) -> str:
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise InvalidRequestError("a named tool choice needs function.name", param="tool_choice.function.name")
+    if name not in _declared(req):
+        raise InvalidRequestError(f"no tool named {name!r} is declared", param="tool_choice.function.name")
+    return name
+
+
+def named_tool(req: ChatCompletionRequest) -> str | None:
+    """The function a ``{"type": "function"}`` tool_choice forces (checked by :func:`allowed_tool_names`)."""
+    choice = req.tool_choice
+    return _named_function(choice, req) if isinstance(choice, dict) and choice.get("type") == "function" else None
 
 
 def allowed_tool_names(req: ChatCompletionRequest) -> list[str] | None:
-    """Function names ``tool_choice`` leaves callable; None when every tool is."""
+    """Function names ``tool_choice`` leaves callable; None when every tool is.
+
+    A named function keeps every tool in the prompt (and the parser); only the call
+    grammar narrows to it.
+    """
     choice = req.tool_choice
-    if choice is None or choice in ("auto", "none"):
+    if choice is None or choice in ("auto", "none", "required"):
         return [] if choice == "none" else None
     if isinstance(choice, str):
-        if choice == "required":
-            raise _unsupported("tool_choice", "required tool calls cannot be enforced")
-        raise InvalidRequestError("tool_choice must be none, auto, or an allowed_tools object", param="tool_choice")
+        raise InvalidRequestError("tool_choice must be none, auto, required, or an object", param="tool_choice")
     kind = choice.get("type")
-    if kind in ("function", "custom"):
-        raise _unsupported("tool_choice", "a named tool choice cannot be enforced")
+    if kind == "function":
+        _named_function(choice, req)
+        return None
+    if kind == "custom":
+        raise _unsupported("tool_choice", "custom tools are not supported, only functions")
     if kind != "allowed_tools":
         raise InvalidRequestError(f"tool_choice type {kind!r} is not recognised", param="tool_choice.type")
     spec = choice.get("allowed_tools")
     if not isinstance(spec, dict):
         raise InvalidRequestError("allowed_tools must be an object", param="tool_choice.allowed_tools")
-    if spec.get("mode", "auto") != "auto":
-        raise _unsupported("tool_choice.allowed_tools.mode", "only mode auto can be honoured")
-    declared = {t.function.name for t in req.tools or [] if t.function is not None}
+    if spec.get("mode", "auto") not in ("auto", "required"):
+        raise InvalidRequestError("tool_choice.allowed_tools.mode must be auto or required",
+                                  param="tool_choice.allowed_tools.mode")
+    declared = _declared(req)
     names = []
     for j, entry in enumerate(spec.get("tools") or []):
         fn = entry.get("function") if isinstance(entry, dict) else None
@@ -166,6 +181,15 @@ def allowed_tool_names(req: ChatCompletionRequest) -> list[str] | None:
             raise InvalidRequestError(f"no tool named {name!r} is declared", param=f"tool_choice.allowed_tools.tools[{j}]")
         names.append(name)
     return names
+
+
+def forces_tool_call(req: ChatCompletionRequest) -> bool:
+    """``tool_choice`` requires a call: required, a named function, or allowed_tools in required mode."""
+    choice = req.tool_choice
+    if not isinstance(choice, dict):
+        return choice == "required"
+    spec = choice.get("allowed_tools")
+    return choice.get("type") == "function" or (isinstance(spec, dict) and spec.get("mode") == "required")
 
 
 def callable_tools(req: ChatCompletionRequest) -> list[dict[str, Any]]:

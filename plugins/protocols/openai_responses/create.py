@@ -16,6 +16,7 @@ from ninfer.frontend.thinking import thinking_budget
 from ninfer.sampling_params import SamplingParams
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
+from ninfer_plugins.protocols.openai_responses.guided import response_guide
 from ninfer_plugins.protocols.openai_responses.prepare import Prepared, PromptContext, prepare
 from ninfer_plugins.protocols.openai_responses.response import Echo, Turn, new_response_id
 from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, PromptFields
@@ -23,6 +24,7 @@ from ninfer_plugins.protocols.openai_responses.store import ResponseStore, Store
 from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
 from ninfer_plugins.protocols.openai_responses.validate import check_create
+from ninfer_plugins.protocols.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -85,6 +87,7 @@ class Creation:
         state.gate.reserve()  # a full server answers 429 before any preparation work
         keep = req.store is not False
         prepared, parent = await prepare_prompt(state, self.ctx, self.store, req, keep)
+        params.guided = await state.run_blocking(response_guide, req.text, prepared.tools, tool_parser(state))
         earlier_bytes = parent.conversation_bytes if parent is not None else 0
         if keep:  # a Response that can never be stored fails before it is generated
             self.store.check_fits(earlier_bytes + 2 * conversation_bytes(prepared.input_items))

@@ -30,7 +30,9 @@ class Echo:
     @classmethod
     def of(cls, req: CreateRequest, model: str) -> "Echo":
         reasoning = req.reasoning
-        text: dict[str, Any] = {"format": {"type": "text"}, "verbosity": "medium"}
+        options = req.text
+        text: dict[str, Any] = {"format": (options.format if options and options.format else None) or {"type": "text"},
+                                "verbosity": (options.verbosity if options else None) or "medium"}
         return cls({
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,

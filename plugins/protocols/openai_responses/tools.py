@@ -10,7 +10,8 @@ Hosted tools (web search, file search, ...) run on OpenAI's side; this server ca
 run them and the model cannot call them, so a merely offered one is left out of the
 effective set with a warning, while a ``tool_choice`` that forces or allows one is
 refused. Custom free-form tools are client tools whose grammar cannot be honoured:
-refused.
+refused. A required or named ``tool_choice``, ``parallel_tool_calls: false`` and strict
+functions are enforced by a tool-call grammar (:mod:`ninfer_plugins.protocols.tool_guide`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import attrs
 from loguru import logger
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.tool_schema import ToolSpec
+from ninfer_plugins.protocols.tool_guide import ToolRequest
 
 HOSTED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
@@ -50,6 +53,8 @@ class ToolSet:
     definitions: list[dict[str, Any]]
     #: model-facing name -> identity, for the callable ones
     identities: dict[str, ToolIdentity]
+    #: what the request asks of its calls (tool grammar input)
+    request: ToolRequest = ToolRequest()
 
 
 @attrs.frozen
@@ -57,6 +62,11 @@ class _Declared:
     identity: ToolIdentity
     definition: dict[str, Any]
     where: str
+    strict: bool = False
+
+    def spec(self) -> ToolSpec:
+        fn = self.definition["function"]
+        return ToolSpec(fn["name"], fn.get("parameters") or {}, strict=self.strict, param=f"{self.where}.parameters")
 
 
 def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
@@ -67,8 +77,9 @@ def _function(tool: Mapping[str, Any], where: str, namespace: Optional[str], gro
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("a function needs a non-empty name", param=f"{where}.name")
-    if tool.get("strict") is True:
-        raise _unsupported(f"{where}.strict", "strict schema-following calls cannot be enforced")
+    strict = tool.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidRequestError("strict must be a boolean", param=f"{where}.strict")
     if tool.get("defer_loading") is True:
         raise _unsupported(f"{where}.defer_loading", "deferred tool loading is not supported")
     if tool.get("output_schema") is not None:
@@ -90,7 +101,7 @@ def _function(tool: Mapping[str, Any], where: str, namespace: Optional[str], gro
         definition["description"] = text
     if parameters is not None:
         definition["parameters"] = parameters
-    return _Declared(identity, {"type": "function", "function": definition}, where)
+    return _Declared(identity, {"type": "function", "function": definition}, where, strict is True)
 
 
 def _declared(tools: Sequence[Any]) -> tuple[list[_Declared], list[str]]:
@@ -140,29 +151,46 @@ def _namespace(tool: Mapping[str, Any], where: str) -> list[_Declared]:
     return out
 
 
-def _allowed(choice: Any, declared: list[_Declared]) -> Optional[set[ToolIdentity]]:
-    """Identities ``tool_choice`` leaves callable; None when every declared tool is."""
-    if choice is None or choice == "auto":
-        return None
+def _reference(entry: Mapping[str, Any], known: set[ToolIdentity], where: str) -> ToolIdentity:
+    """A declared function named by ``name`` (and ``namespace`` for a namespace member)."""
+    identity = ToolIdentity(entry.get("name"), entry.get("namespace"))  # type: ignore[arg-type]
+    if identity not in known:
+        raise InvalidRequestError(f"no function {identity.model_name!r} is declared", param=where)
+    return identity
+
+
+@attrs.frozen
+class _Choice:
+    #: identities left callable (None: every declared one)
+    allowed: Optional[set[ToolIdentity]] = None
+    #: a call is required
+    forced: bool = False
+    #: the one function a named choice forces; the others stay in the prompt
+    named: Optional[ToolIdentity] = None
+
+
+def _choice(choice: Any, declared: list[_Declared]) -> _Choice:
+    """What ``tool_choice`` asks of the declared functions."""
+    if choice is None or choice in ("auto", "required"):
+        return _Choice(forced=choice == "required")
     if choice == "none":
-        return set()
-    if choice == "required":
-        raise _unsupported("tool_choice", "required tool calls cannot be enforced")
+        return _Choice(set())
     if not isinstance(choice, Mapping):
-        raise InvalidRequestError("tool_choice must be auto, none, or an allowed_tools object", param="tool_choice")
+        raise InvalidRequestError("tool_choice must be auto, none, required, or an object", param="tool_choice")
     kind = choice.get("type")
+    known = {d.identity for d in declared}
     if kind == "function":
-        raise _unsupported("tool_choice", "a named tool choice cannot be enforced")
+        return _Choice(forced=True, named=_reference(choice, known, "tool_choice.name"))
     if kind in HOSTED_TOOLS or kind == "custom":
         raise _unsupported("tool_choice", f"{kind!r} tools cannot be called by this server's model")
     if kind != "allowed_tools":
         raise InvalidRequestError(f"tool_choice type {kind!r} is not recognised", param="tool_choice.type")
-    if choice.get("mode", "auto") != "auto":
-        raise _unsupported("tool_choice.mode", "only mode auto can be honoured")
+    mode = choice.get("mode", "auto")
+    if mode not in ("auto", "required"):
+        raise InvalidRequestError("tool_choice.mode must be auto or required", param="tool_choice.mode")
     entries = choice.get("tools")
     if not isinstance(entries, list):
         raise InvalidRequestError("allowed_tools needs a tools array", param="tool_choice.tools")
-    known = {d.identity for d in declared}
     allowed = set()
     for j, entry in enumerate(entries):
         where = f"tool_choice.tools[{j}]"
@@ -170,20 +198,18 @@ def _allowed(choice: Any, declared: list[_Declared]) -> Optional[set[ToolIdentit
             raise InvalidRequestError("an allowed tool must be an object", param=where)
         if entry.get("type") != "function":
             raise _unsupported(where, "only function tools can be allowed")
-        identity = ToolIdentity(entry.get("name"), entry.get("namespace"))  # type: ignore[arg-type]
-        if identity not in known:
-            raise InvalidRequestError(f"no function {identity.model_name!r} is declared", param=where)
-        allowed.add(identity)
-    return allowed
+        allowed.add(_reference(entry, known, where))
+    return _Choice(allowed, mode == "required")
 
 
 def resolve_tools(tools: Optional[Sequence[Any]], tool_choice: Any, parallel_tool_calls: Optional[bool]) -> ToolSet:
     """The callable tools of a request, checking every definition and the choice."""
     declared, hosted = _declared(tools or [])
-    allowed = _allowed(tool_choice, declared)
+    choice = _choice(tool_choice, declared)
     if hosted:
         logger.warning("leaving out {} hosted tool(s) the model cannot call: {}", len(hosted), ", ".join(hosted))
-    effective = [d for d in declared if allowed is None or d.identity in allowed]
-    if parallel_tool_calls is False and effective:
-        raise _unsupported("parallel_tool_calls", "a single-call limit cannot be enforced while tools are callable")
-    return ToolSet([d.definition for d in effective], {d.identity.model_name: d.identity for d in effective})
+    effective = [d for d in declared if choice.allowed is None or d.identity in choice.allowed]
+    callable_specs = [d.spec() for d in effective if choice.named is None or d.identity == choice.named]
+    request = ToolRequest(callable_specs, forced=choice.forced, parallel=parallel_tool_calls is not False)
+    return ToolSet([d.definition for d in effective], {d.identity.model_name: d.identity for d in effective},
+                   request)

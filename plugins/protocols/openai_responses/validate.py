@@ -11,6 +11,7 @@ import math
 from typing import Any, Optional
 
 from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields
 
 #: the one ``include`` value honoured: reasoning Items carry a replayable envelope
@@ -54,8 +55,7 @@ def check_prompt_fields(req: PromptFields) -> None:
             raise _unsupported(name, what)
     text = req.text
     if text is not None:
-        if text.format is not None and text.format.get("type") != "text":
-            raise _unsupported("text.format", "JSON and schema-constrained output are not supported")
+        text_format_guide(text)  # shape only; the schema is compiled for Create
         if text.verbosity not in (None, "medium"):
             raise _unsupported("text.verbosity", "only the default verbosity (medium) is supported")
     if req.truncation not in (None, "disabled"):

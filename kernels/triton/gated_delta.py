@@ -1,0 +1,146 @@
+"""The gated delta rule on CUDA: our fused recurrent Triton kernel, or fla's chunked one.
+
+The recurrent kernel gives one program a (sequence, value head, block of value columns):
+it loads that slice of the slot's state into registers, applies the delta rule token
+by token, writes each output row, and stores the state back. It serves every decode
+step and any batch when flash-linear-attention is not importable. Steps that carry a
+prefill chunk go to fla's ``chunk_gated_delta_rule`` when it is, which turns long chunks
+into matmuls; states are gathered from and scattered back to the slots around it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.gated_delta import L2_EPS
+
+try:  # optional: fla's kernels only run on a GPU, and some Triton releases reject them
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+except Exception:  # noqa: BLE001  (an incompatible fla raises at import, not only ImportError)
+    fla_chunk = None
+
+BLOCK_V = 32
+
+
+@triton.jit
+def _recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, out_ptr, state_ptr, starts_ptr, seq_lens_ptr, slots_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
+    stride_ot, stride_oh, stride_slot, stride_sh, stride_sk,
+    scale, eps,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    qk_head = head // GROUP
+    dk = tl.arange(0, BK)
+    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    dk_ok = dk < DK
+    dv_ok = dv < DV
+    # int64 row indices: the loop variable then indexes large tensors without overflow
+    start = tl.load(starts_ptr + seq).to(tl.int64)
+    end = tl.load(starts_ptr + seq + 1).to(tl.int64)
+    cached = tl.load(seq_lens_ptr + seq) - (end - start)  # tokens before this chunk: 0 starts fresh
+    s_ptrs = (
+        state_ptr + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot + head * stride_sh
+        + dk[:, None] * stride_sk + dv[None, :]
+    )
+    s_mask = dk_ok[:, None] & dv_ok[None, :]
+    # (the flag is broadcast through a vector: Triton's interpreter rejects scalar-and-block masks)
+    has_state = (dk * 0 + cached) > 0
+    s = tl.load(s_ptrs, mask=s_mask & has_state[:, None], other=0.0).to(tl.float32)
+    for t in range(start, end):
+        q = tl.load(q_ptr + t * stride_qt + qk_head * stride_qh + dk, mask=dk_ok, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + t * stride_kt + qk_head * stride_kh + dk, mask=dk_ok, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_vt + head * stride_vh + dv, mask=dv_ok, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * stride_gt + head).to(tl.float32)
+        beta = tl.load(beta_ptr + t * stride_bt + head).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q) + eps) * scale
+        k = k / tl.sqrt(tl.sum(k * k) + eps)
+        s = s * tl.exp(g)
+        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = tl.sum(s * q[:, None], axis=0)
+        tl.store(out_ptr + t * stride_ot + head * stride_oh + dv, o.to(out_ptr.dtype.element_ty), mask=dv_ok)
+    tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty), mask=s_mask)
+
+
+def _last_dim_contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    """Our Triton kernel; same contract as :func:`ninfer_kernels.gated_delta.gated_delta_rule`."""
+    q, k, v, g, beta = _last_dim_contiguous(q, k, v, g, beta)
+    num_v_heads, dv = v.shape[-2:]
+    dk = q.shape[-1]
+    out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    if batch.num_seqs == 0:
+        return out
+    block_v = min(BLOCK_V, triton.next_power_of_2(dv))
+    grid = (batch.num_seqs, num_v_heads, triton.cdiv(dv, block_v))
+    _recurrent_kernel[grid](
+        q, k, v, g, beta, out, states, batch.query_start, batch.seq_lens, batch.state_slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+        dk**-0.5, L2_EPS,
+        GROUP=num_v_heads // q.shape[-2], DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=block_v,
+        num_warps=4,
+    )
+    return out
+
+
+def chunked_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    """fla's chunked kernel over the step's sequences, states gathered from their slots."""
+    assert fla_chunk is not None, "flash-linear-attention is not importable"
+    slots = batch.state_slots
+    query_lens = batch.query_start[1:] - batch.query_start[:-1]
+    continuing = (batch.seq_lens > query_lens)[:, None, None, None]
+    initial = torch.where(continuing, states.index_select(0, slots), 0.0).float()
+    rows = sum(batch.query_lens_host)
+    out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    o, final = fla_chunk(
+        q[None, :rows].contiguous(), k[None, :rows].contiguous(), v[None, :rows].contiguous(),
+        g[None, :rows].float().contiguous(), beta[None, :rows].contiguous(),
+        initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=batch.query_start.long(),
+    )
+    out[:rows] = o[0].to(v.dtype)
+    states.index_copy_(0, slots, final.to(states.dtype))
+    return out
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    """Same contract as :func:`ninfer_kernels.gated_delta.gated_delta_rule`."""
+    if batch.state_slots is None:
+        raise ValueError("this model keeps recurrent state: the batch needs state_slots")
+    if fla_chunk is not None and batch.max_query_len > 1:
+        return chunked_gated_delta_rule(q, k, v, g, beta, states, batch)
+    return recurrent_gated_delta_rule(q, k, v, g, beta, states, batch)

@@ -1,0 +1,120 @@
+"""One guided request inside the engine: its matcher, and when the guide takes effect.
+
+With thinking on, reasoning stays free text: the guide starts after the reasoning
+closes. The chat format puts a separator (Qwen: a blank line) between the close marker
+and the answer; the engine commits that separator itself right after the close marker
+(unless the committed tokens already carry it, as a thinking-budget close does), so the
+answer the guide shapes starts exactly where the chat template would render it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Sequence
+
+import attrs
+
+from ninfer.capabilities import ReasoningParser
+from ninfer.errors import NinferError
+from ninfer.guided.backend import GuideMatcher
+
+
+class Phase(enum.Enum):
+    MAY_OPEN = "may_open"  # thinking on and nothing open yet: the first token may open reasoning
+    REASONING = "reasoning"  # free text until the close marker
+    SEPARATOR = "separator"  # the close marker came; the separator tokens follow
+    ACTIVE = "active"  # every token goes through the matcher
+
+
+class GuideRejectedError(NinferError):
+    """The guide refused a committed token: a bug or backend limit, fatal to that request only."""
+
+    code = "guided_decoding_failed"
+
+
+@attrs.frozen
+class ReasoningMarkers:
+    """The reasoning channel's tokens, as the engine sees them."""
+
+    start_id: Optional[int]
+    end_id: int
+    separator: tuple[int, ...]
+
+    @classmethod
+    def from_parser(cls, parser: ReasoningParser, tokenizer) -> Optional["ReasoningMarkers"]:
+        """None when the close marker is not a single token (the guide then applies from
+        the first output token)."""
+        end = tokenizer.encode(parser.end)
+        if len(end) != 1:
+            return None
+        start = tokenizer.encode(parser.start)
+        # the separator is what the budget close puts after the marker
+        separator = parser.budget_close.rpartition(parser.end)[2] if parser.end in parser.budget_close else ""
+        return cls(start[0] if len(start) == 1 else None, end[0], tuple(tokenizer.encode(separator)))
+
+    def initial_phase(self, prompt_ids: Sequence[int], thinking: bool) -> Phase:
+        tail = (self.end_id, *self.separator)
+        if tuple(prompt_ids[-len(tail):]) == tail or prompt_ids[-1] == self.end_id:
+            return Phase.ACTIVE  # the prompt itself closed reasoning (e.g. thinking turned off)
+        last_end = _last_index(prompt_ids, self.end_id)
+        if self.start_id is not None and _last_index(prompt_ids, self.start_id) > last_end:
+            return Phase.REASONING  # the prompt leaves reasoning open
+        return Phase.MAY_OPEN if thinking and self.start_id is not None else Phase.ACTIVE
+
+
+def _last_index(ids: Sequence[int], token: int) -> int:
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == token:
+            return i
+    return -1
+
+
+class GuidedState:
+    """Feeds committed tokens to the matcher once the guide is in effect."""
+
+    def __init__(self, matcher: GuideMatcher, phase: Phase, markers: Optional[ReasoningMarkers]):
+        self.matcher, self.phase, self.markers = matcher, phase, markers
+        self._separator_pos = 0
+        self.finished = False  # the guide is complete: the request ends with "stop"
+
+    @property
+    def masked(self) -> bool:
+        """Whether the next sampled token is masked by the guide."""
+        return self.phase in (Phase.ACTIVE, Phase.MAY_OPEN)
+
+    @property
+    def extra_token(self) -> Optional[int]:
+        """A token allowed beside the guide's (the reasoning opener, while it may come)."""
+        return self.markers.start_id if self.phase is Phase.MAY_OPEN and self.markers else None
+
+    def owed(self) -> list[int]:
+        """Separator tokens to commit unsampled now (the close marker came without them)."""
+        if self.phase is not Phase.SEPARATOR or self.markers is None:
+            return []
+        return list(self.markers.separator[self._separator_pos:])
+
+    def on_token(self, token_id: int) -> None:
+        """Account one committed token (sampled or forced), in order."""
+        if self.phase is Phase.MAY_OPEN:
+            if token_id == self.extra_token:
+                self.phase = Phase.REASONING
+                return
+            self.phase = Phase.ACTIVE
+        elif self.phase is Phase.REASONING:
+            if token_id == self.markers.end_id:
+                self.phase = Phase.SEPARATOR if self.markers.separator else Phase.ACTIVE
+                self._separator_pos = 0
+            return
+        elif self.phase is Phase.SEPARATOR:
+            if token_id == self.markers.separator[self._separator_pos]:
+                self._separator_pos += 1
+                if self._separator_pos == len(self.markers.separator):
+                    self.phase = Phase.ACTIVE
+                return
+            self.phase = Phase.ACTIVE  # something else followed the marker: it belongs to the answer
+        if not self.matcher.consume_token(token_id):
+            detail = self.matcher.get_error().strip().splitlines()
+            raise GuideRejectedError(
+                f"guided decoding rejected token {token_id}" + (f": {detail[0]}" if detail else "")
+            )
+        self.finished = self.matcher.is_stopped()

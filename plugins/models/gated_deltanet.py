@@ -1,0 +1,117 @@
+"""Gated DeltaNet: the linear-attention layer of the hybrid Qwen families.
+
+Per token: one projection gives queries and keys (``Hk`` heads of ``Dk``), values and
+output gates ``z`` (``Hv`` heads of ``Dv``); another gives per-value-head ``b`` and ``a``.
+Queries, keys and values pass a short causal depthwise conv (+ silu), then the gated
+delta rule (:mod:`ninfer_kernels.gated_delta`) with write strength ``sigmoid(b)`` and
+log-decay ``-exp(A_log) * softplus(a + dt_bias)``. The output is RMS-normed per value
+head, gated by ``silu(z)`` and projected back.
+
+Projection rows are kept as ``in_proj_qkvz = [q | k | v | z]`` and ``in_proj_ba = [b | a]``.
+Qwen3.5 checkpoints store those four and two pieces as separate tensors; Qwen3-Next
+stores the two fused, but grouped per key head (``[q_i k_i v_i z_i]`` for each key head
+``i``), which :meth:`GatedDeltaNet.ungroup` reorders at load time.
+
+Each layer owns its recurrent state for every slot: the conv history ``conv_state``
+[slots, K-1, conv channels] in the model dtype (it holds projection outputs, which are
+in that dtype anyway) and the delta-rule matrices ``ssm_state`` [slots, Hv, Dk, Dv] in
+float32, because they accumulate over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels import ops
+from ninfer_plugins.models.hybrid_config import HybridConfig
+from ninfer_plugins.models.hybrid_norms import GatedRMSNorm
+from ninfer_plugins.models.layers import Linear, empty_param
+
+
+class DepthwiseConvWeight(nn.Module):
+    """Holds the conv kernel under the checkpoint's name (``conv1d.weight`` [C, 1, K])."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = empty_param(channels, 1, kernel)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.num_k_heads, self.head_k_dim = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+        self.num_v_heads, self.head_v_dim = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"linear value heads ({self.num_v_heads}) must be a multiple of key heads ({self.num_k_heads})")
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel = cfg.linear_conv_kernel
+        self.in_proj_qkvz = Linear(cfg.hidden_size, self.conv_dim + self.value_dim)
+        self.in_proj_ba = Linear(cfg.hidden_size, 2 * self.num_v_heads)
+        self.conv1d = DepthwiseConvWeight(self.conv_dim, self.conv_kernel)
+        self.A_log = empty_param(self.num_v_heads)
+        self.dt_bias = empty_param(self.num_v_heads)
+        self.norm = GatedRMSNorm(self.head_v_dim, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size)
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    # -- checkpoint layouts -------------------------------------------------------
+    def fused_shards(self) -> dict[str, tuple[str, slice]]:
+        """Qwen3.5's separate projections -> (our fused module, its rows that hold it)."""
+        c, v, h = self.conv_dim, self.value_dim, self.num_v_heads
+        return {
+            "in_proj_qkv": ("in_proj_qkvz", slice(0, c)),
+            "in_proj_z": ("in_proj_qkvz", slice(c, c + v)),
+            "in_proj_b": ("in_proj_ba", slice(0, h)),
+            "in_proj_a": ("in_proj_ba", slice(h, 2 * h)),
+        }
+
+    def ungroup(self, proj: str, weight: torch.Tensor) -> torch.Tensor:
+        """Qwen3-Next's per-key-head grouped rows of ``proj`` in our ``[q|k|v|z]`` / ``[b|a]`` order."""
+        ratio = self.num_v_heads // self.num_k_heads
+        if proj == "in_proj_qkvz":
+            sizes = [self.head_k_dim, self.head_k_dim, ratio * self.head_v_dim, ratio * self.head_v_dim]
+        else:
+            sizes = [ratio, ratio]
+        groups = weight.reshape(self.num_k_heads, sum(sizes), weight.shape[-1])
+        return torch.cat([part.reshape(-1, weight.shape[-1]) for part in groups.split(sizes, dim=1)])
+
+    # -- recurrent state ------------------------------------------------------------
+    def state_bytes_per_slot(self) -> int:
+        conv = (self.conv_kernel - 1) * self.conv_dim * self.in_proj_qkvz.weight.dtype.itemsize
+        return conv + self.num_v_heads * self.head_k_dim * self.head_v_dim * 4
+
+    def allocate_state(self, num_slots: int, device: torch.device) -> int:
+        dtype = self.in_proj_qkvz.weight.dtype
+        self.conv_state = torch.zeros(num_slots, self.conv_kernel - 1, self.conv_dim, dtype=dtype, device=device)
+        self.ssm_state = torch.zeros(
+            num_slots, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32, device=device
+        )
+        return self.conv_state.nbytes + self.ssm_state.nbytes
+
+    # -- forward ------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        assert self.ssm_state is not None, "allocate_state() must run before forward()"
+        tokens = x.shape[0]
+        qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)
+        qkv = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        b, a = self.in_proj_ba(x).split(self.num_v_heads, dim=-1)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        out = ops.gated_delta_rule(
+            q.reshape(tokens, self.num_k_heads, self.head_k_dim),
+            k.reshape(tokens, self.num_k_heads, self.head_k_dim),
+            v.reshape(tokens, self.num_v_heads, self.head_v_dim),
+            g,
+            beta,
+            self.ssm_state,
+            batch,
+        )
+        out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(out.reshape(tokens, self.value_dim))

@@ -1,0 +1,116 @@
+"""Loading a hybrid Qwen checkpoint into :class:`ninfer_plugins.models.hybrid_decoder.HybridLM`.
+
+Names are Hugging Face's. Qwen3.5 checkpoints put the text decoder under
+``model.language_model.`` (read as ``model.``) beside a vision tower under ``model.visual.``,
+which the text path skips. Separate projections land in slices of our fused ones
+(``fused_shards``), per-expert tensors in slices of the stacked experts, zero-centred
+norm weights are stored as ``1 + w``, and Qwen3-Next's head-grouped fused projections
+are reordered (``GatedDeltaNet.ungroup``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import partial
+from typing import Callable, Iterable, Optional
+
+import torch
+from loguru import logger
+from torch import nn
+
+from ninfer_plugins.models.gated_deltanet import GatedDeltaNet
+from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
+from ninfer_plugins.models.moe import Experts
+
+TEXT_PREFIX = "model.language_model."
+VISION_PREFIXES = ("model.visual.", "visual.")
+_PROJ_NAME = re.compile(r"^(?P<module>.+)\.(?P<proj>\w+)\.(?P<kind>weight|bias)$")
+_EXPERT_NAME = re.compile(
+    r"^(?P<module>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+_IGNORED_NAME = re.compile(r"\.rotary_emb\.inv_freq$")
+
+Transform = Optional[Callable[[torch.Tensor], torch.Tensor]]
+
+
+class WeightRouter:
+    """Finds where each checkpoint tensor goes: ``(parameter name, index, transform)``."""
+
+    def __init__(self, model: nn.Module, grouped_projections: bool, tied_lm_head: bool, has_mtp: bool):
+        self.params = dict(model.named_parameters())
+        self.modules = dict(model.named_modules())
+        self.grouped_projections = grouped_projections
+        self.tied_lm_head = tied_lm_head
+        self.has_mtp = has_mtp
+        self.skipped: Counter[str] = Counter()
+
+    def route(self, name: str) -> tuple[str, tuple, Transform] | None:
+        if name.startswith(TEXT_PREFIX):
+            name = "model." + name[len(TEXT_PREFIX) :]
+        if name.startswith(VISION_PREFIXES):
+            self.skipped["vision-tower tensor(s) (model.visual.*): this build serves the text decoder only"] += 1
+            return None
+        if name.startswith("mtp.") and not self.has_mtp:
+            self.skipped["MTP tensor(s) (mtp.*): the config declares no mtp_num_hidden_layers"] += 1
+            return None
+        if _IGNORED_NAME.search(name) or (name == "lm_head.weight" and self.tied_lm_head):
+            return None
+        if name in self.params:
+            return name, (), self._transform(name)
+        if (m := _EXPERT_NAME.match(name)) and isinstance(self.modules.get(m["module"]), Experts):
+            param, index = self.modules[m["module"]].expert_slice(int(m["expert"]), m["proj"])
+            return f"{m['module']}.{param}", index, None
+        if (m := _PROJ_NAME.match(name)) and hasattr(self.modules.get(m["module"]), "fused_shards"):
+            shards = self.modules[m["module"]].fused_shards()
+            if m["proj"] in shards:
+                fused, rows = shards[m["proj"]]
+                return f"{m['module']}.{fused}.{m['kind']}", (rows,), None
+        raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
+
+    def _transform(self, param: str) -> Transform:
+        owner_name, _, leaf = param.rpartition(".")
+        owner = self.modules.get(owner_name)
+        if isinstance(owner, ZeroCentredRMSNorm):
+            return owner.from_checkpoint
+        layer_name, _, proj = owner_name.rpartition(".")
+        layer = self.modules.get(layer_name)
+        grouped = proj in ("in_proj_qkvz", "in_proj_ba") and leaf == "weight"
+        if self.grouped_projections and grouped and isinstance(layer, GatedDeltaNet):
+            return partial(layer.ungroup, proj)
+        return None
+
+
+def load_hybrid_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], router: WeightRouter, optional: str = "mtp."
+) -> bool:
+    """Copy every checkpoint tensor into place; fail on unknown names and on gaps.
+
+    Parameters under the ``optional`` prefix may be absent altogether (checkpoints that
+    transformers re-saved lose the MTP layer while their config still declares it), but
+    not in part. Returns whether they were loaded.
+    """
+    filled = dict.fromkeys(router.params, 0)
+    with torch.no_grad():
+        for name, tensor in weights:
+            target = router.route(name)
+            if target is None:
+                continue
+            param_name, index, transform = target
+            if transform is not None:
+                tensor = transform(tensor)
+            dest = router.params[param_name].data[index]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            filled[param_name] += dest.numel()
+    for reason, count in router.skipped.items():
+        logger.info("skipped {} {}", count, reason)
+    extra = [n for n in router.params if n.startswith(optional)]
+    has_optional = any(filled[n] for n in extra)
+    if extra and not has_optional:
+        filled.update((n, router.params[n].numel()) for n in extra)
+    missing = [n for n, p in router.params.items() if filled[n] < p.numel()]
+    if missing:
+        raise ValueError(f"checkpoint leaves {len(missing)} model parameter(s) unfilled or partly filled: {missing[:5]}")
+    return has_optional

@@ -1,0 +1,42 @@
+"""``text.format`` -> the guide of a Response's answer, and the request's whole guide.
+
+Formats: ``text`` (free), ``json_object`` and ``json_schema`` (``name``, ``schema``,
+optional ``description`` and ``strict``; the schema is enforced either way). Tool
+constraints come from :mod:`.tools` and are combined by
+:func:`ninfer_plugins.protocols.tool_guide.request_guide`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ninfer.capabilities import ToolParser
+from ninfer.errors import InvalidRequestError
+from ninfer.guided.spec import GuideSpec
+from ninfer_plugins.protocols.openai_responses.schema import TextOptions
+from ninfer_plugins.protocols.openai_responses.tools import ToolSet
+from ninfer_plugins.protocols.tool_guide import request_guide
+
+
+def text_format_guide(text: Optional[TextOptions]) -> Optional[GuideSpec]:
+    """Check ``text.format``; None for free text."""
+    fmt: Optional[dict[str, Any]] = text.format if text is not None else None
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GuideSpec("json_object", None, "text.format")
+    if kind != "json_schema":
+        raise InvalidRequestError("text.format.type must be text, json_object or json_schema",
+                                  param="text.format.type")
+    assert fmt is not None
+    if not isinstance(fmt.get("name", ""), str):
+        raise InvalidRequestError("text.format.name must be a string", param="text.format.name")
+    if not isinstance(fmt.get("schema"), dict):
+        raise InvalidRequestError("text.format.schema must be a JSON schema object", param="text.format.schema")
+    return GuideSpec("json_schema", fmt["schema"], "text.format.schema")
+
+
+def response_guide(text: Optional[TextOptions], tools: ToolSet, parser: Optional[ToolParser]) -> Optional[GuideSpec]:
+    """The guide of a Create request (blocking: strict tool schemas are compiled)."""
+    return request_guide(tools.request, text_format_guide(text), parser)

@@ -1,0 +1,61 @@
+"""Decode from CUDA graphs equals eager decode, and padding rows never touch the KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer import LLM, SamplingParams
+from ninfer.engine.cuda_graph import buckets_up_to
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+PROMPTS = ["Hello", "The quick brown fox", "def f(x):\n    return", "1 2 3 4 5", "Paged", "a b", "xyz"]
+
+
+def test_buckets_cover_every_batch_size_up_to_the_limit():
+    assert buckets_up_to(1) == [1]
+    assert buckets_up_to(8) == [1, 2, 4, 8]
+    assert buckets_up_to(20) == [1, 2, 4, 8, 16, 20]
+    sizes = buckets_up_to(64)
+    assert sizes[-1] == 64 and sizes == sorted(set(sizes))
+
+
+def _generate(cuda_graph: bool) -> tuple[list[list[int]], LLM]:
+    llm = LLM("tiny:qwen3", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
+              max_context=256, kv_capacity=4096, cuda_graph=cuda_graph)
+    # different lengths, so the batch shrinks through several buckets as requests finish
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, params)
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+@gpu
+@needs_cuda
+def test_graph_decode_equals_eager_decode():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager, llm_eager = _generate(False)
+    graphed, llm_graph = _generate(True)
+    assert llm_eager.engine.runner.graphs is None
+    assert llm_graph.engine.runner.graphs is not None
+    assert graphed == eager
+
+
+@gpu
+@needs_cuda
+def test_padding_rows_leave_the_kv_cache_untouched():
+    llm = LLM("tiny:qwen3", device="cuda", dtype="fp32", max_concurrency=8, max_context=128, kv_capacity=2048)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None
+    caches = [layer.self_attn.kv_cache for layer in llm.engine.model.model.layers]
+    before = [torch.cat([c.k, c.v]).clone() for c in caches]
+    # three sequences replayed in the bucket of four: row four is padding
+    tables = [[1], [2], [3]]
+    graphs.run([5, 6, 7], [0, 0, 0], tables)
+    torch.cuda.synchronize()
+    for b, c in zip(before, caches):
+        a = torch.cat([c.k, c.v])
+        blocks = c.k.shape[0]
+        changed = sorted({i % blocks for i in (b != a).flatten(1).any(dim=1).nonzero().flatten().tolist()})
+        assert changed == [1, 2, 3]  # only the three sequences' pages were written
