@@ -103,12 +103,30 @@ def build_engine(profile, registry) -> LoadedEngine:
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     guided = build_guided_decoding(profile, registry, tokenizer, family, vocab_size)
     engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size, guided=guided)
-    allocate_state_slots(engine)  # hybrid families: recurrent-state pool and its slots
+    slots = allocate_state_slots(engine)  # hybrid families: recurrent-state pool and its slots
+    _log_memory_ledger(engine, model, slots, device)
     if profile.engine.cuda_graph and device.type == "cuda":
         if not engine.runner.enable_cuda_graphs(cfg.max_concurrency, cfg.max_context):
             logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def _log_memory_ledger(engine, model, slots, device: torch.device) -> None:
+    """One line saying where the device memory went: weights, KV pages, recurrent state."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_tokens = engine.num_blocks * engine.config.block_size
+    num_slots = slots.num_slots if slots is not None else 0
+    free = f", {_size(torch.cuda.mem_get_info(device)[0])} still free" if device.type == "cuda" else ""
+    logger.info(
+        "memory: weights {}, KV {} ({} tokens in pages of {}), recurrent state {} ({} slots){}",
+        _size(weights), _size(engine.kv_bytes), kv_tokens, engine.config.block_size,
+        _size(state_pool_bytes(model, num_slots)), num_slots, free,
+    )
 
 
 def default_model_id(model: str, model_dir) -> str:
