@@ -59,3 +59,20 @@ def test_padding_rows_leave_the_kv_cache_untouched():
         blocks = c.k.shape[0]
         changed = sorted({i % blocks for i in (b != a).flatten(1).any(dim=1).nonzero().flatten().tolist()})
         assert changed == [1, 2, 3]  # only the three sequences' pages were written
+
+
+@gpu
+@needs_cuda
+def test_graphs_survive_cublas_workspaces_being_freed():
+    """torch.compile's graph trees clear cuBLAS's workspaces; our graphs must not have
+    captured that shared memory (once freed and released, replay would fault)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    eager, _ = _generate(False)
+    llm = LLM("tiny:qwen3", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
+              max_context=256, kv_capacity=4096)
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = llm.generate(PROMPTS, params)
+    torch.cuda.synchronize()
+    assert [o.outputs[0].token_ids for o in outs] == eager

@@ -105,8 +105,8 @@ class Bench:
             self.emit(record)
         if self.hf is None:
             return
-        # transformers last: its compiled setup captures CUDA graphs of its own, and ours
-        # are never replayed after it in the same process
+        # transformers after all of ours: its compiled setup recompiles and captures graphs
+        # of its own, which should not sit between our timed runs
         for setup, wanted in (("dynamic", hf_dynamic), ("compiled", hf_compiled)):
             for c in [c for c in levels if c in wanted]:
                 work = fixed_workload(c, a.decode_prompt_len, a.decode_output_len, self.vocab, a.seed + c)

@@ -42,6 +42,15 @@ def can_capture(model) -> bool:
     return bool(getattr(model, "supports_cuda_graphs", False))
 
 
+def _clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces so the next capture allocates its own inside the
+    graph pool. A graph that captured the shared workspace would keep using that memory
+    after anything else (torch.compile's graph trees do) clears the cache and frees it."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 class DecodeGraphs:
     """One captured decode forward per bucket; :meth:`run` replays the right one."""
 
@@ -99,11 +108,13 @@ class DecodeGraphs:
                 for _ in range(2):  # compile and warm every kernel outside the capture
                     self.model(ids, pos, batch)
                 torch.cuda.synchronize(self.device)
+                _clear_cublas_workspaces()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self._hidden[bs] = self.model(ids, pos, batch)
                 pool = graph.pool()
                 self._graphs[bs], self._batches[bs] = graph, batch
+        _clear_cublas_workspaces()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         logger.info(
