@@ -18,11 +18,10 @@ import argparse
 import json
 import sys
 import time
-from typing import Callable
 
 import torch
-from triton.testing import do_bench
 
+from gpu_timing import bench, graphed, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.plugins import load_registry
 from ninfer_kernels import causal_conv, gated_delta
@@ -44,29 +43,6 @@ CONV_DIM = 2 * HK * DK + HV * DV
 PAGE = 16
 DTYPE = torch.bfloat16
 MAX_REL_ERR = 2e-2  # bf16 inputs, float32 state
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not torch.isfinite(got).all():
-        return float("nan")
-    want = want.double()
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
-
-
-def bench(fn: Callable[[], object], rep: int = 50) -> float:
-    return do_bench(fn, warmup=10, rep=rep, return_mode="median")
-
-
-def graphed(fn: Callable[[], object]) -> Callable[[], None]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def make_batch(specs: list[tuple[int, int]]) -> ForwardBatch:

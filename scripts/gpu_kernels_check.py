@@ -21,8 +21,8 @@ import time
 from typing import Callable
 
 import torch
-from triton.testing import do_bench
 
+from gpu_timing import bench, graphed, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import activation, attention, norm, rope
 from ninfer_kernels.triton import activation as t_activation
@@ -34,30 +34,6 @@ from ninfer_kernels.triton import rope as t_rope
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, PAGE = 32, 8, 128, 4096, 12288, 16
 DTYPE = torch.bfloat16
 MAX_REL_ERR = 1e-2  # bf16 operands: errors land between 1e-3 and 1e-2
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not torch.isfinite(got).all():
-        return float("nan")
-    want = want.double()
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
-
-
-def bench(fn: Callable[[], object], rep: int = 100) -> float:
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
-
-
-def graphed(fn: Callable[[], object]) -> Callable[[], None]:
-    """``fn`` captured in a CUDA graph, warmed up (compiled) on a side stream first."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def bench_kernel(fn: Callable[[], object]) -> tuple[float, dict]:

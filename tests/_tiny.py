@@ -43,3 +43,15 @@ def varlen_batch(
         seq_lens_host=seq_lens,
     )
     return torch.tensor(ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64), batch
+
+
+def shuffled_tables(lengths: list[int], block_size: int, seed: int = 0) -> tuple[list[list[int]], int]:
+    """Block tables over a randomly permuted page pool (page 0 left unused); returns the
+    tables and how many pages the pool needs."""
+    counts = [-(-n // block_size) for n in lengths]
+    pages = (torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)) + 1).tolist()
+    tables, start = [], 0
+    for c in counts:
+        tables.append(pages[start : start + c])
+        start += c
+    return tables, sum(counts) + 1

@@ -15,6 +15,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny tensors: a second torch thread costs more in hand-offs than it
+    saves (many times over on a busy machine). Use with ``pytestmark``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """tiny:FAMILY checkpoints go to a per-session cache, not the user's home."""

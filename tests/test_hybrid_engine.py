@@ -22,14 +22,7 @@ MAX_NEW = 10
 GREEDY = dict(temperature=0, presence_penalty=0.0, ignore_eos=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: a second thread costs more in hand-offs than it saves (many times over
-    when the machine is busy), so these tests run single-threaded."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 
 
 @pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])

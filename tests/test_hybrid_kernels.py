@@ -17,14 +17,7 @@ TOL = 1e-4
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/interpreter check; gpu tests cover CUDA")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: a second thread costs more in hand-offs than it saves (many times over
-    when the machine is busy), so these tests run single-threaded."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 
 
 def state_batch(specs: list[tuple[int, int]], slots: list[int], pad_rows: int = 0, device: str = "cpu") -> ForwardBatch:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _tiny import varlen_batch
+from _tiny import shuffled_tables, varlen_batch
 from ninfer.model.loader import iter_weights, load_model, read_config
 from ninfer.plugins import load_registry
 from ninfer.tiny.make import make_tiny
@@ -30,14 +30,7 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: a second thread costs more in hand-offs than it saves (many times over
-    when the machine is busy), so these tests run single-threaded."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +73,6 @@ def _ours(path, registry, num_pages: int, num_slots: int):
     return model
 
 
-def _tables(lengths: list[int], seed: int = 0) -> tuple[list[list[int]], int]:
-    """Block tables over a randomly permuted page pool (page 0 left unused)."""
-    counts = [-(-n // BLOCK_SIZE) for n in lengths]
-    pages = (torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)) + 1).tolist()
-    tables, start = [], 0
-    for c in counts:
-        tables.append(pages[start : start + c])
-        start += c
-    return tables, sum(counts) + 1
-
-
 def _step(model, steps, tables, slots):
     ids, positions, batch = varlen_batch(steps, tables, BLOCK_SIZE)
     batch.state_slots = torch.tensor(slots, dtype=torch.int64)
@@ -112,7 +94,7 @@ def _continued(hf, prompts: list[list[int]], steps: int) -> list[list[int]]:
 
 def test_varlen_prefill_matches_transformers(tiny, hf, registry):
     prompts = _prompt_ids(tiny)
-    tables, num_pages = _tables([len(p) for p in prompts])
+    tables, num_pages = shuffled_tables([len(p) for p in prompts], BLOCK_SIZE)
     model = _ours(tiny, registry, num_pages, num_slots=6)
     ours = _step(model, [(0, p) for p in prompts], tables, [5, 0, 3, 2])
     with torch.no_grad():
@@ -127,7 +109,7 @@ def test_chunked_prefill_and_decode_match_transformers(tiny, hf, registry):
     full = _continued(hf, prompts, DECODE_STEPS)
     with torch.no_grad():
         expected = [hf(torch.tensor([seq])).logits[0] for seq in full]
-    tables, num_pages = _tables([len(s) for s in full], seed=1)
+    tables, num_pages = shuffled_tables([len(s) for s in full], BLOCK_SIZE, seed=1)
     slots = [4, 1, 5, 2]
     model = _ours(tiny, registry, num_pages, num_slots=6)
     done = [0] * len(full)
@@ -156,7 +138,7 @@ def test_chunked_path_equals_one_full_prefill(tiny, registry):
     on a populated cache in some releases.
     """
     prompt = _prompt_ids(tiny)[1] * 2  # long enough for several chunks of 7 (not a page multiple)
-    tables, num_pages = _tables([len(prompt)])
+    tables, num_pages = shuffled_tables([len(prompt)], BLOCK_SIZE)
     model = _ours(tiny, registry, num_pages, num_slots=3)
     whole = _step(model, [(0, prompt)], tables, [1])
     pieces = []
@@ -233,7 +215,7 @@ def test_loads_what_transformers_saves(tiny, hf, registry, tmp_path):
     and no MTP weights although the config still declares the layer."""
     hf.save_pretrained(tmp_path)
     prompts = _prompt_ids(tiny)
-    tables, num_pages = _tables([len(p) for p in prompts])
+    tables, num_pages = shuffled_tables([len(p) for p in prompts], BLOCK_SIZE)
     model = _ours(tmp_path, registry, num_pages, num_slots=4)
     assert model.mtp is None
     ours = _step(model, [(0, p) for p in prompts], tables, [0, 1, 2, 3])

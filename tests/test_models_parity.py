@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _tiny import varlen_batch
+from _tiny import shuffled_tables, varlen_batch
 from ninfer.model.loader import iter_weights, load_model, read_config
 from ninfer.plugins import load_registry
 
@@ -54,17 +54,6 @@ def _ours(path, registry, num_pages: int):
     return model
 
 
-def _shuffled_tables(lengths: list[int], seed: int = 0) -> tuple[list[list[int]], int]:
-    """Block tables over a randomly permuted page pool (page 0 left unused)."""
-    counts = [-(-n // BLOCK_SIZE) for n in lengths]
-    pages = (torch.randperm(sum(counts), generator=torch.Generator().manual_seed(seed)) + 1).tolist()
-    tables, start = [], 0
-    for c in counts:
-        tables.append(pages[start : start + c])
-        start += c
-    return tables, sum(counts) + 1
-
-
 def _greedy_continuations(hf, prompts: list[list[int]], steps: int) -> list[list[int]]:
     """Each prompt extended by transformers' own greedy tokens (no EOS stop)."""
     seqs = [list(p) for p in prompts]
@@ -80,7 +69,7 @@ def test_varlen_prefill_matches_transformers(family, registry, request):
     path = request.getfixturevalue(f"tiny_{family}")
     hf, prompts = _hf_model(path), _prompt_ids(path)
     assert len({len(p) for p in prompts}) == len(prompts), "prompts should differ in length"
-    tables, num_pages = _shuffled_tables([len(p) for p in prompts])
+    tables, num_pages = shuffled_tables([len(p) for p in prompts], BLOCK_SIZE)
     model = _ours(path, registry, num_pages)
     ids, positions, batch = varlen_batch([(0, p) for p in prompts], tables, BLOCK_SIZE)
     with torch.no_grad():
@@ -102,7 +91,7 @@ def test_chunked_prefill_and_decode_match_transformers(family, registry, request
     full = _greedy_continuations(hf, prompts, DECODE_STEPS)
     with torch.no_grad():
         expected = [hf(torch.tensor([seq])).logits[0] for seq in full]
-    tables, num_pages = _shuffled_tables([len(s) for s in full], seed=1)
+    tables, num_pages = shuffled_tables([len(s) for s in full], BLOCK_SIZE, seed=1)
     model = _ours(path, registry, num_pages)
 
     done = [0] * len(full)
@@ -135,7 +124,7 @@ def test_loads_what_transformers_saves(family, registry, request, tmp_path):
     hf = _hf_model(path)
     hf.save_pretrained(tmp_path)
     prompts = _prompt_ids(path)
-    tables, num_pages = _shuffled_tables([len(p) for p in prompts])
+    tables, num_pages = shuffled_tables([len(p) for p in prompts], BLOCK_SIZE)
     model = _ours(tmp_path, registry, num_pages)
     ids, positions, batch = varlen_batch([(0, p) for p in prompts], tables, BLOCK_SIZE)
     with torch.no_grad():

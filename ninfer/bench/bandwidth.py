@@ -7,7 +7,22 @@ the step rate over the bandwidth a plain device-to-device copy reaches.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+
+def cuda_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Device milliseconds per call of ``fn`` run back to back (timed with CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
 
 
 def copy_bandwidth(device: torch.device, mib: int = 2048, iters: int = 20) -> float:
@@ -15,17 +30,9 @@ def copy_bandwidth(device: torch.device, mib: int = 2048, iters: int = 20) -> fl
     n = mib << 20
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1000
+    ms = cuda_ms(lambda: dst.copy_(src), iters, warmup=3)
     del src, dst
-    return 2 * n * iters / seconds
+    return 2 * n / (ms / 1000)
 
 
 def weight_bytes_read_per_step(model) -> int:

@@ -36,14 +36,7 @@ def _graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
     bucket = graphs.bucket_for(batch) if graphs is not None else None
     if bucket is None:
         return None
-    graphs.replay(bucket)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graphs.replay(bucket)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+    return bw.cuda_ms(lambda: graphs.replay(bucket), repeats)
 
 
 class Bench:
