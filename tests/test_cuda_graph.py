@@ -22,9 +22,10 @@ def test_buckets_cover_every_batch_size_up_to_the_limit():
     assert sizes[-1] == 64 and sizes == sorted(set(sizes))
 
 
-def _generate(cuda_graph: bool) -> tuple[list[list[int]], LLM]:
+def _generate(cuda_graph: bool, ahead: bool = True) -> tuple[list[list[int]], LLM]:
     llm = LLM("tiny:qwen3", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
               max_context=256, kv_capacity=4096, cuda_graph=cuda_graph)
+    llm.engine.decode_ahead = ahead  # on by default on CUDA
     # different lengths, so the batch shrinks through several buckets as requests finish
     params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
     outs = llm.generate(PROMPTS, params)
@@ -35,11 +36,12 @@ def _generate(cuda_graph: bool) -> tuple[list[list[int]], LLM]:
 @needs_cuda
 def test_graph_decode_equals_eager_decode():
     torch.backends.cuda.matmul.allow_tf32 = False
-    eager, llm_eager = _generate(False)
+    eager, llm_eager = _generate(False, ahead=False)
     graphed, llm_graph = _generate(True)
     assert llm_eager.engine.runner.graphs is None
     assert llm_graph.engine.runner.graphs is not None
     assert graphed == eager
+    assert _generate(True, ahead=False)[0] == eager
 
 
 @gpu

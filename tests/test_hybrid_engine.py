@@ -63,15 +63,18 @@ def test_greedy_concurrent_generation_equals_transformers(tiny):
     assert engine.scheduler.state_slots.num_used == 0 and engine.block_manager.num_used_blocks == 0
 
 
-def test_prefix_reuse_is_off_and_repeats_are_identical(tiny):
+def test_repeats_reuse_a_snapshot_and_are_identical(tiny):
     llm = _llm(tiny)
-    assert llm.engine.block_manager.enable_prefix_reuse is False
     prompt = llm.get_tokenizer().encode(PROMPTS[3] * 2)
     params = SamplingParams(max_tokens=6, **GREEDY)
     first, second = llm.generate([{"prompt_token_ids": prompt}] * 2, params)
     again = llm.generate({"prompt_token_ids": prompt}, params)[0]
     assert first.outputs[0].token_ids == second.outputs[0].token_ids == again.outputs[0].token_ids
-    assert again.num_cached_tokens == 0
+    # the deepest reusable page boundary before the last prompt token has a snapshot
+    assert again.num_cached_tokens == (len(prompt) - 1) // 4 * 4
+    off = LLM(str(tiny), dtype="fp32", device="cpu", block_size=4, no_prefix_reuse=True)
+    assert off.engine.block_manager.enable_prefix_reuse is False
+    assert off.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids == first.outputs[0].token_ids
 
 
 def test_slots_come_back_on_abort_and_on_error(tiny, monkeypatch):
@@ -95,7 +98,7 @@ def test_slots_come_back_on_abort_and_on_error(tiny, monkeypatch):
 
     failed = {seq.request_id: seq for seq in engine.scheduler.running}
     with monkeypatch.context() as patch:
-        patch.setattr(engine.runner, "execute", broken)
+        patch.setattr(engine.runner, "launch", broken)
         events = engine.step()
     errored = {e.request_id for e in events if e.finish_reason == "error"}
     assert errored and all(failed[r].state_slot is None for r in errored)

@@ -99,6 +99,7 @@ CASES = {
     "case,page,heads,splits",
     [
         ("decode", 16, (8, 2), 1), ("decode", 4, (8, 2), 3), ("decode", 1, (6, 1), 2),
+        ("decode", 16, (8, 2), 8),  # most splits of the short sequences are empty
         ("prefill", 4, (4, 4), 1), ("prefill", 16, (8, 2), 2),
         ("chunk_on_prefix", 1, (8, 2), 1), ("chunk_on_prefix", 16, (6, 1), 3),
         ("mixed", 4, (8, 2), 1), ("mixed", 16, (4, 4), 2), ("mixed", 1, (6, 1), None),

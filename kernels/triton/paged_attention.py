@@ -28,7 +28,9 @@ from ninfer.model.forward_batch import ForwardBatch
 
 #: a split covers at least this many keys, so the merge pass stays cheap next to it
 MIN_KEYS_PER_SPLIT = 128
-MAX_SPLITS = 32
+#: more splits than this measured slower for decode on an H200 (empty splits still launch,
+#: and the merge reads every split)
+MAX_SPLITS = 16
 
 
 @triton.jit
@@ -125,12 +127,6 @@ def _attend_kernel(
     dv_ok = offs_dv < HEAD_DV
 
     q_rows = (q_begin + tok).to(tl.int64)
-    q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
 
     # Keys this block of rows can see at all, then this split's share of them.
     hi = seq_len - q_len + tl.minimum(t0 + TOKENS, q_len)
@@ -139,6 +135,19 @@ def _attend_kernel(
         chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(hi, lo + chunk)
+        if lo >= hi:
+            # Nothing to see here (the split count is sized for the longest context, so
+            # short sequences leave trailing splits empty): mark the partial empty and
+            # leave its values unwritten; the merge never reads them.
+            tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, float("-inf"), mask=row_ok)
+            return
+
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -197,7 +206,8 @@ def _merge_kernel(
     w = tl.exp2(lse - tl.max(lse, 0))
     w = w / tl.sum(w, 0)
     part = part_o_ptr + offs_s[:, None] * stride_ps + t.to(tl.int64) * stride_pt + h * stride_ph + offs_dv[None, :]
-    o = tl.load(part, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+    # empty splits left their values unwritten: never read them (0 * garbage may be NaN)
+    o = tl.load(part, mask=(s_ok & (lse > float("-inf")))[:, None] & dv_ok[None, :], other=0.0)
     tl.store(dest, tl.sum(o * w[:, None], 0).to(out_ptr.dtype.element_ty), mask=dv_ok)
 
 
@@ -211,14 +221,17 @@ def _num_sms(device: torch.device) -> int:
 def _tiles(group: int, max_query_len: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, TOKENS, BLOCK_N, num_warps, num_stages) for this batch's shape.
 
-    Picked from a sweep on an H200 (Qwen3-8B shapes, bf16, page size 16): decode
-    moves bytes, so wide key tiles; prefill is matrix-bound and 64-row tiles balanced
-    the causal triangle best.
+    Picked from sweeps on an H200 (Qwen3-8B shapes, bf16, page size 16;
+    scripts/gpu_attention_sweep.py): decode is latency-bound at short contexts, where
+    64-key tiles spread over more splits won; prefill is matrix-bound and 64-row tiles
+    balanced the causal triangle best.
     """
     if max_query_len == 1:
-        return max(16, triton.next_power_of_2(group)), 1, 128, 4, 2
+        return max(16, triton.next_power_of_2(group)), 1, 64, 4, 2
     block_m = max(64, triton.next_power_of_2(group))
-    return block_m, max(1, min(block_m // group, max_query_len)), 64, 4, 2
+    # a fixed token count per block (rows past a short chunk are masked): tying it to the
+    # chunk length would compile a kernel variant per short prompt length on first use
+    return block_m, max(1, block_m // group), 64, 4, 2
 
 
 def _num_splits(base_programs: int, max_seq_len: int, device: torch.device) -> int:

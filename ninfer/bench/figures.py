@@ -83,10 +83,13 @@ class Bench:
         a, engine = self.args, self.llm.engine
         weights = bw.weight_bytes_read_per_step(engine.model)
         kv_tok = bw.kv_bytes_per_token(engine)
-        for c in levels:
+        modes = {"on": [True], "off": [False], "both": [True, False]}[a.decode_ahead]
+        for c, ahead in [(c, ahead) for c in levels for ahead in modes]:
+            engine.decode_ahead = ahead and engine.device.type == "cuda"
             work = fixed_workload(c, a.decode_prompt_len, a.decode_output_len, self.vocab, a.seed + c)
             ours = ninfer_runs.decode_throughput(engine, work)
-            record = {"figure": "decode", "engine": "ninfer", "concurrency": c, **self.common, **ours}
+            record = {"figure": "decode", "engine": "ninfer", "concurrency": c, "decode_ahead": engine.decode_ahead,
+                      **self.common, **ours}
             if self.copy_bw and ours["step_ms"]:
                 mean_ctx = a.decode_prompt_len + a.decode_output_len / 2
                 record["bandwidth_utilisation"] = bw.utilisation(weights, kv_tok, mean_ctx, c,
@@ -96,6 +99,7 @@ class Bench:
             if replay is not None:
                 record["graph_replay_ms"] = replay  # device time of the step's forward alone
             self.emit(record)
+        engine.decode_ahead = modes[0] and engine.device.type == "cuda"
         if self.hf is None:
             return
         # transformers after all of ours: its compiled setup recompiles and captures graphs

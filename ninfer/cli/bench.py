@@ -50,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-concurrency", type=int, default=8, help="engine admission limit for the offline run")
     p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--no-cuda-graph", action="store_true", help="decode eagerly")
+    p.add_argument("--decode-ahead", choices=["on", "off", "both"], default="on",
+                   help="queue each decode step before the previous one's tokens reach the host (CUDA); "
+                        "both: measure decode either way")
     p.add_argument("--hf-batch", type=int, default=16, help="transformers offline batch size")
     p.add_argument("--hf-dynamic", help="transformers dynamic-cache decode levels (default: --concurrency)")
     p.add_argument("--hf-compiled", default="", help="transformers static-cache + compile decode levels")

@@ -17,6 +17,7 @@ from loguru import logger
 
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.engine.stats import ContextCacheCounters
 from ninfer.errors import EngineDeadError
 
 
@@ -24,6 +25,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, stats_interval_s: float = 5.0):
         self.engine = engine
         self.stats_interval_s = stats_interval_s
+        self._last_cache_summary = ""
         self._inbox: "queue.Queue[Callable[[], None]]" = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread: Optional[threading.Thread] = None
@@ -149,6 +151,10 @@ class AsyncEngine:
             bm.usage(),
             self.engine.stats.prefix_hit_rate,
         )
+        cache = ContextCacheCounters.of(self.engine.scheduler).summary()
+        if cache != self._last_cache_summary:  # only when the cache did something
+            self._last_cache_summary = cache
+            logger.info(cache)
 
 
 def _settle(future: asyncio.Future, exc: Optional[BaseException]) -> None:

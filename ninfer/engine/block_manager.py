@@ -8,16 +8,32 @@ which therefore always fall into pages of its own.
 
 Free pages live in two pools: clean ones (no reusable content) and cached ones that
 still hold published content, kept in the order they were freed. Allocation drains the
-clean pool first and then evicts the least recently freed cached page.
+clean pool first and then evicts the least recently freed cached page. With a host
+tier attached (:mod:`ninfer.engine.host_kv`) an evicted page is copied there first and
+stays matchable; a hit on it gets a fresh block and the copy back.
+
+Models with recurrent state can resume only where a state snapshot exists, so they
+attach a :class:`FrontierIndex`: a match then ends at its deepest page that has one,
+and the index hears about every page the cache forgets.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Optional
+from typing import Optional, Protocol
 
+from ninfer.engine.host_kv import HostKVTier
 from ninfer.engine.prefix_cache import CachedPage, ChainPos, PrefixCache
 from ninfer.engine.sequence import Sequence
+
+
+class FrontierIndex(Protocol):
+    """Which published pages (by node id) a sequence may resume right after."""
+
+    def has(self, node: int) -> bool: ...
+
+    def forget(self, node: int) -> None:
+        """The page ``node`` is gone from the cache and can never match again."""
 
 
 class BlockManager:
@@ -43,6 +59,10 @@ class BlockManager:
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
         self.num_evicted_blocks = 0  # cached pages overwritten to serve an allocation
+        self.num_spilled_blocks = 0  # ...of which a copy went to the host tier
+        self.num_restored_blocks = 0  # host copies brought back for a hit
+        self.host_kv: Optional[HostKVTier] = None
+        self.frontier_index: Optional[FrontierIndex] = None
 
     # -- accounting ---------------------------------------------------------------
 
@@ -90,13 +110,21 @@ class BlockManager:
         if hashes is None:
             hashes = self.cache.chain_hashes(seq.token_ids, num_pages, root)
             self._hash_memo[seq.seq_id] = hashes
-        return self.cache.match(seq.token_ids, hashes, root)
+        hits = self.cache.match(seq.token_ids, hashes, root)
+        if self.frontier_index is not None:
+            has = self.frontier_index.has
+            while hits and not has(hits[-1].pos.node):
+                hits.pop()
+        return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
         needed = self.blocks_needed(seq)
         if needed <= self.num_free_blocks:
             return True  # reuse only ever lowers the demand
-        shared_in_use = sum(1 for page in self._match(seq) if self._refcount[page.block_id] > 0)
+        # A host-resident hit needs a fresh block like a miss; only blocks in use save one.
+        shared_in_use = sum(
+            1 for page in self._match(seq) if page.block_id is not None and self._refcount[page.block_id] > 0
+        )
         return needed - shared_in_use <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
@@ -109,7 +137,13 @@ class BlockManager:
         hits = self._match(seq)
         self._hash_memo.pop(seq.seq_id, None)
         # Claim the hits before taking fresh pages so eviction cannot reclaim them.
-        table = [self._claim(page.block_id) for page in hits]
+        table = [self._claim(page.block_id) if page.block_id is not None else -1 for page in hits]
+        for page in hits:
+            if page.block_id is None:
+                self.host_kv.hold(page.host_page)
+        for index, page in enumerate(hits):
+            if page.block_id is None:
+                table[index] = self._restore(page.host_page)
         table += [self._take_fresh() for _ in range(self.blocks_needed(seq) - len(hits))]
         seq.block_table = table
         reused = len(hits) * self.block_size
@@ -133,10 +167,42 @@ class BlockManager:
             block_id = self._clean.popleft()
         else:
             block_id, _ = self._cached_lru.popitem(last=False)
-            self.cache.evict(block_id)
-            self.num_evicted_blocks += 1
+            self._evict(block_id)
         self._refcount[block_id] = 1
         return block_id
+
+    def _evict(self, block_id: int) -> None:
+        """The cached page in ``block_id`` is about to be overwritten: spill it or forget it."""
+        self.num_evicted_blocks += 1
+        if self.host_kv is not None:
+            host_page, dropped = self.host_kv.store(block_id)
+            if dropped is not None:
+                self._forget(self.cache.evict_host(dropped))
+            if host_page is not None:
+                self.cache.to_host(block_id, host_page)
+                self.num_spilled_blocks += 1
+                return
+        self._forget(self.cache.evict(block_id))
+
+    def _restore(self, host_page: int) -> int:
+        """A fresh block holding the host copy ``host_page`` again (published, refcount 1)."""
+        block_id = self._take_fresh()
+        self.host_kv.restore(host_page, block_id)
+        self.cache.to_device(host_page, block_id)
+        self.num_restored_blocks += 1
+        return block_id
+
+    def _forget(self, node: int) -> None:
+        if self.frontier_index is not None:
+            self.frontier_index.forget(node)
+
+    def published_node(self, seq: Sequence, num_tokens: int) -> Optional[int]:
+        """The node id of ``seq``'s published page ending exactly at ``num_tokens``, if its
+        chain has reached that far (and no further); None otherwise."""
+        end = self._chain_end.get(seq.seq_id)
+        if end is None or num_tokens <= 0 or self._chain_pages[seq.seq_id] * self.block_size != num_tokens:
+            return None
+        return end.node
 
     # -- progress and release -----------------------------------------------------
 

@@ -12,7 +12,8 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.guided_setup import build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
-from ninfer.engine.state_setup import allocate_state_slots, state_pool_bytes
+from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snapshot_rows, state_pool_bytes
+from ninfer.engine.warmup import warm_up
 from ninfer.model.loader import load_model
 from ninfer.tiny.cache import resolve_model_path
 from ninfer.tokenizer import Tokenizer
@@ -55,8 +56,10 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # 1 GiB headroom for activations and the allocator; hybrid families' recurrent
-        # state pool (one slot per admitted request) is allocated after the KV pool
-        budget = free - (1 << 30) - state_pool_bytes(model, profile.engine.max_concurrency)
+        # state pool (one slot per admitted request, plus the snapshot rows) is
+        # allocated after the KV pool
+        rows = profile.engine.max_concurrency + (profile.cache.device_state_slots or 0)
+        budget = free - (1 << 30) - state_pool_bytes(model, rows)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency
 
@@ -73,6 +76,9 @@ def engine_config(profile, kv_tokens: int) -> EngineConfig:
         default_max_tokens=profile.engine.default_max_tokens,
         thinking=profile.reasoning.thinking,
         kv_dtype=profile.engine.kv_dtype,
+        device_state_slots=profile.cache.device_state_slots,
+        host_state_slots=profile.cache.host_state_slots,
+        host_kv_mib=profile.cache.host_kv_mib,
         process_sampling=ProcessSamplingOverrides(
             temperature=s.temperature,
             top_p=s.top_p,
@@ -103,11 +109,16 @@ def build_engine(profile, registry) -> LoadedEngine:
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     guided = build_guided_decoding(profile, registry, tokenizer, family, vocab_size)
     engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size, guided=guided)
-    slots = allocate_state_slots(engine)  # hybrid families: recurrent-state pool and its slots
+    slots = allocate_state_slots(engine)  # hybrid families: recurrent-state pool, slots, snapshots
+    attach_host_kv(engine)
     _log_memory_ledger(engine, model, slots, device)
+    # queue each decode step behind the previous one (on CPU nothing would overlap)
+    engine.decode_ahead = device.type == "cuda"
     if profile.engine.cuda_graph and device.type == "cuda":
         if not engine.runner.enable_cuda_graphs(cfg.max_concurrency, cfg.max_context):
             logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
+    if device.type == "cuda":
+        warm_up(engine)  # Triton compiles now rather than inside the first requests
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
 
@@ -121,11 +132,13 @@ def _log_memory_ledger(engine, model, slots, device: torch.device) -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_tokens = engine.num_blocks * engine.config.block_size
     num_slots = slots.num_slots if slots is not None else 0
+    snap = snapshot_rows(engine.config) if slots is not None else 0
+    snapshots = f", state snapshots {_size(state_pool_bytes(model, snap))} ({snap} rows)" if snap else ""
     free = f", {_size(torch.cuda.mem_get_info(device)[0])} still free" if device.type == "cuda" else ""
     logger.info(
-        "memory: weights {}, KV {} ({} tokens in pages of {}), recurrent state {} ({} slots){}",
+        "memory: weights {}, KV {} ({} tokens in pages of {}), recurrent state {} ({} slots){}{}",
         _size(weights), _size(engine.kv_bytes), kv_tokens, engine.config.block_size,
-        _size(state_pool_bytes(model, num_slots)), num_slots, free,
+        _size(state_pool_bytes(model, num_slots)), num_slots, snapshots, free,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ninfer.engine.defaults import ProcessSamplingOverrides
 
@@ -18,4 +19,8 @@ class EngineConfig:
     default_max_tokens: int = 8192
     thinking: bool = True
     kv_dtype: str = "bf16"
+    #: context-cache capacities (profile ``cache``); None when prefix reuse is off
+    device_state_slots: Optional[int] = None  # snapshot rows on the device (hybrid families)
+    host_state_slots: Optional[int] = None  # snapshot rows in pinned host memory
+    host_kv_mib: Optional[int] = None  # host memory for evicted KV pages
     process_sampling: ProcessSamplingOverrides = field(default_factory=ProcessSamplingOverrides)

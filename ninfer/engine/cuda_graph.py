@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -134,11 +134,16 @@ class DecodeGraphs:
         self._graphs[bucket].replay()
 
     def run(
-        self, token_ids: Sequence[int], positions: Sequence[int], block_tables: Sequence[Sequence[int]]
+        self,
+        token_ids: Union[Sequence[int], torch.Tensor],
+        positions: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
     ) -> tuple[torch.Tensor, ForwardBatch]:
         """Replay the decode step of ``len(token_ids)`` sequences, each adding one token at
         ``positions[i]``; returns (hidden rows [B, hidden], the batch whose
-        ``logits_indices`` select them)."""
+        ``logits_indices`` select them). ``token_ids`` may be a device tensor (a step
+        launched before the previous one's tokens reached the host)."""
+        on_device = isinstance(token_ids, torch.Tensor)
         num = len(token_ids)
         bs = self.bucket_for(num)
         assert bs is not None, "batch larger than the largest captured bucket"
@@ -148,8 +153,9 @@ class DecodeGraphs:
         table = np.zeros((bs, width), dtype=np.int64)
         for i, t in enumerate(block_tables):
             table[i, : len(t)] = t
-        h[0:num] = token_ids
-        h[num:bs] = 0
+        h[0:bs] = 0
+        if not on_device:
+            h[0:num] = token_ids
         h[bs : bs + num] = pos
         h[bs + num : 2 * bs] = 0
         h[2 * bs : 2 * bs + num] = pos + 1  # context length including the new token
@@ -162,6 +168,8 @@ class DecodeGraphs:
         stage = self._stage[:end]
         stage.copy_(self._host[:end], non_blocking=True)
         self.input_ids[:bs].copy_(stage[0:bs])
+        if on_device:
+            self.input_ids[:num].copy_(token_ids)
         self.positions[:bs].copy_(stage[bs : 2 * bs])
         self.seq_lens[:bs].copy_(stage[2 * bs : 3 * bs])
         self.slot_mapping[:bs].copy_(stage[3 * bs : 4 * bs])

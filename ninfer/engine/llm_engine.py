@@ -11,17 +11,21 @@ import time
 from math import ceil
 from typing import Optional
 
+import torch
 from loguru import logger
 
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.config import EngineConfig
+from ninfer.engine.decode_ahead import plan_ahead
 from ninfer.engine.defaults import resolve_sampling
 from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.guided_setup import GuidedDecoding
 from ninfer.engine.guided_state import GuidedState
 from ninfer.engine.model_runner import ModelRunner
 from ninfer.engine.output_processor import RequestOutputState
+from ninfer.engine.pending_step import InFlight
 from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
+from ninfer.engine.sampling_metadata import to_device
 from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
@@ -71,6 +75,7 @@ class LLMEngine:
             for spec in model.attention_specs()
         ]
         model.bind_kv_caches(caches)
+        self.kv_caches = caches  # the host KV tier copies pages through them
         self.kv_bytes = sum(c.nbytes for c in caches)
         self.block_manager = BlockManager(self.num_blocks, bs, enable_prefix_reuse=config.prefix_reuse)
         self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk)
@@ -89,6 +94,11 @@ class LLMEngine:
         self._prompt_logprobs: dict[int, int] = {}  # seq id -> top-N, while its prompt is being scored
         self._failed_steps = 0
         self.dead: Optional[str] = None
+        #: launch the next decode step before the current one's tokens reach the host
+        #: (the builder turns it on for CUDA; on CPU nothing would overlap)
+        self.decode_ahead = False
+        self._in_flight: Optional[InFlight] = None  # a step launched ahead, not yet processed
+        self._last_step_done = 0.0
 
     # -- requests --------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -184,29 +194,42 @@ class LLMEngine:
 
     # -- stepping --------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        now = time.monotonic()
         events: list[GenerationEvent] = []
-        for seq in sched.admitted:  # admission fixes the prefix-cache hit: report it
-            tracked = self._requests[seq.request_id]
-            tracked.timings.admitted = now
-            events.append(self._event(tracked, "", []))
-        t0 = time.perf_counter()
+        current, self._in_flight = self._in_flight, None
+        if current is not None and all(c.seq.is_finished for c in current.sched.chunks):
+            current = None  # launched ahead for requests that have all ended since
+        if current is None:
+            sched = self.scheduler.schedule()
+            if sched.is_empty:
+                return []
+            now = time.monotonic()
+            for seq in sched.admitted:  # admission fixes the prefix-cache hit: report it
+                tracked = self._requests[seq.request_id]
+                tracked.timings.admitted = now
+                events.append(self._event(tracked, "", []))
+            try:
+                current = InFlight(sched, self.runner.launch(sched, self._prompt_logprobs), time.perf_counter())
+            except Exception as exc:  # the whole batch failed
+                return events + self._fail_batch(sched, exc)
+        sched = current.sched
+        following = self._launch_ahead(current)
         try:
-            rows, prompt_rows = self.runner.execute(sched, self._prompt_logprobs)
-        except Exception as exc:  # the whole batch failed
-            return self._fail_batch(sched, exc)
+            rows, prompt_rows = current.pending.result()
+        except Exception as exc:  # the whole batch failed (and what was queued behind it)
+            return events + self._fail_batch(sched, exc)
         self._failed_steps = 0
-        self.stats.record_step(sched, time.perf_counter() - t0)
+        done = time.perf_counter()
+        self.stats.record_step(sched, done - max(current.launched, self._last_step_done))
+        self._last_step_done = done
 
         rows_iter = iter(rows)
         now = time.monotonic()
         for chunk in sched.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_tokens
             row = next(rows_iter) if chunk.sample else None
+            if seq.is_finished:
+                continue  # ended while this step was computed ahead: its row is dropped
+            seq.num_computed_tokens += chunk.num_tokens
             tracked = self._requests[seq.request_id]
             try:
                 for r in prompt_rows.get(seq.seq_id, ()):
@@ -215,11 +238,40 @@ class LLMEngine:
                     events.append(self._commit_token(tracked, row, now))
                 else:  # a prefill chunk that is not the prompt's last
                     events.append(self._event(tracked, "", []))
-                self.block_manager.commit(seq)
+                self.scheduler.commit(seq)  # publishes pages, captures state snapshots
             except Exception as exc:  # one request's processing failed: fail it alone
                 logger.exception("request {} failed while processing its output", seq.request_id)
                 events.append(self._error_event(tracked, exc))
+        self._in_flight = following
         return events
+
+    def _launch_ahead(self, current: InFlight) -> Optional[InFlight]:
+        """Queue the decode step after ``current`` now, if it cannot depend on ``current``'s
+        tokens on the host (see :mod:`ninfer.engine.decode_ahead`)."""
+        if not self.decode_ahead or current.pending.token_ids is None:
+            return None
+        sched, rows = plan_ahead(current.sched, self.scheduler, self._needs_host_tokens, self.config.max_context)
+        if sched is None:
+            return None
+        ids = current.pending.token_ids
+        if len(rows) != ids.shape[0]:
+            ids = ids[to_device(rows, torch.int64, ids.device)]
+        try:
+            return InFlight(sched, self.runner.launch(sched, ahead_ids=ids), time.perf_counter())
+        except Exception:  # launched in the ordinary way next step, where a failure is handled
+            logger.opt(exception=True).warning("could not launch a decode step ahead")
+            return None
+
+    def _needs_host_tokens(self, seq: Sequence) -> bool:
+        """Whether sampling ``seq``'s next token needs its current one on the host first."""
+        tracked = self._requests.get(seq.request_id)
+        return (
+            tracked is None
+            or tracked.guided is not None
+            or tracked.budget is not None
+            or seq.sampling.uses_penalties
+            or seq.seq_id in self._prompt_logprobs
+        )
 
     def _commit_token(self, tracked: _Tracked, row, now: float) -> GenerationEvent:
         seq, out = tracked.seq, tracked.out
@@ -324,4 +376,6 @@ class LLMEngine:
         self._failed_steps += 1
         if self._failed_steps >= MAX_FAILED_STEPS:
             self.dead = f"{MAX_FAILED_STEPS} consecutive model steps failed: {type(exc).__name__}"
-        return [self._error_event(self._requests[c.seq.request_id], exc) for c in sched.chunks]
+        self._in_flight = None  # anything queued behind the failed step shares its requests
+        live = [self._requests[c.seq.request_id] for c in sched.chunks if not c.seq.is_finished]
+        return [self._error_event(tracked, exc) for tracked in live]

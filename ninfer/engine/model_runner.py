@@ -3,6 +3,11 @@
 Plain data (sequences, chunks) comes in; tensors live only here. Per-step metadata
 is built with vectorised tensor ops, and the sampled ids cross to the host once.
 
+:meth:`ModelRunner.launch` only queues the step and returns a
+:class:`~ninfer.engine.pending_step.PendingStep`. A decode step may be launched *ahead*:
+before the previous step's tokens reached the host, its sequences are one token further
+along than their host state says, and that token's id is fed from the device.
+
 Sequences that ask for prompt log probabilities also get logits for the rows of their
 prompt chunk: the row at position ``p`` scores prompt token ``p + 1``. The prompt's last
 row is the sampling row, whose own log probability covers the first output token.
@@ -10,25 +15,17 @@ row is the sampling row, whose own log probability covers the first output token
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
 
 from ninfer.engine.cuda_graph import DecodeGraphs, can_capture
+from ninfer.engine.pending_step import PendingStep, SampledRow
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
 from ninfer.lora import LoraBatch, LoraRegistry
 from ninfer.model.forward_batch import ForwardBatch
-
-
-@dataclass
-class SampledRow:
-    token_id: int
-    logprob: Optional[float] = None
-    top_ids: Optional[list[int]] = None
-    top_logprobs: Optional[list[float]] = None
 
 
 #: prompt rows scored per matmul: bounds the [rows, vocab] float32 logits of a long chunk
@@ -68,20 +65,28 @@ class ModelRunner:
             and chunks[0].seq.state_slot is None
         )
 
-    def _replay(self, sched: SchedulerOutput) -> tuple[torch.Tensor, ForwardBatch]:
+    def _replay(self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, ForwardBatch]:
         seqs = [c.seq for c in sched.chunks]
+        if ahead_ids is not None:
+            return self.graphs.run(ahead_ids, [s.num_computed_tokens + 1 for s in seqs], [s.block_table for s in seqs])
         positions = [s.num_computed_tokens for s in seqs]
         tokens = [s.token_ids[p] for s, p in zip(seqs, positions)]
         return self.graphs.run(tokens, positions, [s.block_table for s in seqs])
 
-    def build_batch(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
+    def build_batch(
+        self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
+        """Input ids, positions and the batch; ``ahead_ids``: a decode step launched ahead
+        (each sequence one token further along, whose id is on the device)."""
         chunks = sched.chunks
-        starts = [c.seq.num_computed_tokens for c in chunks]
+        shift = 0 if ahead_ids is None else 1
+        starts = [c.seq.num_computed_tokens + shift for c in chunks]
         q_lens = [c.num_tokens for c in chunks]
         seq_lens = [s + n for s, n in zip(starts, q_lens)]
         input_ids: list[int] = []
-        for c, s, n in zip(chunks, starts, q_lens):
-            input_ids += c.seq.token_ids[s : s + n]
+        if ahead_ids is None:
+            for c, s, n in zip(chunks, starts, q_lens):
+                input_ids += c.seq.token_ids[s : s + n]
         width = max(len(c.seq.block_table) for c in chunks)
         tables = torch.zeros(len(chunks), width, dtype=torch.int64)
         for i, c in enumerate(chunks):
@@ -91,7 +96,7 @@ class ModelRunner:
         query_start = torch.zeros(len(chunks) + 1, dtype=torch.int64)
         torch.cumsum(q_lens_t, 0, out=query_start[1:])
         row_seq = torch.repeat_interleave(torch.arange(len(chunks)), q_lens_t)
-        offsets = torch.arange(len(input_ids)) - query_start[row_seq]
+        offsets = torch.arange(sum(q_lens)) - query_start[row_seq]
         positions = torch.tensor(starts, dtype=torch.int64)[row_seq] + offsets
         bs = self.block_size
         slots = tables[row_seq, positions // bs] * bs + positions % bs
@@ -115,26 +120,40 @@ class ModelRunner:
             batch.state_slots = torch.tensor([c.seq.state_slot for c in chunks], dtype=torch.int64, device=dev)
         if self.loras:
             batch.lora = LoraBatch.build([c.seq.lora_slot for c in chunks], q_lens, dev)
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(dev)
+        ids = ahead_ids if ahead_ids is not None else torch.tensor(input_ids, dtype=torch.int64).to(dev)
         return ids, positions.to(dev), batch
 
-    @torch.inference_mode()
     def execute(
         self, sched: SchedulerOutput, prompt_logprobs: Optional[Mapping[int, int]] = None
     ) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
         """Run one step: one row per chunk with ``sample`` set, in order, and the prompt
         positions scored for the sequences in ``prompt_logprobs`` (seq id -> top-N)."""
+        return self.launch(sched, prompt_logprobs).result()
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        sched: SchedulerOutput,
+        prompt_logprobs: Optional[Mapping[int, int]] = None,
+        ahead_ids: Optional[torch.Tensor] = None,
+    ) -> PendingStep:
+        """Queue one step (see :meth:`execute`); nothing here waits for the device.
+
+        ``ahead_ids`` (int64 [B] on the device) launches a decode step ahead: every chunk
+        is a decode row whose sequence is one token past its host state, and
+        ``ahead_ids[i]`` is that token for chunk ``i``.
+        """
         if self._replayable(sched, prompt_logprobs):
-            hidden, batch = self._replay(sched)
-            return self._sample(sched, hidden, batch), {}
-        input_ids, positions, batch = self.build_batch(sched)
+            hidden, batch = self._replay(sched, ahead_ids)
+            return self._sample(sched, hidden, batch, ahead_ids is not None)
+        input_ids, positions, batch = self.build_batch(sched, ahead_ids)
         if batch.lora is None:
             hidden = self.model(input_ids, positions, batch)
         else:
             with self.loras.step(batch.lora):
                 hidden = self.model(input_ids, positions, batch)
         prompt = self._score_prompt(sched, hidden, prompt_logprobs) if prompt_logprobs else {}
-        return self._sample(sched, hidden, batch), prompt
+        return self._sample(sched, hidden, batch, ahead_ids is not None, prompt)
 
     def _score_prompt(
         self, sched: SchedulerOutput, hidden: torch.Tensor, wanted: Mapping[int, int]
@@ -179,10 +198,12 @@ class ModelRunner:
             i += count
         return out
 
-    def _sample(self, sched: SchedulerOutput, hidden: torch.Tensor, batch: ForwardBatch) -> list[SampledRow]:
+    def _sample(
+        self, sched: SchedulerOutput, hidden: torch.Tensor, batch: ForwardBatch, ahead: bool, prompt_rows=None
+    ) -> PendingStep:
         sampled = [c for c in sched.chunks if c.sample]
         if not sampled:
-            return []
+            return PendingStep(None, [], prompt_rows or {})
         # guided rows' masks, filled on the host while the device still runs the forward pass
         token_mask = self.guided.masks([c.seq.seq_id for c in sampled]) if self.guided else None
         logits = self.model.compute_logits(hidden[batch.logits_indices])
@@ -191,7 +212,7 @@ class ModelRunner:
         history = any(r.uses_penalties for r in settings)
         meta = SamplingMetadata.build(
             rows=settings,
-            output_positions=[c.seq.num_output_tokens for c in sampled],
+            output_positions=[c.seq.num_output_tokens + int(ahead) for c in sampled],
             output_token_ids=[c.seq.output_token_ids if history else [] for c in sampled],
             prompt_token_ids=[c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in sampled],
             vocab_size=logits.shape[-1],
@@ -199,15 +220,4 @@ class ModelRunner:
             token_mask=token_mask,
         )
         out = self.sampler(logits, meta)
-        token_ids = out.token_ids.tolist()  # the step's one host sync
-        if out.top_ids is None:
-            return [SampledRow(t) for t in token_ids]
-        lps, top_ids, top_lps = out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()
-        rows = []
-        for i, (c, t) in enumerate(zip(sampled, token_ids)):
-            k = c.seq.sampling.logprobs
-            if k is None:
-                rows.append(SampledRow(t))
-            else:
-                rows.append(SampledRow(t, lps[i], top_ids[i][:k], top_lps[i][:k]))
-        return rows
+        return PendingStep(out, [c.seq.sampling.logprobs for c in sampled], prompt_rows or {})

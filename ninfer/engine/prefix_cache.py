@@ -10,6 +10,10 @@ parent was evicted (and whose block now holds something else) can no longer matc
 
 KV computed under a LoRA adapter differs from the base model's for the same tokens, so
 each adapter's chains start from a root of their own (:meth:`PrefixCache.root`).
+
+A published page lives either in a device block or, once the block manager has spilled
+it there (:mod:`ninfer.engine.host_kv`), in a host page. Moving keeps its node id, so
+whatever is keyed on the node (recurrent-state snapshots) stays valid.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional
 
 
@@ -41,10 +45,11 @@ def page_hash(parent: int, tokens: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class CachedPage:
-    block_id: int
+    block_id: Optional[int]  # device block holding it; None while it lives on the host
     tokens: tuple[int, ...]
     parent_node: int
     pos: ChainPos  # this page's own hash and node id
+    host_page: Optional[int] = None  # host page holding it (when block_id is None)
 
 
 class PrefixCache:
@@ -54,14 +59,20 @@ class PrefixCache:
         self.block_size = block_size
         self._by_hash: dict[int, CachedPage] = {}
         self._by_block: dict[int, CachedPage] = {}
+        self._by_host: dict[int, CachedPage] = {}
         self._next_node = ROOT.node + 1
         self._roots: dict[str, ChainPos] = {}
 
     def __len__(self) -> int:
+        """Published pages in device blocks (host-resident ones are not counted)."""
         return len(self._by_block)
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._by_block
+
+    @property
+    def num_host_pages(self) -> int:
+        return len(self._by_host)
 
     def _page_tokens(self, token_ids: Sequence[int], index: int) -> tuple[int, ...]:
         start = index * self.block_size
@@ -133,7 +144,31 @@ class PrefixCache:
         self._by_block[block_id] = page
         return pos
 
-    def evict(self, block_id: int) -> None:
-        """Forget the page held by ``block_id`` (its block is about to be overwritten)."""
+    def evict(self, block_id: int) -> int:
+        """Forget the page held by ``block_id`` (its block is about to be overwritten);
+        returns its node id."""
         page = self._by_block.pop(block_id)
         del self._by_hash[page.pos.hash]
+        return page.pos.node
+
+    def evict_host(self, host_page: int) -> int:
+        """Forget the page kept in ``host_page``; returns its node id."""
+        page = self._by_host.pop(host_page)
+        del self._by_hash[page.pos.hash]
+        return page.pos.node
+
+    def to_host(self, block_id: int, host_page: int) -> None:
+        """The page in ``block_id`` now lives in ``host_page`` (its block will be reused)."""
+        self._relocate(self._by_block.pop(block_id), None, host_page)
+
+    def to_device(self, host_page: int, block_id: int) -> None:
+        """The page in ``host_page`` now lives in ``block_id`` again."""
+        self._relocate(self._by_host.pop(host_page), block_id, None)
+
+    def _relocate(self, page: CachedPage, block_id: Optional[int], host_page: Optional[int]) -> None:
+        moved = replace(page, block_id=block_id, host_page=host_page)
+        self._by_hash[page.pos.hash] = moved
+        if block_id is not None:
+            self._by_block[block_id] = moved
+        else:
+            self._by_host[host_page] = moved

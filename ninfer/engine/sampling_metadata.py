@@ -92,7 +92,7 @@ class SamplingMetadata:
         greedy = [r.greedy for r in rows]
         all_greedy = all(greedy)
         if any(greedy) and not all_greedy:
-            fields["greedy_mask"] = _to_device(greedy, torch.bool, device)
+            fields["greedy_mask"] = to_device(greedy, torch.bool, device)
         if not all_greedy:
             fields.update(_random_fields(rows, greedy, output_positions, vocab_size, device))
         fields.update(_penalty_fields(rows, output_token_ids, prompt_token_ids, vocab_size, device))
@@ -117,8 +117,8 @@ def _random_fields(
 ) -> dict:
     random_rows = [r for r, g in zip(rows, greedy) if not g]
     out: dict = {
-        "seeds": _to_device([_wrap_int64(r.seed) for r in rows], torch.int64, device),
-        "positions": _to_device(list(positions), torch.int64, device),
+        "seeds": to_device([_wrap_int64(r.seed) for r in rows], torch.int64, device),
+        "positions": to_device(list(positions), torch.int64, device),
         "candidate_width": vocab_size,
     }
     if any(r.temperature != 1.0 for r in random_rows):
@@ -164,9 +164,9 @@ def _bias_fields(rows: Sequence[ResolvedSampling], device: torch.device) -> dict
         return {}
     row_ids, token_ids, values = zip(*entries)
     return {
-        "bias_rows": _to_device(list(row_ids), torch.int64, device),
-        "bias_token_ids": _to_device(list(token_ids), torch.int64, device),
-        "bias_values": _to_device(list(values), torch.float32, device),
+        "bias_rows": to_device(list(row_ids), torch.int64, device),
+        "bias_token_ids": to_device(list(token_ids), torch.int64, device),
+        "bias_values": to_device(list(values), torch.float32, device),
     }
 
 
@@ -175,17 +175,17 @@ def _token_counts(token_lists: Sequence[Sequence[int]], vocab_size: int, device:
     width = max((len(t) for t in token_lists), default=0)
     # pad with an extra id one past the vocabulary, counted in a column that is dropped
     padded = [list(t) + [vocab_size] * (width - len(t)) for t in token_lists]
-    index = _to_device(padded, torch.int64, device).view(len(token_lists), width)
+    index = to_device(padded, torch.int64, device).view(len(token_lists), width)
     counts = torch.zeros(len(token_lists), vocab_size + 1, dtype=torch.float32, device=device)
     counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
     return counts[:, :vocab_size]
 
 
 def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return _to_device(values, dtype, device).unsqueeze(1)
+    return to_device(values, dtype, device).unsqueeze(1)
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Copy host values to ``device`` without making the host wait for queued GPU work."""
     host = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":

@@ -5,7 +5,11 @@ sequence (one token each) plus chunks of pending prompt from sequences still
 prefilling, oldest admission first, until the step's token budget is spent.
 
 For models with recurrent state, admission also needs a free state slot (see
-:mod:`ninfer.engine.state_slots`), and finishing a sequence returns it.
+:mod:`ninfer.engine.state_slots`), and finishing a sequence returns it. Prefix reuse
+for them rests on state snapshots (:mod:`ninfer.engine.state_cache`): the scheduler
+ends a prompt chunk exactly at each snapshot frontier, captures the working slot once
+the page ending there is published (:meth:`Scheduler.commit`), and restores the
+matched snapshot into a sequence's slot when it is admitted with a cached prefix.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from loguru import logger
 
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.sequence import Sequence, SequenceStatus
+from ninfer.engine.state_cache import StateSnapshots, prompt_frontiers
 from ninfer.engine.state_slots import StateSlots
 from ninfer.errors import ContextLengthExceededError
 
@@ -74,22 +79,27 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.state_slots: Optional[StateSlots] = None
+        self.snapshots: Optional[StateSnapshots] = None
         if state_slots is not None:
             self.attach_state_slots(state_slots)
 
-    def attach_state_slots(self, slots: StateSlots) -> None:
+    def attach_state_slots(self, slots: StateSlots, snapshots: Optional[StateSnapshots] = None) -> None:
         """Serve a model with recurrent state: one slot per admitted sequence.
 
-        Prefix reuse is switched off with it. Cached KV pages cover only the attention
-        layers; resuming after a cached prefix would also need the recurrent state at
-        exactly that token, which nothing snapshots yet, so reuse could not stay exact.
+        Cached KV pages cover only the attention layers; resuming after a cached prefix
+        also needs the recurrent state at exactly that token. With ``snapshots`` a match
+        ends at the deepest page that has one; without, prefix reuse is switched off.
         """
         if self.running:
             raise RuntimeError("state slots must be attached before any request is admitted")
         self.state_slots = slots
-        if self.block_manager.enable_prefix_reuse:
-            self.block_manager.enable_prefix_reuse = False
-            logger.info("prefix reuse is off for this model family: its recurrent state has no snapshots yet")
+        bm = self.block_manager
+        if snapshots is not None and bm.enable_prefix_reuse:
+            self.snapshots = snapshots
+            bm.frontier_index = snapshots
+        elif bm.enable_prefix_reuse:
+            bm.enable_prefix_reuse = False
+            logger.info("prefix reuse is off: this model keeps recurrent state and has no snapshot slots")
 
     # -- gauges ---------------------------------------------------------------------
 
@@ -145,9 +155,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if reason != "abort":  # an aborted step may have left the state half-written
+            self.commit(seq)
         self.block_manager.free(seq)
         if self.state_slots is not None:
             self.state_slots.release(seq)
+        if self.snapshots is not None:
+            self.snapshots.finish(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
@@ -171,6 +185,9 @@ class Scheduler:
             self.block_manager.allocate(head)
             if self.state_slots is not None:
                 self.state_slots.take(head)
+                if head.num_cached_tokens:  # resume from the snapshot at the matched frontier
+                    node = self.block_manager.published_node(head, head.num_cached_tokens)
+                    self.snapshots.restore(node, head.state_slot)
             head.status = SequenceStatus.RUNNING
             head.admitted_time = time.monotonic()
             self.running.append(head)
@@ -191,8 +208,56 @@ class Scheduler:
             pending = seq.num_pending_tokens
             if seq.is_decode or pending <= 0:
                 continue
-            num_tokens = min(self.prefill_chunk, budget, pending)
+            num_tokens = min(self.prefill_chunk, budget, pending, self._to_next_frontier(seq))
             out.chunks.append(ScheduledChunk(seq, num_tokens, sample=num_tokens == pending))
             budget -= num_tokens
         out.num_prefill = len(out.chunks) - out.num_decode
         return out
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def _to_next_frontier(self, seq: Sequence) -> int:
+        """Tokens until the next prompt frontier ``seq`` must stop at for a snapshot."""
+        if self.snapshots is None or not seq.commit_prefix_cache:
+            return seq.num_pending_tokens
+        done = seq.num_computed_tokens
+        for frontier in prompt_frontiers(seq.num_prompt_tokens, self.block_manager.block_size):
+            if frontier > done:
+                return frontier - done
+        return seq.num_pending_tokens
+
+    def commit(self, seq: Sequence) -> None:
+        """After a step: publish ``seq``'s completed pages and snapshot its state when its
+        frontier is one worth keeping (a prompt frontier, or any page boundary while
+        generating, as its rolling snapshot)."""
+        self.block_manager.commit(seq)
+        if self.snapshots is None or seq.state_slot is None:
+            return
+        frontier = seq.num_computed_tokens
+        kind = self._snapshot_kind(seq, frontier)
+        node = self.block_manager.published_node(seq, frontier) if kind else None
+        if node is not None:
+            self.snapshots.capture(node, seq.state_slot, roller=seq.seq_id if kind == "rolling" else None)
+
+    def captures_after(self, sched: SchedulerOutput) -> bool:
+        """Whether committing ``sched`` may snapshot a state slot. Nothing that writes the
+        slots may be queued behind such a step before it is committed: the snapshot
+        must copy the state as of that step's last token."""
+        if self.snapshots is None:
+            return False
+        return any(
+            self._snapshot_kind(c.seq, c.seq.num_computed_tokens + c.num_tokens) is not None for c in sched.chunks
+        )
+
+    def _snapshot_kind(self, seq: Sequence, frontier: int) -> Optional[str]:
+        """"prompt" or "rolling" when ``seq`` at ``frontier`` computed tokens gets a
+        snapshot (provided the page ending there gets published); None otherwise."""
+        bs = self.block_manager.block_size
+        if frontier <= 0 or frontier % bs or not seq.commit_prefix_cache:
+            return None
+        prompt = prompt_frontiers(seq.num_prompt_tokens, bs)
+        if frontier in prompt:
+            return "prompt"
+        # past the prompt frontiers every boundary is at or after the prompt's end
+        published = seq.commit_generated or frontier <= seq.num_prompt_tokens
+        return "rolling" if frontier > max(prompt, default=0) and published else None

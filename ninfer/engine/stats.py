@@ -80,3 +80,55 @@ class EngineStats:
     @property
     def prefix_hit_rate(self) -> float:
         return self.total_cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class ContextCacheCounters:
+    """Cumulative prefix-cache counters: lookups and hits, KV pages moved to and from the
+    host tier, and recurrent-state snapshots (all zero where a feature is off)."""
+
+    lookups: int
+    lookup_tokens: int
+    hit_tokens: int
+    evicted_pages: int  # cached pages overwritten on the device
+    spilled_pages: int  # ...of which a copy went to the host tier
+    restored_pages: int  # host copies brought back for a hit
+    host_pages: int  # pages held on the host now
+    snapshot_captures: int
+    snapshot_device_hits: int
+    snapshot_host_hits: int
+    snapshot_spills: int
+    snapshot_drops: int
+
+    @classmethod
+    def of(cls, scheduler) -> "ContextCacheCounters":
+        bm = scheduler.block_manager
+        snaps = scheduler.snapshots.stats if scheduler.snapshots is not None else None
+        return cls(
+            lookups=bm.num_lookups,
+            lookup_tokens=bm.num_lookup_tokens,
+            hit_tokens=bm.num_hit_tokens,
+            evicted_pages=bm.num_evicted_blocks,
+            spilled_pages=bm.num_spilled_blocks,
+            restored_pages=bm.num_restored_blocks,
+            host_pages=bm.cache.num_host_pages,
+            snapshot_captures=snaps.captures if snaps else 0,
+            snapshot_device_hits=snaps.device_hits if snaps else 0,
+            snapshot_host_hits=snaps.host_hits if snaps else 0,
+            snapshot_spills=snaps.spills if snaps else 0,
+            snapshot_drops=snaps.drops if snaps else 0,
+        )
+
+    def summary(self) -> str:
+        """One line for the log."""
+        line = (
+            f"prefix cache: {self.hit_tokens}/{self.lookup_tokens} prompt tokens hit over {self.lookups} lookups; "
+            f"KV pages evicted {self.evicted_pages} (to host {self.spilled_pages}, back {self.restored_pages}, "
+            f"on host now {self.host_pages})"
+        )
+        if self.snapshot_captures:
+            line += (
+                f"; state snapshots taken {self.snapshot_captures}, hits {self.snapshot_device_hits} device + "
+                f"{self.snapshot_host_hits} host, moved to host {self.snapshot_spills}, dropped {self.snapshot_drops}"
+            )
+        return line

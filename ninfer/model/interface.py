@@ -30,6 +30,8 @@ class CausalLM(nn.Module, abc.ABC):
     Models with recurrent layers (hybrid families) also keep fixed-size state per
     sequence outside the KV cache: the engine calls :meth:`allocate_state` once, gives
     each admitted sequence one slot, and passes the slots in ``ForwardBatch.state_slots``.
+    Slots beyond the working ones hold snapshots the engine copies in and out through
+    :meth:`state_tensors`.
     The defaults below describe a model without such state.
     """
 
@@ -58,5 +60,13 @@ class CausalLM(nn.Module, abc.ABC):
         return 0
 
     def allocate_state(self, num_slots: int, device: torch.device | str) -> int:
-        """Allocate state for ``num_slots`` concurrent sequences; returns the bytes taken."""
+        """Allocate state for ``num_slots`` slots; returns the bytes taken."""
         return 0
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every per-slot state pool, each indexed by slot along dim 0.
+
+        The engine copies whole slots through these (snapshots for prefix reuse, their
+        host tier), so it needs no knowledge of what a family keeps per sequence.
+        """
+        return []

@@ -31,6 +31,14 @@ class KVCache(abc.ABC):
     def nbytes(self) -> int:
         """Device bytes held by this cache."""
 
+    @abc.abstractmethod
+    def page_tensors(self) -> list[torch.Tensor]:
+        """Every tensor that holds page contents, each indexed by page along dim 0.
+
+        Copying a page's row of each moves the page whole (values, and scales for a
+        quantized format); the engine uses it to keep evicted pages on the host.
+        """
+
 
 @attrs.frozen
 class KVDtype:

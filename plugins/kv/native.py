@@ -48,6 +48,9 @@ class NativeKVCache(KVCache):
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def page_tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v]
+
 
 def _bytes_per_element(model_dtype: torch.dtype) -> float:
     return float(model_dtype.itemsize)

@@ -13,7 +13,7 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.interface import AttentionSpec, CausalLM
 from ninfer_kernels.rope import rope_cos_sin
 from ninfer_plugins.models.config import DecoderConfig
-from ninfer_plugins.models.layers import DecoderLayer, Embedding, GatedMLP, Linear, RMSNorm
+from ninfer_plugins.models.layers import DecoderLayer, Embedding, GatedMLP, Linear, RMSNorm, store_linears_column_major
 from ninfer_plugins.models.moe import Experts, SparseMoE
 
 # checkpoint tensors that live inside one of our fused or stacked parameters
@@ -129,6 +129,8 @@ class DecoderLM(CausalLM):
             raise ValueError(
                 f"checkpoint leaves {len(missing)} model parameter(s) unfilled or partly filled: {missing[:5]}"
             )
+        if self.lm_head.weight.is_cuda:
+            store_linears_column_major(self)  # faster decode matmuls on CUDA
 
     def _route(
         self, name: str, params: dict[str, nn.Parameter], modules: dict[str, nn.Module]

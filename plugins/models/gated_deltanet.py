@@ -94,6 +94,10 @@ class GatedDeltaNet(nn.Module):
         )
         return self.conv_state.nbytes + self.ssm_state.nbytes
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        assert self.conv_state is not None and self.ssm_state is not None, "allocate_state() must run first"
+        return [self.conv_state, self.ssm_state]
+
     # -- forward ------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         assert self.ssm_state is not None, "allocate_state() must run before forward()"

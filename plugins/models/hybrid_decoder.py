@@ -24,7 +24,7 @@ from ninfer_plugins.models.gated_deltanet import GatedDeltaNet
 from ninfer_plugins.models.hybrid_config import FULL, LINEAR, HybridConfig
 from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
 from ninfer_plugins.models.hybrid_weights import WeightRouter, load_hybrid_weights
-from ninfer_plugins.models.layers import Embedding, GatedMLP, Linear
+from ninfer_plugins.models.layers import Embedding, GatedMLP, Linear, store_linears_column_major
 from ninfer_plugins.models.mtp import MtpHead
 from ninfer_plugins.models.shared_moe import SharedExpertMoE
 
@@ -132,6 +132,9 @@ class HybridLM(CausalLM):
     def allocate_state(self, num_slots: int, device: torch.device | str) -> int:
         return sum(layer.allocate_state(num_slots, torch.device(device)) for layer in self._linear_layers())
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for layer in self._linear_layers() for t in layer.state_tensors()]
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         residual = None
@@ -148,6 +151,8 @@ class HybridLM(CausalLM):
         if not load_hybrid_weights(weights, router) and self.mtp is not None:
             logger.info("the config declares an MTP layer but the checkpoint has no mtp.* weights; none is loaded")
             self.mtp = None
+        if self.lm_head.weight.is_cuda:
+            store_linears_column_major(self)  # faster decode matmuls on CUDA
 
 
 def build_hybrid(

@@ -1,0 +1,101 @@
+"""The host tier of the KV pool: evicted prefix pages kept in host memory.
+
+When the block manager has to overwrite a cached page (published, no longer in use),
+it first copies the page here and keeps its prefix-cache entry; a later hit copies it
+back into a fresh device block. Host pages are pinned on CUDA so both copies run
+asynchronously. Every copy is issued on the current stream, so it is ordered after
+the step that wrote the page and before any step that reads or overwrites it; the
+host never waits.
+
+Memory comes in slabs, allocated the first time they are needed: the configured
+budget (8 GiB by default) is an upper bound, not a startup cost.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+
+#: host memory allocated at a time
+SLAB_BYTES = 64 << 20
+
+
+class HostKVTier:
+    """Up to ``max_bytes`` of host copies of device pages, evicted oldest first."""
+
+    def __init__(self, page_tensors: list[torch.Tensor], max_bytes: int, pin: Optional[bool] = None) -> None:
+        if not page_tensors:
+            raise ValueError("a host KV tier needs the device page tensors")
+        self._device = page_tensors
+        self.page_bytes = sum(t.nbytes // t.shape[0] for t in page_tensors)
+        self.capacity = max_bytes // self.page_bytes
+        self.pin = page_tensors[0].device.type == "cuda" if pin is None else pin
+        self._slab_pages = max(1, min(SLAB_BYTES // self.page_bytes, self.capacity))
+        self._slabs: list[list[torch.Tensor]] = []
+        self._free: list[int] = []
+        self._lru: OrderedDict[int, None] = OrderedDict()  # stored pages that may be evicted, oldest first
+        self._held: set[int] = set()  # stored pages an admission is about to restore
+
+    @property
+    def num_pages(self) -> int:
+        """Pages holding a copy."""
+        return len(self._lru) + len(self._held)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(t.nbytes for slab in self._slabs for t in slab)
+
+    def store(self, block_id: int) -> tuple[Optional[int], Optional[int]]:
+        """Copy device page ``block_id`` to the host.
+
+        Returns ``(host page, evicted host page)``: the page it went to (None when the
+        tier has no room at all) and the page whose older copy was dropped to make
+        room (None when none was), which the caller must forget.
+        """
+        victim = None
+        if not self._free and not self._grow():
+            if not self._lru:
+                return None, None
+            victim, _ = self._lru.popitem(last=False)
+            self._free.append(victim)
+        page = self._free.pop()
+        for host, dev in zip(self._rows(page), self._device):
+            host.copy_(dev[block_id], non_blocking=self.pin)
+        self._lru[page] = None
+        return page, victim
+
+    def hold(self, page: int) -> None:
+        """Keep ``page`` from eviction until it is restored (an admission has matched it)."""
+        del self._lru[page]
+        self._held.add(page)
+
+    def restore(self, page: int, block_id: int) -> None:
+        """Copy ``page`` into device page ``block_id`` and free the host page."""
+        for host, dev in zip(self._rows(page), self._device):
+            dev[block_id].copy_(host, non_blocking=self.pin)
+        if page in self._held:
+            self._held.remove(page)
+        else:
+            del self._lru[page]
+        self._free.append(page)
+
+    def read(self, page: int) -> list[torch.Tensor]:
+        """The host rows of ``page`` (one per device tensor); for inspection and tests."""
+        return self._rows(page)
+
+    def _rows(self, page: int) -> list[torch.Tensor]:
+        slab, index = divmod(page, self._slab_pages)
+        return [t[index] for t in self._slabs[slab]]
+
+    def _grow(self) -> bool:
+        first = len(self._slabs) * self._slab_pages
+        count = min(self._slab_pages, self.capacity - first)
+        if count <= 0:
+            return False
+        self._slabs.append(
+            [torch.empty((count, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin) for t in self._device]
+        )
+        self._free.extend(reversed(range(first, first + count)))  # pop() hands out the lowest first
+        return True

@@ -1,0 +1,71 @@
+"""A launched step whose sampled tokens are still on their way to the host.
+
+Launching a step queues the forward pass, the sampler and a non-blocking copy of the
+results into pinned host memory, then records an event. :meth:`PendingStep.result`
+waits for that event only, so the host can queue more work (the next decode step)
+before it blocks on this one's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ninfer.engine.sampler import SamplerOutput
+
+
+@dataclass
+class SampledRow:
+    token_id: int
+    logprob: Optional[float] = None
+    top_ids: Optional[list[int]] = None
+    top_logprobs: Optional[list[float]] = None
+
+
+class PendingStep:
+    """The sampler's output of one launched step; :meth:`result` turns it into rows."""
+
+    def __init__(self, out: Optional[SamplerOutput], wanted: list[Optional[int]], prompt_rows: dict):
+        #: int64 [B] on the device: what a follow-up decode step feeds as its input ids
+        self.token_ids: Optional[torch.Tensor] = out.token_ids if out is not None else None
+        self._wanted = wanted  # per sampled row: how many top log probabilities it asked for
+        self._prompt_rows = prompt_rows
+        self._host: list[Optional[torch.Tensor]] = []
+        self._event = None
+        if out is None:
+            return
+        parts = [out.token_ids, out.logprobs, out.top_ids, out.top_logprobs]
+        if out.token_ids.device.type == "cuda":
+            # pinned destinations: the copies run behind the step without blocking the host
+            self._host = [p.to("cpu", non_blocking=True) if p is not None else None for p in parts]
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = parts
+
+    def result(self) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
+        """Block until the step's tokens are on the host: (one row per sampled chunk, prompt rows)."""
+        if not self._host:
+            return [], self._prompt_rows
+        if self._event is not None:
+            self._event.synchronize()
+        token_ids, lps, top_ids, top_lps = self._host
+        ids = token_ids.tolist()
+        if top_ids is None:
+            return [SampledRow(t) for t in ids], self._prompt_rows
+        lps, top_ids, top_lps = lps.tolist(), top_ids.tolist(), top_lps.tolist()
+        rows = []
+        for i, (t, k) in enumerate(zip(ids, self._wanted)):
+            rows.append(SampledRow(t) if k is None else SampledRow(t, lps[i], top_ids[i][:k], top_lps[i][:k]))
+        return rows, self._prompt_rows
+
+
+@dataclass
+class InFlight:
+    """A step launched ahead of the host's bookkeeping (see :mod:`ninfer.engine.decode_ahead`)."""
+
+    sched: object  # SchedulerOutput
+    pending: PendingStep
+    launched: float  # perf_counter() at launch

@@ -1,0 +1,193 @@
+"""Recurrent-state snapshots: what makes prefix reuse exact for hybrid families.
+
+Cached KV pages cover only the attention layers; a sequence can resume after a cached
+prefix only with the recurrent state at exactly that token. A snapshot is a copy of a
+working state slot, taken when a sequence's computed frontier sits on the end of one
+of its published pages, and keyed by that page's prefix-cache node id. Node ids are
+never reused, so a key names one exact prefix (every token before it, and the LoRA
+namespace); the block manager asks :meth:`StateSnapshots.has` which matched pages a
+sequence may resume after, and tells :meth:`StateSnapshots.forget` when a page leaves
+the cache for good.
+
+Snapshot rows live in the model's own state pools, after the working slots; a pinned
+host mirror takes the least recently used ones when the device rows are full. Copies
+go through ``model.state_tensors()`` on the current stream, so they are ordered
+against the steps that write the slots and never make the host wait.
+
+Which frontiers are captured (the scheduler decides when, see :func:`prompt_frontiers`):
+the prompt's deepest reusable boundaries, kept until evicted, and while generating one
+rolling snapshot per sequence that moves to each new page boundary; the one a finished
+sequence leaves behind is its end-of-turn snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+def prompt_frontiers(num_prompt_tokens: int, block_size: int) -> tuple[int, ...]:
+    """Page boundaries of a prompt worth a snapshot, shallowest first.
+
+    A later request never reuses its own last prompt token, so the deepest boundary a
+    repeat of this prompt can resume at is the last one before that token. The one a
+    page earlier is kept too: a chat's next turn re-renders the previous prompt with
+    a different tail (the generation prompt after the last message is replaced by the
+    reply), and that tail often crosses the deepest boundary.
+    """
+    deepest = (num_prompt_tokens - 1) // block_size * block_size
+    return tuple(f for f in (deepest - block_size, deepest) if f > 0)
+
+
+@dataclass
+class SnapshotStats:
+    captures: int = 0  # state copies taken into a snapshot row
+    device_hits: int = 0  # restores from a device row
+    host_hits: int = 0  # restores from the host tier
+    spills: int = 0  # device snapshots moved to the host tier to make room
+    drops: int = 0  # snapshots discarded (no room anywhere, replaced, or their page forgotten)
+
+
+class StateSnapshots:
+    """Snapshot rows ``[first_row, first_row + num_device)`` of the state pools, plus
+    ``num_host`` host rows; LRU on both tiers."""
+
+    def __init__(
+        self,
+        state_tensors: list[torch.Tensor],
+        first_row: int,
+        num_device: int,
+        num_host: int,
+        pin: Optional[bool] = None,
+    ) -> None:
+        if num_device < 1:
+            raise ValueError(f"need at least one device snapshot row, got {num_device}")
+        rows = state_tensors[0].shape[0] if state_tensors else 0
+        if not state_tensors or first_row + num_device > rows:
+            raise ValueError(f"state pools of {rows} rows cannot hold {num_device} snapshot rows from row {first_row}")
+        self._pools = state_tensors
+        self.num_device, self.num_host = num_device, num_host
+        self.pin = state_tensors[0].device.type == "cuda" if pin is None else pin
+        self._host = [
+            torch.empty((num_host, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin) for t in state_tensors
+        ]
+        self._free_device = list(reversed(range(first_row, first_row + num_device)))
+        self._free_host = list(reversed(range(num_host)))
+        self._on_device: OrderedDict[int, int] = OrderedDict()  # node -> pool row, least recent first
+        self._on_host: OrderedDict[int, int] = OrderedDict()  # node -> host row, least recent first
+        self._rolling: dict[int, int] = {}  # seq id -> node of its rolling snapshot
+        self._roller: dict[int, int] = {}  # that node -> seq id
+        self.stats = SnapshotStats()
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(t.nbytes for t in self._host)
+
+    def __len__(self) -> int:
+        return len(self._on_device) + len(self._on_host)
+
+    def where(self, node: int) -> Optional[str]:
+        """"device", "host", or None when ``node`` has no snapshot."""
+        return "device" if node in self._on_device else "host" if node in self._on_host else None
+
+    def has(self, node: int) -> bool:
+        return node in self._on_device or node in self._on_host
+
+    # -- capture ------------------------------------------------------------------
+    def capture(self, node: int, slot: int, roller: Optional[int] = None) -> bool:
+        """Snapshot working slot ``slot`` under ``node``; False when ``node`` already had one.
+
+        ``roller``: the sequence whose rolling snapshot this is; its previous one is
+        replaced (reusing that device row when it has one).
+        """
+        if roller is not None and self._rolling.get(roller) == node:
+            self._touch(node, adopt=False)  # the same frontier again: nothing new to copy
+            return False
+        previous = self._rolling.pop(roller, None) if roller is not None else None
+        if previous is not None:
+            del self._roller[previous]
+        if self.has(node):
+            self._touch(node)
+            if previous is not None and previous != node:
+                self._drop(previous)
+            return False
+        row = self._on_device.pop(previous) if previous in self._on_device else None
+        if row is None:
+            if previous is not None:
+                self._drop(previous)
+            row = self._device_row()
+        for pool in self._pools:
+            pool[row].copy_(pool[slot])
+        self._on_device[node] = row
+        if roller is not None:
+            self._rolling[roller] = node
+            self._roller[node] = roller
+        self.stats.captures += 1
+        return True
+
+    def finish(self, seq_id: int) -> None:
+        """``seq_id`` is done: its rolling snapshot stays, as the end of its turn."""
+        node = self._rolling.pop(seq_id, None)
+        if node is not None:
+            del self._roller[node]
+
+    def _device_row(self) -> int:
+        if self._free_device:
+            return self._free_device.pop()
+        node, row = self._on_device.popitem(last=False)
+        if self.num_host:
+            if not self._free_host:
+                self._drop(next(iter(self._on_host)))
+            host_row = self._free_host.pop()
+            for pool, host in zip(self._pools, self._host):
+                host[host_row].copy_(pool[row], non_blocking=self.pin)
+            self._on_host[node] = host_row
+            self.stats.spills += 1
+        else:
+            self._unroll(node)
+            self.stats.drops += 1
+        return row
+
+    # -- use ------------------------------------------------------------------------
+    def restore(self, node: int, slot: int) -> None:
+        """Copy the snapshot ``node`` into working slot ``slot``."""
+        if node in self._on_device:
+            row = self._on_device[node]
+            for pool in self._pools:
+                pool[slot].copy_(pool[row])
+            self.stats.device_hits += 1
+        else:
+            row = self._on_host[node]
+            for pool, host in zip(self._pools, self._host):
+                pool[slot].copy_(host[row], non_blocking=self.pin)
+            self.stats.host_hits += 1
+        self._touch(node)
+
+    def forget(self, node: int) -> None:
+        """The page ``node`` left the prefix cache: its snapshot can never match again."""
+        if self.has(node):
+            self._drop(node)
+
+    # -- bookkeeping ----------------------------------------------------------------
+    def _touch(self, node: int, adopt: bool = True) -> None:
+        """Mark ``node`` recently used. ``adopt``: another sequence found it useful, so it
+        stops being its owner's rolling snapshot (the owner moving on must not drop it)."""
+        (self._on_device if node in self._on_device else self._on_host).move_to_end(node)
+        if adopt:
+            self._unroll(node)
+
+    def _unroll(self, node: int) -> None:
+        seq_id = self._roller.pop(node, None)
+        if seq_id is not None:
+            del self._rolling[seq_id]
+
+    def _drop(self, node: int) -> None:
+        if node in self._on_device:
+            self._free_device.append(self._on_device.pop(node))
+        else:
+            self._free_host.append(self._on_host.pop(node))
+        self._unroll(node)
+        self.stats.drops += 1

@@ -1,0 +1,95 @@
+"""Where the device time of one decode step goes (GPU only).
+
+Builds a Qwen3-shaped model with random weights straight on the device (no checkpoint),
+captures the decode graphs and, per concurrency, prints one JSON line: the replayed
+forward's time, the LM head's and the sampler's, and the step's kernels grouped by name
+(device microseconds per step, launches per step), from the torch profiler.
+
+    python scripts/gpu_decode_profile.py --shape qwen3-8b --concurrency 1,8 --context 640
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ninfer.bench.bandwidth import cuda_ms
+from ninfer.bench.random_checkpoint import SHAPES
+from ninfer.engine.cuda_graph import DecodeGraphs
+from ninfer.plugins import load_registry
+from ninfer_plugins.models.decoder import build_decoder
+
+BLOCK = 16
+
+
+def random_model(shape: str, device: torch.device):
+    model = build_decoder(SHAPES[shape], torch.bfloat16, device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def kernel_table(fn, steps: int) -> list[dict]:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            total[evt.name] += evt.device_time
+            count[evt.name] += 1
+    rows = [
+        {"kernel": name[:90], "us_per_step": round(us / steps, 1), "launches_per_step": count[name] / steps}
+        for name, us in total.items()
+    ]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--context", type=int, default=640)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = random_model(args.shape, dev)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    max_batch, max_context = max(levels), args.context + 64
+    kv = load_registry().get("kv_dtype", "bf16")
+    blocks_per_seq = -(-max_context // BLOCK)
+    num_blocks = blocks_per_seq * max_batch + 1
+    caches = [kv.allocate(num_blocks, BLOCK, s.num_kv_heads, s.head_dim, torch.bfloat16, dev)
+              for s in model.attention_specs()]
+    model.bind_kv_caches(caches)
+    graphs = DecodeGraphs(model, max_batch, max_context, BLOCK, dev)
+    graphs.capture()
+    vocab = SHAPES[args.shape]["vocab_size"]
+    for c in levels:
+        tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(c)]
+        hidden, _ = graphs.run([1] * c, [args.context] * c, tables)
+        bucket = graphs.bucket_for(c)
+        replay = cuda_ms(lambda: graphs.replay(bucket), 50, warmup=5)
+        head = cuda_ms(lambda: model.compute_logits(hidden), 50, warmup=5)
+        logits = model.compute_logits(hidden)
+        argmax = cuda_ms(lambda: logits.argmax(-1), 50, warmup=5)
+        record = {
+            "shape": args.shape, "concurrency": c, "context": args.context, "vocab": vocab,
+            "graph_replay_ms": round(replay, 4), "lm_head_ms": round(head, 4), "argmax_ms": round(argmax, 4),
+            "graph_kernels": kernel_table(lambda: graphs.replay(bucket), 10)[:30],
+        }
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

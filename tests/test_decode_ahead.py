@@ -1,0 +1,139 @@
+"""Decode steps launched ahead (before the host has the previous tokens) change nothing.
+
+On CUDA the engine queues a decode step behind the current one; here the same code path
+runs on CPU (``engine.decode_ahead = True``), where it is merely synchronous, and every
+output must equal the one-step-at-a-time engine's.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ninfer import LLM, SamplingParams
+from ninfer.engine.block_manager import BlockManager
+from ninfer.engine.decode_ahead import plan_ahead
+from ninfer.engine.request import EngineRequest
+from ninfer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from ninfer.engine.sequence import Sequence
+
+PROMPTS = ["Hello", "The quick brown fox", "def f(x):\n    return", "1 2 3 4 5", "Paged", "a b"]
+
+
+def _llm(ahead: bool, **kw) -> LLM:
+    llm = LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=16,
+              max_context=128, kv_capacity=2048, **kw)
+    llm.engine.decode_ahead = ahead
+    return llm
+
+
+def _count_ahead_launches(llm: LLM) -> list[int]:
+    """Wraps the runner so the test can see how many steps were launched ahead."""
+    count = [0]
+    launch = llm.engine.runner.launch
+
+    def counting(sched, prompt_logprobs=None, ahead_ids=None):
+        count[0] += ahead_ids is not None
+        return launch(sched, prompt_logprobs, ahead_ids)
+
+    llm.engine.runner.launch = counting
+    return count
+
+
+def _mixed_params() -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=5, seed=3, max_tokens=9, logprobs=3, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30),  # may stop at EOS
+        SamplingParams(temperature=0.7, seed=11, max_tokens=15, stop=["e"]),
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+    ]
+
+
+def _outputs(llm: LLM, params) -> list[tuple]:
+    outs = llm.generate(PROMPTS, params)
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason,
+             [attrs.asdict(p) for p in (o.outputs[0].logprobs or [])]) for o in outs]
+
+
+def test_outputs_equal_with_and_without_steps_launched_ahead():
+    sync = _outputs(_llm(False), _mixed_params())
+    ahead_llm = _llm(True)
+    launched_ahead = _count_ahead_launches(ahead_llm)
+    ahead = _outputs(ahead_llm, _mixed_params())
+    assert launched_ahead[0] > 10  # the path under test really ran
+    assert ahead == sync
+    assert not ahead_llm.engine.has_unfinished()
+    assert ahead_llm.engine.block_manager.num_used_blocks == 0  # every page came back
+
+
+def test_rows_needing_host_tokens_keep_steps_one_at_a_time():
+    llm = _llm(True)
+    launched_ahead = _count_ahead_launches(llm)
+    # penalties need the output tokens on the host before the next step samples
+    params = [SamplingParams(temperature=0, max_tokens=10, presence_penalty=0.5, ignore_eos=True)] * 2
+    sync = _llm(False).generate(PROMPTS[:2], params)
+    got = llm.generate(PROMPTS[:2], params)
+    assert launched_ahead[0] == 0
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in sync]
+
+
+def test_abort_while_a_step_runs_ahead_frees_everything():
+    llm = _llm(True)
+    engine = llm.engine
+    ids = llm.get_tokenizer().encode("Hello there")
+    for rid in ("a", "b"):
+        engine.add_request(EngineRequest(rid, ids, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    for _ in range(6):
+        engine.step()
+    assert engine._in_flight is not None  # a decode step is queued ahead
+    engine.abort_request("a")
+    produced = []
+    while engine.has_unfinished():
+        produced += [e for e in engine.step() if e.request_id == "b"]
+    assert produced[-1].finished and produced[-1].num_output_tokens == 40
+    assert engine.block_manager.num_used_blocks == 0
+    # the engine takes new work normally afterwards
+    engine.add_request(EngineRequest("c", ids, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
+    while engine.has_unfinished():
+        last = engine.step()
+    assert last[-1].finished and last[-1].num_output_tokens == 3
+
+
+def _decode_ready(seq_id: int, max_tokens: int = 10) -> Sequence:
+    """Two prompt tokens and one output token, the output still to be computed."""
+    seq = Sequence(seq_id, f"r{seq_id}", [5, 6, 7], num_prompt_tokens=2, max_tokens=max_tokens)
+    seq.num_computed_tokens = 2
+    return seq
+
+
+def _decode_step(scheduler: Scheduler, seqs: list[Sequence]) -> SchedulerOutput:
+    scheduler.running = list(seqs)
+    return SchedulerOutput(chunks=[ScheduledChunk(s, 1, sample=True) for s in seqs], num_decode=len(seqs))
+
+
+def test_plan_ahead_rules():
+    scheduler = Scheduler(BlockManager(64, 4), max_concurrency=2, prefill_chunk=8)
+    never = lambda seq: False  # noqa: E731
+    a, b = _decode_ready(0), _decode_ready(1)
+    plan, rows = plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 128)
+    assert [c.seq for c in plan.chunks] == [a, b] and rows == [0, 1]
+    # a request waits and there is room to admit it: the next batch will differ
+    scheduler.waiting.append(_decode_ready(2))
+    assert plan_ahead(_decode_step(scheduler, [a]), scheduler, never, 128) == (None, [])
+    # ...but with the batch full it cannot be admitted anyway
+    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 128)[1] == [0, 1]
+    scheduler.waiting.clear()
+    # a row whose current token is its last (max_tokens 2: this is output token 2) stays out
+    last = _decode_ready(3, max_tokens=2)
+    plan, rows = plan_ahead(_decode_step(scheduler, [a, last]), scheduler, never, 128)
+    assert [c.seq for c in plan.chunks] == [a] and rows == [0]
+    # so does a row reaching the context limit
+    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 4)[0] is None
+    # one row needing its token on the host keeps the whole step synchronous
+    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, lambda s: s is b, 128) == (None, [])
+    # a prefill chunk in the step: no
+    prefill = SchedulerOutput(chunks=[ScheduledChunk(a, 1, True), ScheduledChunk(b, 2, True)], num_decode=1,
+                              num_prefill=1)
+    scheduler.running = [a, b]
+    assert plan_ahead(prefill, scheduler, never, 128) == (None, [])
