@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.interface import AttentionSpec, CausalLM
-from ninfer_kernels.rope import rope_cos_sin
+from ninfer.model.interface import AttentionSpec
 from ninfer_plugins.models.config import DecoderConfig
-from ninfer_plugins.models.layers import DecoderLayer, Embedding, GatedMLP, Linear, RMSNorm, store_linears_column_major
+from ninfer_plugins.models.layers import Attention, Embedding, GatedMLP, RMSNorm, store_linears_column_major
 from ninfer_plugins.models.moe import Experts, SparseMoE
+from ninfer_plugins.models.prenorm import PreNormBlock, PreNormLM
 
 # checkpoint tensors that live inside one of our fused or stacked parameters
 _FUSED_NAME = re.compile(r"^(?P<module>.+)\.(?P<proj>[qkv]_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
@@ -33,6 +33,20 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+class DecoderLayer(PreNormBlock):
+    """Qwen3's block: GQA attention, then a dense or sparse MLP."""
+
+    def __init__(self, cfg: DecoderConfig, mlp: nn.Module):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def mix(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
+        return self.self_attn(positions, x, batch, cos_sin)
 
 
 class DecoderStack(nn.Module):
@@ -55,25 +69,14 @@ class DecoderStack(nn.Module):
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
 
-class DecoderLM(CausalLM):
+class DecoderLM(PreNormLM):
     """Embeddings, pre-norm decoder layers, final norm and LM head (optionally tied)."""
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderStack(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        cos_sin = rope_cos_sin(
-            cfg.max_positions,
-            cfg.head_dim,
-            cfg.rope_theta,
-            torch.get_default_dtype(),
-            self.lm_head.weight.device,
-            cfg.rope_scaling,
-        )
-        self.register_buffer("cos_sin", cos_sin, persistent=False)
+        self._add_head(cfg, rotary_dim=cfg.head_dim)
 
     # -- engine contract -------------------------------------------------------
     @property
@@ -89,17 +92,6 @@ class DecoderLM(CausalLM):
             raise ValueError(f"expected {self.cfg.num_layers} KV caches, got {len(caches)}")
         for layer, cache in zip(self.model.layers, caches):
             layer.self_attn.kv_cache = cache
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(positions, x, residual, batch, self.cos_sin)
-        x, _ = self.model.norm(x, residual)
-        return x
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
 
     # -- checkpoint loading ----------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -16,16 +16,16 @@ from loguru import logger
 from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.interface import AttentionSpec, CausalLM
-from ninfer_kernels.rope import rope_cos_sin
+from ninfer.model.interface import AttentionSpec
 from ninfer_plugins.models.decoder import default_dtype
 from ninfer_plugins.models.gated_attention import GatedAttention
 from ninfer_plugins.models.gated_deltanet import GatedDeltaNet
 from ninfer_plugins.models.hybrid_config import FULL, LINEAR, HybridConfig
 from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
 from ninfer_plugins.models.hybrid_weights import WeightRouter, load_hybrid_weights
-from ninfer_plugins.models.layers import Embedding, GatedMLP, Linear, store_linears_column_major
+from ninfer_plugins.models.layers import Embedding, GatedMLP, store_linears_column_major
 from ninfer_plugins.models.mtp import MtpHead
+from ninfer_plugins.models.prenorm import PreNormBlock, PreNormLM
 from ninfer_plugins.models.shared_moe import SharedExpertMoE
 
 
@@ -42,7 +42,7 @@ def _mlp(cfg: HybridConfig, sparse: bool) -> nn.Module:
     return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
 
-class HybridLayer(nn.Module):
+class HybridLayer(PreNormBlock):
     """Pre-norm block whose token mixer is ``linear_attn`` or ``self_attn`` (checkpoint names)."""
 
     def __init__(self, cfg: HybridConfig, kind: str, sparse: bool):
@@ -56,24 +56,10 @@ class HybridLayer(nn.Module):
         self.input_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        positions: torch.Tensor,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        batch: ForwardBatch,
-        cos_sin: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
+    def mix(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, cos_sin: torch.Tensor) -> torch.Tensor:
         if self.is_linear:
-            x = self.linear_attn(x, batch)
-        else:
-            x = self.self_attn(positions, x, batch, cos_sin)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+            return self.linear_attn(x, batch)
+        return self.self_attn(positions, x, batch, cos_sin)
 
 
 class HybridStack(nn.Module):
@@ -86,7 +72,7 @@ class HybridStack(nn.Module):
         self.norm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class HybridLM(CausalLM):
+class HybridLM(PreNormLM):
     """Embeddings, hybrid layers, final norm, LM head; plus the MTP head when the checkpoint has one."""
 
     def __init__(self, cfg: HybridConfig, grouped_projections: bool):
@@ -94,20 +80,9 @@ class HybridLM(CausalLM):
         self.cfg = cfg
         self.grouped_projections = grouped_projections
         self.model = HybridStack(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self._add_head(cfg, rotary_dim=cfg.rotary_dim)
         sparse_mtp = cfg.num_experts > 0
         self.mtp = MtpHead(cfg, lambda: HybridLayer(cfg, FULL, sparse_mtp)) if cfg.mtp_num_layers else None
-        cos_sin = rope_cos_sin(
-            cfg.max_positions,
-            cfg.rotary_dim,
-            cfg.rope_theta,
-            torch.get_default_dtype(),
-            self.lm_head.weight.device,
-            cfg.rope_scaling,
-        )
-        self.register_buffer("cos_sin", cos_sin, persistent=False)
 
     def _attention_layers(self) -> list[GatedAttention]:
         return [layer.self_attn for layer in self.model.layers if not layer.is_linear]
@@ -134,17 +109,6 @@ class HybridLM(CausalLM):
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [t for layer in self._linear_layers() for t in layer.state_tensors()]
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(positions, x, residual, batch, self.cos_sin)
-        x, _ = self.model.norm(x, residual)
-        return x
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         router = WeightRouter(self, self.grouped_projections, self.cfg.tie_word_embeddings, self.mtp is not None)

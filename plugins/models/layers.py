@@ -142,30 +142,3 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual stream is carried between layers so norms can fuse the add."""
-
-    def __init__(self, cfg: DecoderConfig, mlp: nn.Module):
-        super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = mlp
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        batch: ForwardBatch,
-        cos_sin: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, batch, cos_sin)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
