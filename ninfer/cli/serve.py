@@ -123,10 +123,11 @@ def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype:
                 f"(block {e.block_size}), concurrency {e.max_concurrency} + {profile.server.max_pending_requests} "
                 f"pending, prefill chunk {e.prefill_chunk}, decode {_graph_mode(e.cuda_graph, device)}")
     if e.prefix_reuse:
-        logger.info(f"context cache: {c.device_state_slots} device + {c.host_state_slots} host state slots, "
-                    f"host KV {_mib(c.host_kv_mib or 0)}, {c.max_private_continuations} private continuations, "
-                    f"{c.max_shared_prefixes} shared prefixes, {c.max_long_anchors_per_continuation} long anchors "
-                    "per continuation")
+        logger.info(f"context cache: prefix reuse on, host KV tier up to {_mib(c.host_kv_mib or 0)}; recurrent-state "
+                    f"snapshots (hybrid families) in {c.device_state_slots} device + {c.host_state_slots} host rows")
+        logger.info(f"context cache: the descriptor limits ({c.max_private_continuations} private continuations, "
+                    f"{c.max_shared_prefixes} shared prefixes, {c.max_long_anchors_per_continuation} long anchors per "
+                    "continuation) are accepted but not used yet: every published page is reusable, evicted LRU")
     else:
         logger.info("context cache: off (no prefix reuse)")
     spec = "off" if s.backend is None else (
