@@ -23,10 +23,10 @@ from ninfer.engine.guided_setup import GuidedDecoding
 from ninfer.engine.guided_state import GuidedState
 from ninfer.engine.model_runner import ModelRunner
 from ninfer.engine.output_processor import RequestOutputState
-from ninfer.engine.pending_step import InFlight
+from ninfer.engine.pending_step import InFlight, SampledRow
 from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
 from ninfer.engine.sampling_metadata import to_device
-from ninfer.engine.scheduler import Scheduler
+from ninfer.engine.scheduler import Scheduler, SchedulerOutput
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
 from ninfer.engine.thinking_budget import ThinkingBudgetTracker
@@ -194,6 +194,7 @@ class LLMEngine:
 
     # -- stepping --------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
+        """Run one model step (or take the one launched ahead) and return its events."""
         events: list[GenerationEvent] = []
         current, self._in_flight = self._in_flight, None
         if current is not None and all(c.seq.is_finished for c in current.sched.chunks):
@@ -211,17 +212,24 @@ class LLMEngine:
                 current = InFlight(sched, self.runner.launch(sched, self._prompt_logprobs), time.perf_counter())
             except Exception as exc:  # the whole batch failed
                 return events + self._fail_batch(sched, exc)
-        sched = current.sched
         following = self._launch_ahead(current)
         try:
             rows, prompt_rows = current.pending.result()
         except Exception as exc:  # the whole batch failed (and what was queued behind it)
-            return events + self._fail_batch(sched, exc)
+            return events + self._fail_batch(current.sched, exc)
         self._failed_steps = 0
         done = time.perf_counter()
-        self.stats.record_step(sched, done - max(current.launched, self._last_step_done))
+        self.stats.record_step(current.sched, done - max(current.launched, self._last_step_done))
         self._last_step_done = done
+        events += self._process(current.sched, rows, prompt_rows)
+        self._in_flight = following
+        return events
 
+    def _process(
+        self, sched: SchedulerOutput, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]]
+    ) -> list[GenerationEvent]:
+        """Commit a finished step's results, request by request."""
+        events: list[GenerationEvent] = []
         rows_iter = iter(rows)
         now = time.monotonic()
         for chunk in sched.chunks:
@@ -242,7 +250,6 @@ class LLMEngine:
             except Exception as exc:  # one request's processing failed: fail it alone
                 logger.exception("request {} failed while processing its output", seq.request_id)
                 events.append(self._error_event(tracked, exc))
-        self._in_flight = following
         return events
 
     def _launch_ahead(self, current: InFlight) -> Optional[InFlight]:
