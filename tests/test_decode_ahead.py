@@ -137,3 +137,12 @@ def test_plan_ahead_rules():
                               num_prefill=1)
     scheduler.running = [a, b]
     assert plan_ahead(prefill, scheduler, never, 128) == (None, [])
+
+
+def test_decode_ahead_can_be_switched_off_from_the_command_line():
+    from ninfer.cli.serve import build_parser
+    from ninfer.profile.flags import overrides_from_args
+
+    assert overrides_from_args(build_parser().parse_args(["--no-decode-ahead"])) == {"engine.decode_ahead": False}
+    assert _llm(False, decode_ahead=False).profile.engine.decode_ahead is False
+    assert _llm(False).profile.engine.decode_ahead is True  # on by default (it acts on CUDA only)

@@ -113,7 +113,7 @@ def build_engine(profile, registry) -> LoadedEngine:
     attach_host_kv(engine)
     _log_memory_ledger(engine, model, slots, device)
     # queue each decode step behind the previous one (on CPU nothing would overlap)
-    engine.decode_ahead = device.type == "cuda"
+    engine.decode_ahead = profile.engine.decode_ahead and device.type == "cuda"
     if profile.engine.cuda_graph and device.type == "cuda":
         if not engine.runner.enable_cuda_graphs(cfg.max_concurrency, cfg.max_context):
             logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)

@@ -75,6 +75,8 @@ class Engine:
     kv_dtype: str = opt("bf16", Str(), "KV-cache format, a kv_dtype plugin (bf16, int8, fp8, nvfp4, k8v4, ...)",
                         metavar="NAME")
     cuda_graph: bool = opt(True, Bool(), "replay decode steps from CUDA graphs")
+    decode_ahead: bool = opt(True, Bool(), "on CUDA, queue each decode step before the previous one's tokens "
+                             "reach the host")
     prefix_reuse: bool = opt(True, Bool(), "reuse cached prompt prefixes; off starts every request from scratch")
     default_max_tokens: int = opt(8192, _POS, "output limit for requests that set none", metavar="N")
     context_cost_presets: str | None = opt(None, Optional(Str()), "file of context-cost coefficients",
