@@ -246,7 +246,8 @@ class LLMEngine:
                     events.append(self._commit_token(tracked, row, now))
                 else:  # a prefill chunk that is not the prompt's last
                     events.append(self._event(tracked, "", []))
-                self.scheduler.commit(seq)  # publishes pages, captures state snapshots
+                if not seq.is_finished:  # finishing committed it already
+                    self.scheduler.commit(seq)  # publishes pages, captures state snapshots
             except Exception as exc:  # one request's processing failed: fail it alone
                 logger.exception("request {} failed while processing its output", seq.request_id)
                 events.append(self._error_event(tracked, exc))

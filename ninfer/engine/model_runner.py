@@ -123,13 +123,6 @@ class ModelRunner:
         ids = ahead_ids if ahead_ids is not None else torch.tensor(input_ids, dtype=torch.int64).to(dev)
         return ids, positions.to(dev), batch
 
-    def execute(
-        self, sched: SchedulerOutput, prompt_logprobs: Optional[Mapping[int, int]] = None
-    ) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
-        """Run one step: one row per chunk with ``sample`` set, in order, and the prompt
-        positions scored for the sequences in ``prompt_logprobs`` (seq id -> top-N)."""
-        return self.launch(sched, prompt_logprobs).result()
-
     @torch.inference_mode()
     def launch(
         self,
@@ -137,7 +130,9 @@ class ModelRunner:
         prompt_logprobs: Optional[Mapping[int, int]] = None,
         ahead_ids: Optional[torch.Tensor] = None,
     ) -> PendingStep:
-        """Queue one step (see :meth:`execute`); nothing here waits for the device.
+        """Queue one step; nothing here waits for the device. Its :class:`PendingStep` gives
+        one row per chunk with ``sample`` set, in order, and the prompt positions scored for
+        the sequences in ``prompt_logprobs`` (seq id -> top-N).
 
         ``ahead_ids`` (int64 [B] on the device) launches a decode step ahead: every chunk
         is a decode row whose sequence is one token past its host state, and
