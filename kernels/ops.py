@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer_kernels import activation, attention, causal_conv, gated_delta, norm, qk_norm_rope, rope
+from ninfer_kernels import activation, attention, causal_conv, decode_attention, gated_delta, norm, qk_norm_rope, rope
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
 
@@ -26,6 +26,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "write_kv": {"reference": attention.write_kv, "triton": None},
     "paged_attention": {"reference": attention.paged_attention, "triton": None},
     "qk_norm_rope": {"reference": qk_norm_rope.qk_norm_rope, "triton": None},
+    "decode_attention": {"reference": decode_attention.decode_attention, "triton": None},
     "causal_conv1d": {"reference": causal_conv.causal_conv1d, "triton": None},
     "gated_delta_rule": {"reference": gated_delta.gated_delta_rule, "triton": None},
 }
@@ -86,6 +87,26 @@ def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
 ) -> torch.Tensor:
     return choose("paged_attention", q.device.type)(q, k_cache, v_cache, batch, scale)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    return choose("decode_attention", q.device.type)(
+        q, k, v, q_weight, k_weight, eps, positions, cos_sin, rotary_dim, k_cache, v_cache, batch, scale
+    )
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -15,8 +15,9 @@ import torch
 pytest.importorskip("triton")
 
 from ninfer.model.forward_batch import ForwardBatch  # noqa: E402
-from ninfer_kernels import activation, attention, norm, ops, qk_norm_rope, rope  # noqa: E402
+from ninfer_kernels import activation, attention, decode_attention, norm, ops, qk_norm_rope, rope  # noqa: E402
 from ninfer_kernels.triton import activation as t_activation  # noqa: E402
+from ninfer_kernels.triton import decode_attention as t_decode_attention  # noqa: E402
 from ninfer_kernels.triton import kv_write as t_kv_write  # noqa: E402
 from ninfer_kernels.triton import norm as t_norm  # noqa: E402
 from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
@@ -279,3 +280,76 @@ def test_small_kernels_real_shapes_on_cuda():
     ops.write_kv(*caches, kf, vf, slots)
     attention.write_kv(*ref, kf, vf, slots)
     assert torch.equal(caches[0], ref[0]) and torch.equal(caches[1], ref[1])
+
+
+# -- decode attention (norm + RoPE + KV write + attention in one launch) ----------------
+
+
+def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, seed, device=DEVICE, pad=0):
+    """Raw q/k/v views of a fused projection, the cache holding each sequence's earlier
+    tokens, and a decode batch whose last ``pad`` rows are graph padding (slot -1)."""
+    q_c, k_cache, v_cache, batch = attention_case([(c, 1) for c in contexts], page, heads, kv_heads, head_dim,
+                                                  dtype, seed, device=device)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = len(contexts)
+    if pad:
+        batch.slot_mapping[-pad:] = -1
+    fused = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 3).to(dtype).to(device)
+    q = fused[:, : heads * head_dim].reshape(rows, heads, head_dim)
+    k = fused[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, kv_heads, head_dim)
+    v = fused[:, (heads + kv_heads) * head_dim :].reshape(rows, kv_heads, head_dim)
+    qw, kw = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(device) for _ in range(2)]
+    table = rope.rope_cos_sin(max(contexts) + 1, rotary_dim, 10_000.0, torch.float32, device)
+    positions = batch.seq_lens.to(torch.int64) - 1
+    return (q, k, v, qw, kw, 1e-6, positions, table, rotary_dim), k_cache, v_cache, batch
+
+
+@pytest.mark.parametrize(
+    "contexts,page,heads,head_dim,rotary_dim,dtype,splits",
+    [
+        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 1),
+        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 3),
+        ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
+        ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
+        ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
+    ],
+)
+def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rotary_dim, dtype, splits):
+    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, head_dim, rotary_dim, dtype, seed=page)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, head_dim**-0.5)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, head_dim**-0.5, num_splits=splits)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert rel_err(got, want) < TOL[dtype]
+    # the new rows went into the cache as the unfused ops store them, and nothing else did
+    # (NaN marks never-written slots; keys may differ in the last bit of the norm's sum)
+    torch.testing.assert_close(k_cache, want_k, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+    counters = t_decode_attention._counters.get(got.device)
+    assert counters is None or not counters.any()  # the merging program reset every counter
+
+
+def test_decode_attention_padding_rows_store_nothing():
+    args, k_cache, v_cache, batch = decode_case([9, 30, 2], 4, 4, 2, 16, 16, torch.float32, seed=5, pad=1)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got[:-1], want[:-1]) < TOL[torch.float32]
+    assert torch.isfinite(got[-1]).all()  # a padding row still attends (to whatever its page holds)
+    # the reference skips slot -1 too, so any stray store of the padding row would differ
+    torch.testing.assert_close(k_cache, want_k, atol=1e-6, rtol=1e-6, equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("contexts", [[2047] * 8, [640], [5, 3000, 17, 64]], ids=["batch8", "batch1", "mixed"])
+def test_decode_attention_real_shapes(contexts):
+    args, k_cache, v_cache, batch = decode_case(contexts, 16, 32, 8, 128, 128, torch.bfloat16, seed=2, device="cuda")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 128**-0.5)
+    for _ in range(3):  # the split counters must come back to zero between calls
+        got = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5)
+        assert rel_err(got, want) < 1e-2
+    torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))

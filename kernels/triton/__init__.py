@@ -12,7 +12,7 @@ if importlib.util.find_spec("triton") is not None:
     from ninfer_kernels import ops
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
-        activation, causal_conv, gated_delta, kv_write, norm, paged_attention, qk_norm_rope, rope,
+        activation, causal_conv, decode_attention, gated_delta, kv_write, norm, paged_attention, qk_norm_rope, rope,
     )
 
     ops.register_triton("rms_norm", norm.rms_norm)
@@ -21,5 +21,6 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("write_kv", kv_write.write_kv)
     ops.register_triton("paged_attention", paged_attention.paged_attention)
     ops.register_triton("qk_norm_rope", qk_norm_rope.qk_norm_rope)
+    ops.register_triton("decode_attention", decode_attention.decode_attention)
     ops.register_triton("causal_conv1d", causal_conv.causal_conv1d)
     ops.register_triton("gated_delta_rule", gated_delta.gated_delta_rule)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton import pdl
+
 #: elements one program aims to hold (rows x row width): short rows are batched up
 TILE_ELEMENTS = 4096
 
@@ -22,6 +24,7 @@ def _rms_norm_kernel(
     num_rows, inner, eps,
     stride_x0, stride_x1, stride_r0, stride_r1,
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     # Row r is element (r // inner, r % inner) of the input's two leading dimensions.
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -30,6 +33,8 @@ def _rms_norm_kernel(
     r1 = (r % inner).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = r_ok[:, None] & (cols < N)[None, :]
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x (and maybe the rest) comes from the kernel before
     x = tl.load(x_ptr + (r0 * stride_x0 + r1 * stride_x1)[:, None] + cols[None, :], mask=mask, other=0.0)
     # Outputs are contiguous [num_rows, N].
     dest = r.to(tl.int64)[:, None] * N + cols[None, :]
@@ -74,11 +79,12 @@ def rms_norm(
         return out if residual is None else (out, new_residual)
     block_n = triton.next_power_of_2(n)
     rows = max(1, min(64, TILE_ELEMENTS // block_n))
+    use_pdl = pdl.enabled(x.device)
     _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
         x3, r3, weight.contiguous(), out, new_residual,
         num_rows, x3.shape[1], eps,
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None,
-        num_warps=min(16, max(1, rows * block_n // 512)),
+        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
+        num_warps=min(16, max(1, rows * block_n // 512)), **pdl.launch_options(use_pdl),
     )
     return out if residual is None else (out, new_residual)

@@ -41,6 +41,61 @@ def _mma(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _load_kv_tile(
+    start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Keys [BLOCK_D, BLOCK_N] (transposed for the score product) and values
+    [BLOCK_N, BLOCK_DV] of positions start..start+BLOCK_N, gathered through the block
+    table; a masked tile reads nothing at or past ``hi``."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    if MASKED:
+        page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+    else:
+        page = tl.load(table + offs_n // PAGE).to(tl.int64)
+    slot = offs_n % PAGE
+    k_ptrs = k_base + page[None, :] * stride_kb + slot[None, :] * stride_ks + offs_d[:, None]
+    v_ptrs = v_base + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :]
+    if MASKED:
+        k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _fold_kv_tile(
+    acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Fold one loaded key/value tile into the running softmax state of every row.
+
+    A masked tile also hides keys at or past ``hi`` and keys after a row's position.
+    """
+    if UPCAST:
+        k = k.to(tl.float32)
+    s = _mma(q, k, IEEE) * qk_scale  # log2 units: exp2 below
+    if MASKED:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        s = tl.where((offs_n[None, :] < hi) & (offs_n[None, :] <= pos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with nothing visible yet keeps m = -inf; subtract 0 then, never -inf.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(v.dtype)  # rounded like the K/V operands, as on tensor cores
+    if UPCAST:
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + _mma(p, v, IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, qk_scale, start, hi, pos, table, k_base, v_base,
     stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok,
@@ -51,40 +106,9 @@ def _attend_tile(
     Unmasked tiles lie wholly below every row's position and inside the context, so
     they skip the bounds and causal masks (most tiles of a long context).
     """
-    offs_n = start + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hi
-    if MASKED:
-        page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-    else:
-        page = tl.load(table + offs_n // PAGE).to(tl.int64)
-    slot = offs_n % PAGE
-    k_ptrs = k_base + page[None, :] * stride_kb + slot[None, :] * stride_ks + offs_d[:, None]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-    s = _mma(q, k, IEEE) * qk_scale  # log2 units: exp2 below
-    if MASKED:
-        s = tl.where(n_ok[None, :] & (offs_n[None, :] <= pos[:, None]), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row with nothing visible yet keeps m = -inf; subtract 0 then, never -inf.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v_ptrs = v_base + page[:, None] * stride_vb + slot[:, None] * stride_vs + offs_dv[None, :]
-    if MASKED:
-        v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-    else:
-        v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
-    p = p.to(v.dtype)  # rounded like the K/V operands, as on tensor cores
-    if UPCAST:
-        p = p.to(tl.float32)
-        v = v.to(tl.float32)
-    acc = acc * alpha[:, None] + _mma(p, v, IEEE)
-    return acc, m_new, l_i
+    k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
+                         offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, MASKED)
+    return _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, MASKED, IEEE, UPCAST)
 
 
 @triton.jit

@@ -10,6 +10,7 @@ from loguru import logger
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.defaults import ProcessSamplingOverrides
+from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.engine.guided_setup import build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snapshot_rows, state_pool_bytes
@@ -97,6 +98,7 @@ def build_engine(profile, registry) -> LoadedEngine:
     kv_format = registry.get("kv_dtype", profile.engine.kv_dtype, key="engine.kv_dtype")
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
+    prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
     model_dir = resolve_model_path(profile.model, registry)
     started = time.perf_counter()
     model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context)

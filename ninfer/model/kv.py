@@ -26,6 +26,16 @@ class KVCache(abc.ABC):
     def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
         """Causal attention of queries [T, num_heads, head_dim] over the cached context."""
 
+    def decode_fused(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
+        batch: ForwardBatch, scale: float,
+    ) -> torch.Tensor | None:
+        """Optional fast path for decode batches: take q/k/v straight from the projection,
+        apply ``norm_rope``, store k/v and attend, all at once; the attention output, or
+        None when this format has no such path for ``batch`` (the caller then does the
+        steps one by one). A format that fuses must give what the steps give."""
+        return None
+
     @property
     @abc.abstractmethod
     def nbytes(self) -> int:
@@ -38,6 +48,20 @@ class KVCache(abc.ABC):
         Copying a page's row of each moves the page whole (values, and scales for a
         quantized format); the engine uses it to keep evicted pages on the host.
         """
+
+
+@attrs.frozen(eq=False)
+class HeadNormRope:
+    """What happens to fresh q/k heads before they are cached and attended (Qwen3 style):
+    a per-head RMSNorm with these weights, then RoPE of the first ``rotary_dim`` dims at
+    ``positions`` from the ``cos_sin`` table (see ``ninfer_kernels.qk_norm_rope``)."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    rotary_dim: int
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.kv import KVCache, KVDtype
+from ninfer.model.kv import HeadNormRope, KVCache, KVDtype
 from ninfer_kernels import ops
 
 
@@ -43,6 +43,16 @@ class NativeKVCache(KVCache):
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
         return ops.paged_attention(q, self.k, self.v, batch, scale)
+
+    def decode_fused(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
+        batch: ForwardBatch, scale: float,
+    ) -> torch.Tensor | None:
+        if not batch.is_decode_only:
+            return None
+        n = norm_rope
+        return ops.decode_attention(q, k, v, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim,
+                                    self.k, self.v, batch, scale)
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.kv import KVCache
+from ninfer.model.kv import HeadNormRope, KVCache
 from ninfer_kernels import ops
 from ninfer_plugins.models.config import DecoderConfig
 
@@ -115,14 +115,18 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = ops.qk_norm_rope(
-            q.reshape(tokens, self.num_heads, self.head_dim),
-            k.reshape(tokens, self.num_kv_heads, self.head_dim),
-            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin, self.head_dim,
-        )
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
-        self.kv_cache.write(k, v.reshape(tokens, self.num_kv_heads, self.head_dim), batch.slot_mapping)
-        out = self.kv_cache.attend(q, batch, self.scale)
+        norm_rope = HeadNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin,
+                                 self.head_dim)
+        out = self.kv_cache.decode_fused(q, k, v, norm_rope, batch, self.scale)
+        if out is None:
+            q, k = ops.qk_norm_rope(q, k, norm_rope.q_weight, norm_rope.k_weight, norm_rope.eps, positions, cos_sin,
+                                    self.head_dim)
+            self.kv_cache.write(k, v, batch.slot_mapping)
+            out = self.kv_cache.attend(q, batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
 

@@ -1,0 +1,44 @@
+"""Reference for one decode token per sequence, from raw q/k/v to attention output.
+
+Qwen3's attention at decode does four things in a row: per-head RMSNorm on q and k,
+RoPE on both, the new K/V row into its cache page, then attention over the pages.
+The Triton version does all four in one launch (at batch 1 a decode step is a chain
+of latency-bound small kernels, so every launch saved shows up in tokens per second);
+this reference simply chains the reference ops, which fixes what "the same" means.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.attention import paged_attention, write_kv
+from ninfer_kernels.qk_norm_rope import qk_norm_rope
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Attention output [B, H, Dv] for a decode batch (one new token per sequence).
+
+    ``q`` [B, H, D], ``k`` [B, Hk, D] and ``v`` [B, Hk, Dv] are the projections before the
+    per-head norm and RoPE (strided views of a fused projection are fine). Row ``i``
+    sits at ``positions[i]`` (its sequence's last position); its normalised, rotated key
+    and its value are stored at ``batch.slot_mapping[i]`` (-1: not stored) before the
+    attention reads the cache.
+    """
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, positions, cos_sin, rotary_dim)
+    write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+    return paged_attention(q, k_cache, v_cache, batch, scale)

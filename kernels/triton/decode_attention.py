@@ -1,0 +1,290 @@
+"""Decode attention in one Triton launch; see :mod:`ninfer_kernels.decode_attention`.
+
+The grid is (sequence, KV head, key split). Each program:
+
+1. normalises and rotates the query heads of its KV head's group itself: a few hundred
+   multiply-adds, far cheaper than a separate launch at batch 1;
+2. attends over the cached keys of its range with the same tile code as
+   :mod:`.paged_attention`;
+3. if its range holds the new position, normalises and rotates the new key, stores it
+   and the value into the cache page, and folds that key in from registers (nothing in
+   this launch reads the slot back, so no load waits for the store).
+
+With PDL (:mod:`.pdl`) the launch overlaps the end of the projection before it.
+
+With several splits, each program stores a partial output and its log-sum-exp, then
+bumps a per-(sequence, KV head) counter; the program that arrives last merges all
+partials and zeroes the counter for the next call. That replaces the second kernel a
+split needs otherwise. Counters live in one zeroed buffer per device, allocated before
+any CUDA graph captures the kernel (the warm-up passes run it first).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.paged_attention import _attend_tile, _fold_kv_tile, _load_kv_tile, _num_splits
+
+#: launch shape, from the decode sweep on an H200 (scripts/gpu_attention_sweep.py)
+NUM_WARPS, NUM_STAGES = 2, 1
+BLOCK_N = 64
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
+    """Zeroed int32 counters; grown (never shrunk or freed: captured graphs hold them)."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < needed:
+        buf = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
+        _counters[device] = buf  # an older, smaller buffer stays alive inside any graph using it
+    return buf
+
+
+@triton.jit
+def _norm_rope_rows(x_ptr, row_offs, row_ok, w_ptr, cs_row, eps,
+                    HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """RMSNorm (weight ``w``) then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D].
+
+    Each dim is paired with its rotation partner by a second (cached) load instead of
+    splitting the row into halves, so the result is a whole row ready for a dot product.
+    Rounding follows the unfused ops: normalised values in the input dtype, then rotated.
+    """
+    dtype = x_ptr.dtype.element_ty
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_D
+    rotated = d < ROT
+    first = d < HALF
+    partner = tl.where(first, d + HALF, tl.where(rotated, d - HALF, d))
+    m = row_ok[:, None] & d_ok[None, :]
+    x = tl.load(x_ptr + row_offs[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(x_ptr + row_offs[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_D + eps)
+    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    n = (x * inv[:, None] * w[None, :]).to(dtype).to(tl.float32)
+    n_partner = (xp * inv[:, None] * wp[None, :]).to(dtype).to(tl.float32)
+    j = tl.where(first, d, d - HALF)
+    cos = tl.load(cs_row + j, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row + HALF + j, mask=rotated, other=0.0).to(tl.float32)
+    sign = tl.where(first, -1.0, 1.0)
+    return (n * cos[None, :] + sign[None, :] * n_partner * sin[None, :]).to(dtype)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+    qk_scale, eps, num_kv_heads, num_splits,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    HALF: tl.constexpr, ROT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    # Batch metadata and the cached pages are never what the kernel just before wrote
+    # (that is the projection), so they are read before waiting on it.
+    seq_len = tl.load(seq_lens_ptr + seq)
+    cs_row = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < HEAD_D
+    dv_ok = offs_dv < HEAD_DV
+    # This split's share of the keys (the same ranges as the prefill/decode kernel's). The
+    # newest key is not read back from the page: the split that holds it stores it and
+    # folds it in from registers, so no load has to wait for that store.
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(seq_len, lo + chunk)
+    new = seq_len - 1
+    cached_hi = tl.minimum(hi, new)
+    table = block_tables_ptr + seq * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kch
+    v_base = v_cache_ptr + kv_head * stride_vch
+    # The first tile's keys and values are fetched before the wait: at short contexts
+    # that is all a split reads, and its memory latency overlaps the projection's end.
+    k0, v0 = _load_kv_tile(lo, cached_hi, table, k_base, v_base, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
+                           offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, True)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP
+    head = kv_head * GROUP + rows
+    q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw_ptr, cs_row, eps,
+                        HEAD_D, HALF, ROT, BLOCK_D)
+    # The new key and value, in every program: a 256-byte read is cheaper than waiting
+    # to learn which program needs them.
+    one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
+    k_new = _norm_rope_rows(k_ptr, seq * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
+                            kw_ptr, cs_row, eps, HEAD_D, HALF, ROT, BLOCK_D)
+    k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
+    v_new = tl.load(v_ptr + seq * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
+    v_new = v_new.to(v_cache_ptr.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    pos = tl.zeros([BLOCK_M], dtype=tl.int32) + new
+    q_dot = q.to(tl.float32) if UPCAST else q
+    acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k0, v0, qk_scale, lo, cached_hi, pos,
+                                  BLOCK_N, True, IEEE, UPCAST)
+    start = lo + BLOCK_N
+    mid = start + tl.maximum(cached_hi - start, 0) // BLOCK_N * BLOCK_N
+    for s0 in range(start, mid, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q_dot, qk_scale, s0, cached_hi, pos, table, k_base, v_base,
+            stride_kcb, stride_kcs, stride_vcb, stride_vcs, offs_d, offs_dv, d_ok, dv_ok,
+            PAGE, BLOCK_N, False, IEEE, UPCAST,
+        )
+    for s0 in range(mid, cached_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q_dot, qk_scale, s0, cached_hi, pos, table, k_base, v_base,
+            stride_kcb, stride_kcs, stride_vcb, stride_vcs, offs_d, offs_dv, d_ok, dv_ok,
+            PAGE, BLOCK_N, True, IEEE, UPCAST,
+        )
+    holds_new = (lo <= new) & (new < hi)
+    if holds_new:
+        slot = tl.load(slot_ptr + seq).to(tl.int64)
+        if slot >= 0:  # padding rows (slot -1) store nothing
+            page, offset = slot // PAGE, slot % PAGE
+            tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
+                     k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
+            tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
+                     v_new, mask=dv_ok)
+        # one more key, exactly as a tile would fold it (scores in log2 units, p rounded
+        # to the value dtype before it weights the value)
+        s_new = tl.sum(q.to(tl.float32) * k_new[None, :], 1) * qk_scale
+        m_new = tl.maximum(m_i, s_new)
+        alpha = tl.exp2(m_i - m_new)
+        p_new = tl.exp2(s_new - m_new)
+        l_i = l_i * alpha + p_new
+        p_new = p_new.to(v_new.dtype).to(tl.float32)
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
+        m_i = m_new
+
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if not SPLIT:
+        dest = seq * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    else:
+        # every split stores (an empty one zeros and -inf), so the merge reads no garbage
+        part = split * stride_ps + seq * stride_pt + head[:, None] * stride_ph + offs_dv[None, :]
+        tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & dv_ok[None, :])
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + split * stride_ls + seq * stride_lt + head, lse, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial is stored before the counter moves
+        counter = count_ptr + seq * num_kv_heads + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+            _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_splits,
+                            stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+                            GROUP, HEAD_DV, BLOCK_G, BLOCK_S, BLOCK_DV)
+            tl.store(counter, 0)
+
+
+@triton.jit
+def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_splits,
+                    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+                    GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_DV: tl.constexpr):
+    """Weight each split's partial by its share of the row's softmax mass (as the
+    separate merge kernel of :mod:`.paged_attention` does), for one group of heads."""
+    g = tl.arange(0, BLOCK_G)
+    g_ok = g < GROUP
+    heads = kv_head * GROUP + g
+    s = tl.arange(0, BLOCK_S)
+    sg_ok = (s < num_splits)[:, None] & g_ok[None, :]
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < HEAD_DV
+    # .cg: read through L2, where the other programs' partials are, never a stale L1 line
+    lse = tl.load(part_lse_ptr + s[:, None] * stride_ls + seq * stride_lt + heads[None, :], mask=sg_ok,
+                  other=float("-inf"), cache_modifier=".cg")
+    # Split 0 always holds key 0, which every row sees, so a real row's max is finite.
+    top = tl.where(g_ok, tl.max(lse, 0), 0.0)
+    w = tl.exp2(lse - top[None, :])
+    total = tl.sum(w, 0)
+    w = w / tl.where(total > 0, total, 1.0)[None, :]
+    # issued alongside the log-sum-exps: empty splits stored zeros, so nothing needs masking
+    parts = tl.load(part_o_ptr + s[:, None, None] * stride_ps + seq * stride_pt + heads[None, :, None] * stride_ph
+                    + dv[None, None, :], mask=sg_ok[:, :, None] & dv_ok[None, None, :], other=0.0,
+                    cache_modifier=".cg")
+    merged = tl.sum(parts * w[:, :, None], 0)
+    dest = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dv[None, :]
+    tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Same contract as the reference. ``num_splits`` overrides the key-split heuristic."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    head_dim_v = v_cache.shape[-1]
+    if batch.max_query_len != 1 or batch.seq_lens.shape[0] != num_seqs:
+        raise ValueError("decode_attention takes decode batches only (one new token per sequence)")
+    if num_heads % num_kv_heads or k.shape[1] != num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
+    if page_size & (page_size - 1):
+        raise ValueError(f"page size must be a power of two, got {page_size}")
+    if cos_sin.shape[-1] != rotary_dim or rotary_dim > head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim {rotary_dim} does not fit head_dim {head_dim} / cos_sin {cos_sin.shape[-1]}")
+    if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache, cos_sin)):
+        raise ValueError("q, k, v, the caches and the cos/sin table must be contiguous in their last dimension")
+    out = torch.empty(num_seqs, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device)
+    if splits > 1:
+        part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused when SPLIT is off
+    counters = _counter_buffer(q.device, num_seqs * num_kv_heads)
+    use_pdl = pdl.enabled(q.device)
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
+        q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,
+        k_cache, v_cache, batch.slot_mapping, batch.seq_lens, batch.block_tables,
+        out, part_o, part_lse, counters,
+        scale * math.log2(math.e), eps, num_kv_heads, splits,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
+        GROUP=group, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v, HALF=rotary_dim // 2, ROT=rotary_dim,
+        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
+        SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
+        # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, USE_PDL=use_pdl,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(use_pdl),
+    )
+    return out

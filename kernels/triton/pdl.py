@@ -1,0 +1,37 @@
+"""Programmatic dependent launch (PDL) for the small kernels of a decode step.
+
+On Hopper and later a kernel launched with PDL may start while the kernel before it in
+the stream is still finishing: its programs run whatever needs nothing from that kernel
+(index math, weights, block tables), then wait at ``gdc_wait`` until the earlier kernel
+has finished and its writes are visible. At batch 1 a decode step is a chain of short
+kernels behind cuBLAS matmuls, and this hides most of each launch's latency.
+
+Every kernel launched this way must reach ``gdc_wait`` on every path before it exits
+(and before reading anything the previous kernel writes): a later kernel that starts
+after this one finished may rely on everything before it having finished too.
+``NINFER_PDL=0`` turns it off (read at call time, so benchmarks can compare).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with PDL (never in Triton's CPU interpreter)."""
+    if device.type != "cuda" or os.environ.get("NINFER_PDL", "1") == "0":
+        return False
+    return _hopper_or_later(device)
+
+
+def launch_options(use_pdl: bool) -> dict:
+    """Extra launch keywords: Triton's ``launch_pdl`` only when PDL is on."""
+    return {"launch_pdl": True} if use_pdl else {}

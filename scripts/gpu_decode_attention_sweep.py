@@ -1,0 +1,92 @@
+"""Sweep the fused decode attention kernel's launch shape against the unfused ops (GPU only).
+
+For each (concurrency, context) case, times 36 back-to-back layers (the 8B shape: 32 query
+heads, 8 KV heads, head_dim 128, page 16) replayed from a CUDA graph: first the three
+unfused launches (q/k norm + RoPE, KV write, paged attention with its merge), then the
+fused kernel under each warps / stages / key-tile / split setting. One JSON line each.
+
+    python scripts/gpu_decode_attention_sweep.py --cases 1x640,1x4096,8x640,32x640
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from gpu_timing import bench, graphed  # noqa: E402 (scripts/ is on sys.path)
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels import ops
+from ninfer_kernels.rope import rope_cos_sin
+from ninfer_kernels.triton import decode_attention as da
+
+LAYERS, HEADS, KV_HEADS, HEAD_D, PAGE = 36, 32, 8, 128, 16
+
+
+def decode_batch(c: int, ctx: int, max_ctx: int, dev) -> ForwardBatch:
+    per_seq = -(-max_ctx // PAGE)
+    tables = torch.arange(c * per_seq, dtype=torch.int32, device=dev).view(c, per_seq)
+    slots = (tables[:, (ctx - 1) // PAGE].long() * PAGE + (ctx - 1) % PAGE)
+    return ForwardBatch(
+        query_start=torch.arange(c + 1, dtype=torch.int32, device=dev),
+        seq_lens=torch.full((c,), ctx, dtype=torch.int32, device=dev),
+        block_tables=tables, slot_mapping=slots, logits_indices=torch.arange(c, device=dev), block_size=PAGE,
+        max_query_len=1, max_seq_len=max_ctx, query_lens_host=[1] * c, seq_lens_host=[ctx] * c,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="1x640,1x4096,8x640,32x640")
+    ap.add_argument("--max-context", type=int, default=40960)
+    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--stages", default="1,2")
+    ap.add_argument("--block-n", default="32,64")
+    ap.add_argument("--splits", default="default,4,8,16,32")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    table = rope_cos_sin(args.max_context, HEAD_D, 1_000_000.0, torch.float32, dev)
+    for case in args.cases.split(","):
+        c, ctx = map(int, case.split("x"))
+        batch = decode_batch(c, ctx, args.max_context, dev)
+        blocks = int(batch.block_tables.max()) + 1
+        k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
+        v_cache = torch.randn_like(k_cache)
+        qkv = torch.randn(c, (HEADS + 2 * KV_HEADS) * HEAD_D, dtype=torch.bfloat16, device=dev)
+        q = qkv[:, : HEADS * HEAD_D].view(c, HEADS, HEAD_D)
+        k = qkv[:, HEADS * HEAD_D : (HEADS + KV_HEADS) * HEAD_D].view(c, KV_HEADS, HEAD_D)
+        v = qkv[:, (HEADS + KV_HEADS) * HEAD_D :].view(c, KV_HEADS, HEAD_D)
+        w = torch.rand(HEAD_D, dtype=torch.bfloat16, device=dev) + 0.5
+        pos = batch.seq_lens.long() - 1
+        scale = HEAD_D**-0.5
+
+        def unfused():
+            qr, kr = ops.qk_norm_rope(q, k, w, w, 1e-6, pos, table, HEAD_D)
+            ops.write_kv(k_cache, v_cache, kr, v, batch.slot_mapping)
+            return ops.paged_attention(qr, k_cache, v_cache, batch, scale)
+
+        want = unfused()
+        ms = bench(graphed(lambda: [unfused() for _ in range(LAYERS)]), rep=50, warmup=10)
+        print(json.dumps({"concurrency": c, "context": ctx, "kernel": "unfused",
+                          "us_per_layer": round(ms * 1000 / LAYERS, 2)}), flush=True)
+        for warps in map(int, args.warps.split(",")):
+            for stages in map(int, args.stages.split(",")):
+                for block_n in map(int, args.block_n.split(",")):
+                    for splits in [int(x) if x != "default" else None for x in args.splits.split(",")]:
+                        da.NUM_WARPS, da.NUM_STAGES, da.BLOCK_N = warps, stages, block_n
+
+                        def fused(s=splits):
+                            return da.decode_attention(q, k, v, w, w, 1e-6, pos, table, HEAD_D, k_cache, v_cache,
+                                                       batch, scale, num_splits=s)
+
+                        err = float((fused().float() - want.float()).abs().max())
+                        ms = bench(graphed(lambda: [fused() for _ in range(LAYERS)]), rep=50, warmup=10)
+                        print(json.dumps({"concurrency": c, "context": ctx, "kernel": "fused", "warps": warps,
+                                          "stages": stages, "block_n": block_n, "splits": splits or "default",
+                                          "us_per_layer": round(ms * 1000 / LAYERS, 2), "max_err": err}),
+                              flush=True)
+
+
+if __name__ == "__main__":
+    main()
