@@ -102,3 +102,30 @@ def test_write_attend_round_trip(native):
     # Stored values are the written ones, bit for bit (fp32 model -> fp32 cache).
     stored = cache.k.view(-1, HK, D)[torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(14)])]
     assert torch.equal(stored, k)
+
+
+def test_decode_fused_equals_the_separate_steps_and_skips_prefill(native):
+    from ninfer.model.kv import HeadNormRope
+    from ninfer_kernels import qk_norm_rope
+    from ninfer_kernels.rope import rope_cos_sin
+
+    gen = torch.Generator().manual_seed(4)
+    table = rope_cos_sin(64, D, 10_000.0, torch.float32, "cpu")
+    fused, steps = (native.allocate(6, BLOCK, HK, D, torch.float32, "cpu") for _ in range(2))
+    history = torch.randn(2, 9, HK, D, generator=gen)
+    for cache in (fused, steps):  # nine cached tokens on pages 3, 1, 4
+        cache.write(history[0], history[1], step([3, 1, 4], 0, 9).slot_mapping)
+    q = torch.randn(1, H, D, generator=gen)
+    k, v = torch.randn(2, 1, HK, D, generator=gen)
+    w = torch.rand(D, generator=gen) + 0.5
+    batch = step([3, 1, 4], 9, 1)
+    norm_rope = HeadNormRope(w, w, 1e-6, torch.tensor([9]), table, D)
+
+    got = fused.decode_fused(q, k, v, norm_rope, batch, 0.25)
+    qr, kr = qk_norm_rope.qk_norm_rope(q, k, w, w, 1e-6, torch.tensor([9]), table, D)
+    steps.write(kr, v, batch.slot_mapping)
+    assert torch.equal(got, steps.attend(qr, batch, 0.25))
+    assert torch.equal(fused.k, steps.k) and torch.equal(fused.v, steps.v)
+    # a prefill chunk is left to the separate steps
+    assert fused.decode_fused(q.expand(2, H, D), k.expand(2, HK, D), v.expand(2, HK, D), norm_rope,
+                              step([3, 1, 4], 8, 2), 0.25) is None

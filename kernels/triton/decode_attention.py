@@ -29,21 +29,26 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.paged_attention import _attend_tile, _fold_kv_tile, _load_kv_tile, _num_splits
+from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 
-#: launch shape, from the decode sweep on an H200 (scripts/gpu_attention_sweep.py)
+#: launch shape, from the decode sweep on an H200 (scripts/gpu_decode_attention_sweep.py)
 NUM_WARPS, NUM_STAGES = 2, 1
 BLOCK_N = 64
 
 _counters: dict[torch.device, torch.Tensor] = {}
+#: every counter buffer ever handed out: a captured graph keeps using the address it saw,
+#: and graphs hold no reference of their own to memory allocated outside their pool
+_retired: list[torch.Tensor] = []
 
 
 def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 counters; grown (never shrunk or freed: captured graphs hold them)."""
+    """Zeroed int32 counters for ``needed`` (sequence, KV head) pairs; grown, never freed."""
     buf = _counters.get(device)
     if buf is None or buf.numel() < needed:
+        if buf is not None:
+            _retired.append(buf)
         buf = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
-        _counters[device] = buf  # an older, smaller buffer stays alive inside any graph using it
+        _counters[device] = buf
     return buf
 
 
@@ -144,18 +149,10 @@ def _decode_kernel(
                                   BLOCK_N, True, IEEE, UPCAST)
     start = lo + BLOCK_N
     mid = start + tl.maximum(cached_hi - start, 0) // BLOCK_N * BLOCK_N
-    for s0 in range(start, mid, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q_dot, qk_scale, s0, cached_hi, pos, table, k_base, v_base,
-            stride_kcb, stride_kcs, stride_vcb, stride_vcs, offs_d, offs_dv, d_ok, dv_ok,
-            PAGE, BLOCK_N, False, IEEE, UPCAST,
-        )
-    for s0 in range(mid, cached_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q_dot, qk_scale, s0, cached_hi, pos, table, k_base, v_base,
-            stride_kcb, stride_kcs, stride_vcb, stride_vcs, offs_d, offs_dv, d_ok, dv_ok,
-            PAGE, BLOCK_N, True, IEEE, UPCAST,
-        )
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q_dot, qk_scale, start, mid, cached_hi, pos, table, k_base, v_base,
+        stride_kcb, stride_kcs, stride_vcb, stride_vcs, offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, IEEE, UPCAST,
+    )
     holds_new = (lo <= new) & (new < hi)
     if holds_new:
         slot = tl.load(slot_ptr + seq).to(tl.int64)
@@ -275,7 +272,8 @@ def decode_attention(
         out, part_o, part_lse, counters,
         scale * math.log2(math.e), eps, num_kv_heads, splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v, HALF=rotary_dim // 2, ROT=rotary_dim,

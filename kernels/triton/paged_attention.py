@@ -96,19 +96,26 @@ def _fold_kv_tile(
 
 
 @triton.jit
-def _attend_tile(
-    acc, m_i, l_i, q, qk_scale, start, hi, pos, table, k_base, v_base,
+def _attend_range(
+    acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, k_base, v_base,
     stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Fold keys start..start+BLOCK_N into the running softmax state of every row.
+    """Fold keys lo..hi into the running softmax state of every row, a tile at a time.
 
-    Unmasked tiles lie wholly below every row's position and inside the context, so
-    they skip the bounds and causal masks (most tiles of a long context).
+    Tiles below ``mid`` lie wholly below every row's position and inside the context, so
+    they skip the bounds and causal masks (most tiles of a long context); the rest are
+    masked.
     """
-    k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
-                         offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, MASKED)
-    return _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, MASKED, IEEE, UPCAST)
+    for start in range(lo, mid, BLOCK_N):
+        k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
+                             offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, False)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+    for start in range(mid, hi, BLOCK_N):
+        k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
+                             offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, True)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -182,18 +189,10 @@ def _attend_kernel(
     # Whole tiles that every row sees (keys up to the first row's position) come first.
     first_pos = seq_len - q_len + t0
     mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
-    for start in range(lo, mid, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, qk_scale, start, hi, pos, table, k_base, v_base,
-            stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok,
-            PAGE, BLOCK_N, False, IEEE, UPCAST,
-        )
-    for start in range(mid, hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, qk_scale, start, hi, pos, table, k_base, v_base,
-            stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok,
-            PAGE, BLOCK_N, True, IEEE, UPCAST,
-        )
+    acc, m_i, l_i = _attend_range(
+        acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, k_base, v_base,
+        stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, IEEE, UPCAST,
+    )
 
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
