@@ -83,7 +83,7 @@ def main() -> None:
     vocab = SHAPES[args.shape]["vocab_size"]
     for c in levels:
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(c)]
-        hidden, _ = graphs.run([1] * c, [args.context] * c, tables)
+        hidden = graphs.run([1] * c, [args.context] * c, tables)
         bucket = graphs.bucket_for(c)
         replay = cuda_ms(lambda: graphs.replay(bucket), 50, warmup=5)
         head = cuda_ms(lambda: model.compute_logits(hidden), 50, warmup=5)

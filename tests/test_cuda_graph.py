@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ninfer import LLM, SamplingParams
-from ninfer.engine.cuda_graph import buckets_up_to
+from ninfer.engine.cuda_graph import DecodeGraphs, buckets_up_to
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -20,6 +20,28 @@ def test_buckets_cover_every_batch_size_up_to_the_limit():
     assert buckets_up_to(20) == [1, 2, 4, 8, 16, 20]
     sizes = buckets_up_to(64)
     assert sizes[-1] == 64 and sizes == sorted(set(sizes))
+
+
+def test_one_transfer_stages_every_row_field_and_padding():
+    """What a replay reads, staged on the CPU (capture needs CUDA; staging does not)."""
+    graphs = DecodeGraphs(None, max_batch=8, max_context=64, block_size=4, device=torch.device("cpu"))
+    bucket = graphs.stage_inputs([5, 6, 7], [0, 5, 9], [[1], [2, 3], [4, 5, 6]])
+    assert bucket == 4
+    assert graphs.input_ids[:4].tolist() == [5, 6, 7, 0]
+    assert graphs.positions[:4].tolist() == [0, 5, 9, 0]
+    assert graphs.seq_lens[:4].tolist() == [1, 6, 10, 1]  # padding rows attend to one key
+    assert graphs.slot_mapping[:4].tolist() == [4, 13, 25, -1]  # padding rows write no KV
+    assert graphs.block_tables[:4, :3].tolist() == [[1, 0, 0], [2, 3, 0], [4, 5, 6], [0, 0, 0]]
+    first_host = graphs._hosts[0].clone()
+
+    # a smaller batch, ids already on the device: the rows it leaves become padding
+    assert graphs.stage_inputs(torch.tensor([8]), [2], [[7]]) == 1
+    assert graphs.input_ids[:1].tolist() == [8]
+    assert graphs.positions[:4].tolist() == [2, 0, 0, 0]
+    assert graphs.seq_lens[:4].tolist() == [3, 1, 1, 1]
+    assert graphs.slot_mapping[:4].tolist() == [30, -1, -1, -1]
+    # it was packed in the other pinned buffer: the first one's transfer may still be queued
+    assert torch.equal(graphs._hosts[0], first_host)
 
 
 def _generate(cuda_graph: bool, ahead: bool = True) -> tuple[list[list[int]], LLM]:

@@ -353,3 +353,18 @@ def test_decode_attention_real_shapes(contexts):
         assert rel_err(got, want) < 1e-2
     torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
     assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+def test_attention_kernels_take_int64_context_lengths():
+    """Replayed decode graphs hand the kernels int64 context lengths (see cuda_graph.py)."""
+    args, k_cache, v_cache, batch = decode_case([5, 70, 0], 16, 8, 2, 16, 16, torch.float32, seed=11)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    batch.seq_lens = batch.seq_lens.to(torch.int64)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got, want) < TOL[torch.float32]
+    q, k_cache, v_cache, batch = attention_case(CASES["decode"], 16, 8, 2, 16, torch.float32, seed=3)
+    want = attention.paged_attention(q, k_cache, v_cache, batch, 0.25)
+    batch.seq_lens = batch.seq_lens.to(torch.int64)
+    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got, want) < TOL[torch.float32]

@@ -5,11 +5,14 @@ overhead on the host dominates at low concurrency. We capture the model's forwar
 decode batches once per batch-size bucket (1, 2, 4, 8, then steps of 8 and 16), all
 graphs sharing one memory pool, and replay the smallest bucket that holds the batch.
 
-Graphs read their inputs from static device buffers. Each step packs the batch's
-token ids, positions, context lengths, KV slots and block tables into one pinned host
-buffer, copies it to the device with a single transfer and scatters it into the static
-buffers. Rows past the batch (padding up to the bucket) get KV slot -1, so the KV write
-skips them, and a context length of 1, so attention stays cheap and finite there.
+Graphs read their inputs from static device buffers. The four per-row fields (token
+ids, positions, context lengths, KV slots; int64) sit at the front of one device staging
+buffer and *are* the graphs' inputs, so a step packs them with its block tables into a
+pinned host buffer and one transfer fills them; only the block tables are then copied
+into their own [rows, pages] buffer. Rows past the batch (padding up to the bucket) get
+KV slot -1, so the KV write skips them, and a context length of 1, so attention stays
+cheap and finite there. Two pinned host buffers take turns: a step launched ahead fills
+one while the transfer of the step before may still be queued on the other.
 
 Prefill, mixed steps, LoRA batches and models that cannot be captured (host syncs in
 their forward, such as MoE routing by expert counts) run eagerly.
@@ -17,7 +20,6 @@ their forward, such as MoE routing by expert counts) run eagerly.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Optional, Sequence, Union
 
@@ -63,20 +65,20 @@ class DecodeGraphs:
         self.max_blocks = -(-max_context // block_size)
         n = self.buckets[-1]
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(n, **i64)
-        self.positions = torch.zeros(n, **i64)
-        self.seq_lens = torch.ones(n, **i32)
-        self.slot_mapping = torch.full((n,), -1, **i64)
+        # staging: four [n] fields (the graphs' inputs themselves), then up to n * max_blocks
+        # block-table entries on their way into ``block_tables``
+        self._stage = torch.zeros(4 * n + n * self.max_blocks, **i64)
+        self.input_ids, self.positions, self.seq_lens, self.slot_mapping = self._stage[: 4 * n].view(4, n)
+        self.seq_lens.fill_(1)
+        self.slot_mapping.fill_(-1)
         self.block_tables = torch.zeros(n, self.max_blocks, **i32)
         self.query_start = torch.arange(n + 1, **i32)
         self.rows = torch.arange(n, **i64)
-        # one pinned staging area: four [n] fields, then up to n * max_blocks table entries
-        self._host = torch.empty(4 * n + n * self.max_blocks, dtype=torch.int64).pin_memory()
-        self._host_np = self._host.numpy()
-        self._stage = torch.empty_like(self._host, device=device)
+        pin = device.type == "cuda"
+        self._hosts = [torch.empty(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
-        self._batches: dict[int, ForwardBatch] = {}
 
     def _batch(self, bs: int) -> ForwardBatch:
         """Views of the static buffers for bucket ``bs``; host lists are never read on CUDA."""
@@ -113,7 +115,7 @@ class DecodeGraphs:
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
                     self._hidden[bs] = self.model(ids, pos, batch)
                 pool = graph.pool()
-                self._graphs[bs], self._batches[bs] = graph, batch
+                self._graphs[bs] = graph
         _clear_cublas_workspaces()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
@@ -138,41 +140,48 @@ class DecodeGraphs:
         token_ids: Union[Sequence[int], torch.Tensor],
         positions: Sequence[int],
         block_tables: Sequence[Sequence[int]],
-    ) -> tuple[torch.Tensor, ForwardBatch]:
+    ) -> torch.Tensor:
         """Replay the decode step of ``len(token_ids)`` sequences, each adding one token at
-        ``positions[i]``; returns (hidden rows [B, hidden], the batch whose
-        ``logits_indices`` select them). ``token_ids`` may be a device tensor (a step
-        launched before the previous one's tokens reached the host)."""
+        ``positions[i]``; returns their hidden rows [B, hidden] (row ``i``: sequence ``i``).
+        ``token_ids`` may be a device tensor (a step launched before the previous one's
+        tokens reached the host)."""
+        bs = self.stage_inputs(token_ids, positions, block_tables)
+        self._graphs[bs].replay()
+        return self._hidden[bs][: len(token_ids)]
+
+    def stage_inputs(
+        self,
+        token_ids: Union[Sequence[int], torch.Tensor],
+        positions: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+    ) -> int:
+        """Fill the static inputs for this batch; returns the bucket to replay."""
         on_device = isinstance(token_ids, torch.Tensor)
         num = len(token_ids)
         bs = self.bucket_for(num)
         assert bs is not None, "batch larger than the largest captured bucket"
+        n = self.buckets[-1]
         width = max(len(t) for t in block_tables)
-        h = self._host_np
+        host = self._hosts[self._turn]
+        self._turn ^= 1
+        h = host.numpy()
         pos = np.fromiter(positions, dtype=np.int64, count=num)
         table = np.zeros((bs, width), dtype=np.int64)
         for i, t in enumerate(block_tables):
             table[i, : len(t)] = t
-        h[0:bs] = 0
+        ids, pos_f, lens, slots = h[: 4 * n].reshape(4, n)
+        ids[:] = 0
         if not on_device:
-            h[0:num] = token_ids
-        h[bs : bs + num] = pos
-        h[bs + num : 2 * bs] = 0
-        h[2 * bs : 2 * bs + num] = pos + 1  # context length including the new token
-        h[2 * bs + num : 3 * bs] = 1
+            ids[:num] = token_ids
+        pos_f[:num], pos_f[num:] = pos, 0
+        lens[:num], lens[num:] = pos + 1, 1  # context length including the new token
         bsz = self.block_size
-        h[3 * bs : 3 * bs + num] = table[np.arange(num), pos // bsz] * bsz + pos % bsz
-        h[3 * bs + num : 4 * bs] = -1  # padding rows never write KV
-        end = 4 * bs + bs * width
-        h[4 * bs : end] = table.reshape(-1)
-        stage = self._stage[:end]
-        stage.copy_(self._host[:end], non_blocking=True)
-        self.input_ids[:bs].copy_(stage[0:bs])
+        slots[:num] = table[np.arange(num), pos // bsz] * bsz + pos % bsz
+        slots[num:] = -1  # padding rows never write KV
+        end = 4 * n + bs * width
+        h[4 * n : end] = table.reshape(-1)
+        self._stage[:end].copy_(host[:end], non_blocking=True)
         if on_device:
             self.input_ids[:num].copy_(token_ids)
-        self.positions[:bs].copy_(stage[bs : 2 * bs])
-        self.seq_lens[:bs].copy_(stage[2 * bs : 3 * bs])
-        self.slot_mapping[:bs].copy_(stage[3 * bs : 4 * bs])
-        self.block_tables[:bs, :width].copy_(stage[4 * bs : end].view(bs, width))
-        self._graphs[bs].replay()
-        return self._hidden[bs][:num], dataclasses.replace(self._batches[bs], logits_indices=self.rows[:num])
+        self.block_tables[:bs, :width].copy_(self._stage[4 * n : end].view(bs, width))
+        return bs

@@ -65,7 +65,8 @@ class ModelRunner:
             and chunks[0].seq.state_slot is None
         )
 
-    def _replay(self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, ForwardBatch]:
+    def _replay(self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """Hidden rows of a replayed decode step, one per chunk (every chunk samples)."""
         seqs = [c.seq for c in sched.chunks]
         if ahead_ids is not None:
             return self.graphs.run(ahead_ids, [s.num_computed_tokens + 1 for s in seqs], [s.block_table for s in seqs])
@@ -139,8 +140,8 @@ class ModelRunner:
         ``ahead_ids[i]`` is that token for chunk ``i``.
         """
         if self._replayable(sched, prompt_logprobs):
-            hidden, batch = self._replay(sched, ahead_ids)
-            return self._sample(sched, hidden, batch, ahead_ids is not None)
+            # the graph's rows are the sampled rows already: no gather needed
+            return self._sample(sched, self._replay(sched, ahead_ids), ahead_ids is not None)
         input_ids, positions, batch = self.build_batch(sched, ahead_ids)
         if batch.lora is None:
             hidden = self.model(input_ids, positions, batch)
@@ -148,7 +149,7 @@ class ModelRunner:
             with self.loras.step(batch.lora):
                 hidden = self.model(input_ids, positions, batch)
         prompt = self._score_prompt(sched, hidden, prompt_logprobs) if prompt_logprobs else {}
-        return self._sample(sched, hidden, batch, ahead_ids is not None, prompt)
+        return self._sample(sched, hidden[batch.logits_indices], ahead_ids is not None, prompt)
 
     def _score_prompt(
         self, sched: SchedulerOutput, hidden: torch.Tensor, wanted: Mapping[int, int]
@@ -193,15 +194,14 @@ class ModelRunner:
             i += count
         return out
 
-    def _sample(
-        self, sched: SchedulerOutput, hidden: torch.Tensor, batch: ForwardBatch, ahead: bool, prompt_rows=None
-    ) -> PendingStep:
+    def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead: bool, prompt_rows=None) -> PendingStep:
+        """Sample from ``sample_rows``: the hidden rows of the chunks with ``sample`` set, in order."""
         sampled = [c for c in sched.chunks if c.sample]
         if not sampled:
             return PendingStep(None, [], prompt_rows or {})
         # guided rows' masks, filled on the host while the device still runs the forward pass
         token_mask = self.guided.masks([c.seq.seq_id for c in sampled]) if self.guided else None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self.model.compute_logits(sample_rows)
         settings = [c.seq.sampling for c in sampled]
         # Token histories are only copied out when some row applies penalties.
         history = any(r.uses_penalties for r in settings)

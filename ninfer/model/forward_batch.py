@@ -25,7 +25,7 @@ class ForwardBatch:
     """
 
     query_start: torch.Tensor  # int32 [B + 1], cumulative new-token counts
-    seq_lens: torch.Tensor  # int32 [B], context length including this step's tokens
+    seq_lens: torch.Tensor  # int32 [B] (int64 in replayed decode graphs), context incl. this step's tokens
     block_tables: torch.Tensor  # int32 [B, max_blocks]; unused entries are 0
     slot_mapping: torch.Tensor  # int64 [T], flat KV slot (block * block_size + offset); -1 = skip
     logits_indices: torch.Tensor  # int64 [N], rows whose logits the sampler needs
