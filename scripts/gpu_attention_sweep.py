@@ -23,10 +23,11 @@ LAYERS, HEADS, KV_HEADS, HEAD_D, PAGE = 36, 32, 8, 128, 16
 def decode_batch(c: int, ctx: int, max_ctx: int, dev) -> ForwardBatch:
     per_seq = -(-max_ctx // PAGE)
     tables = torch.arange(c * per_seq, dtype=torch.int32, device=dev).view(c, per_seq)
+    slots = tables[:, (ctx - 1) // PAGE].long() * PAGE + (ctx - 1) % PAGE  # each new token's KV slot
     return ForwardBatch(
         query_start=torch.arange(c + 1, dtype=torch.int32, device=dev),
         seq_lens=torch.full((c,), ctx, dtype=torch.int32, device=dev),
-        block_tables=tables, slot_mapping=torch.zeros(c, dtype=torch.int64, device=dev),
+        block_tables=tables, slot_mapping=slots,
         logits_indices=torch.arange(c, device=dev), block_size=PAGE, max_query_len=1, max_seq_len=max_ctx,
         query_lens_host=[1] * c, seq_lens_host=[ctx] * c,
     )

@@ -30,6 +30,7 @@ import triton.language as tl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
+from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
 #: launch shape, from the decode sweep on an H200 (scripts/gpu_decode_attention_sweep.py)
 NUM_WARPS, NUM_STAGES = 2, 1
@@ -250,8 +251,7 @@ def decode_attention(
         raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
     if page_size & (page_size - 1):
         raise ValueError(f"page size must be a power of two, got {page_size}")
-    if cos_sin.shape[-1] != rotary_dim or rotary_dim > head_dim or rotary_dim % 2:
-        raise ValueError(f"rotary_dim {rotary_dim} does not fit head_dim {head_dim} / cos_sin {cos_sin.shape[-1]}")
+    check_rotary_dim(rotary_dim, head_dim, cos_sin)
     if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache, cos_sin)):
         raise ValueError("q, k, v, the caches and the cos/sin table must be contiguous in their last dimension")
     out = torch.empty(num_seqs, num_heads, head_dim_v, dtype=q.dtype, device=q.device)

@@ -64,6 +64,12 @@ def _qk_norm_rope_kernel(
                      HALF, ROT, HEAD_D, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
 
 
+def check_rotary_dim(rotary_dim: int, head_dim: int, cos_sin: torch.Tensor) -> None:
+    """Raise unless ``rotary_dim`` is even, fits the head and matches the cos/sin table."""
+    if cos_sin.shape[-1] != rotary_dim or rotary_dim > head_dim or rotary_dim % 2:
+        raise ValueError(f"rotary_dim {rotary_dim} does not fit head_dim {head_dim} / cos_sin {cos_sin.shape[-1]}")
+
+
 def qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -76,8 +82,7 @@ def qk_norm_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as the reference; returns new contiguous tensors."""
     num_tokens, num_q_heads, head_dim = q.shape
-    if cos_sin.shape[-1] != rotary_dim or rotary_dim > head_dim or rotary_dim % 2:
-        raise ValueError(f"rotary_dim {rotary_dim} does not fit head_dim {head_dim} / cos_sin {cos_sin.shape[-1]}")
+    check_rotary_dim(rotary_dim, head_dim, cos_sin)
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
