@@ -134,6 +134,8 @@ def test_stop_string_truncates(client):
     ({"prompt": [PROMPT, 7]}, "prompt[1]"),
     ({"prompt": [[1, 2], []]}, "prompt[1]"),
     ({"prompt": [100000]}, "prompt"),
+    ({"prompt": [-16040, -16040]}, "prompt"),  # found by the schema fuzzer: the echo decode overflowed
+    ({"prompt": [[1, 2], [3, -1]]}, "prompt[1]"),
     ({"temperature": 3}, "temperature"),
     ({"stop": ["x"] * 33}, "stop"),
     ({"stop": ["a", ""]}, "stop"),

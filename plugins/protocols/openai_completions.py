@@ -98,11 +98,13 @@ class Completion(Struct):
     system_fingerprint: Optional[str] = None
 
 
-def _prompts(prompt: Union[str, list[Any]]) -> list[Union[str, list[int]]]:
-    """Normalise the four prompt spellings to a list of strings and id lists."""
+def _prompts(prompt: Union[str, list[Any]], vocab_size: int) -> list[Union[str, list[int]]]:
+    """Normalise the four prompt spellings to a list of strings and id lists; token ids
+    must lie inside the vocabulary (they are decoded for echo before the engine sees them)."""
     if isinstance(prompt, str):
         return [prompt]
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        _check_ids(prompt, vocab_size, "prompt")
         return [list(prompt)]
     out: list[Union[str, list[int]]] = []
     for i, item in enumerate(prompt):
@@ -110,10 +112,18 @@ def _prompts(prompt: Union[str, list[Any]]) -> list[Union[str, list[int]]]:
             isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item))
         if not ok:
             raise InvalidRequestError("prompt items must be strings or non-empty token-id lists", param=f"prompt[{i}]")
+        if isinstance(item, list):
+            _check_ids(item, vocab_size, f"prompt[{i}]")
         out.append(item)
     if not out:
         raise InvalidRequestError("prompt must not be empty", param="prompt")
     return out
+
+
+def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})", param=param)
 
 
 def _validate(req: CompletionRequest) -> None:
@@ -262,7 +272,7 @@ def completion_routes(state: Any) -> list:
     async def create_completion(request: Request, data: CompletionRequest) -> Response:
         data = await strict_body(request, CompletionRequest)  # strict types: see ninfer.server.body
         check_model(data.model, state.model_id)
-        prompts = _prompts(data.prompt)
+        prompts = _prompts(data.prompt, vocab_size)
         _validate(data)
         params = _params(data, vocab_size)
         n = data.n or 1
