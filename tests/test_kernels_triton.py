@@ -131,6 +131,8 @@ def test_split_heuristic_fills_the_gpu_only_when_needed():
     assert t_attention._num_splits(base_programs=1, max_seq_len=300, device=cpu) == 2  # no tiny splits
     assert t_attention._num_splits(base_programs=3, max_seq_len=8192, device=cpu) == 2  # 3, to a power of two
     assert t_attention._num_splits(base_programs=8, max_seq_len=8192, device=cpu) == 1
+    # decode's own limits: shorter splits allowed
+    assert t_attention._num_splits(base_programs=1, max_seq_len=300, device=cpu, max_splits=32, min_keys=64) == 4
 
 
 # -- KV write ---------------------------------------------------------------------------
@@ -312,6 +314,8 @@ def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, se
         ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
         ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
         ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
+        # small key tiles, a merge in two passes, and a sequence whose 31 other splits exit
+        ([1000, 7, 600], 16, (8, 2), 16, 16, torch.float32, 32),
     ],
 )
 def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rotary_dim, dtype, splits):

@@ -12,11 +12,12 @@ The grid is (sequence, KV head, key split). Each program:
 
 With PDL (:mod:`.pdl`) the launch overlaps the end of the projection before it.
 
-With several splits, each program stores a partial output and its log-sum-exp, then
-bumps a per-(sequence, KV head) counter; the program that arrives last merges all
-partials and zeroes the counter for the next call. That replaces the second kernel a
-split needs otherwise. Counters live in one zeroed buffer per device, allocated before
-any CUDA graph captures the kernel (the warm-up passes run it first).
+With several splits, each program whose range holds keys stores a partial output and
+its log-sum-exp, then bumps a per-(sequence, KV head) counter; the program that arrives
+last merges the partials and zeroes the counter for the next call (splits past a short
+sequence's end exit at once). That replaces the second kernel a split needs otherwise.
+Counters live in one zeroed buffer per device, allocated before any CUDA graph captures
+the kernel (the warm-up passes run it first).
 """
 
 from __future__ import annotations
@@ -32,9 +33,19 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
-#: launch shape, from the decode sweep on an H200 (scripts/gpu_decode_attention_sweep.py)
+#: launch shape, from the decode sweeps on an H200 (scripts/gpu_decode_attention_sweep.py,
+#: then scripts/gpu_decode_insitu.py inside whole replayed steps)
 NUM_WARPS, NUM_STAGES = 2, 1
-BLOCK_N = 64
+#: key tile; launches with at least SMALL_TILE_SPLITS splits (batch 1 or so) take the
+#: smaller one: their programs are bound by memory latency, and a small tile spreads short
+#: contexts over more of them (with fewer splits, long contexts ran faster on 64 keys)
+BLOCK_N, SMALL_BLOCK_N, SMALL_TILE_SPLITS = 64, 32, 32
+#: at most this many key splits, of at least this many keys each (decode's own limits: more
+#: and shorter splits than the prefill kernel's, since at batch 1 memory latency, not work,
+#: bounds each program)
+MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
+#: partials the merging program reads per pass
+MERGE_SPLITS = 16
 
 _counters: dict[torch.device, torch.Tensor] = {}
 #: every counter buffer ever handed out: a captured graph keeps using the address it saw,
@@ -54,9 +65,36 @@ def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
 
 
 @triton.jit
-def _norm_rope_rows(x_ptr, row_offs, row_ok, w_ptr, cs_row, eps,
+def _rotation_partner(HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each dim's RoPE partner (itself past the rotary part) and whether it is in the first half."""
+    d = tl.arange(0, BLOCK_D)
+    first = d < HALF
+    return tl.where(first, d + HALF, tl.where(d < ROT, d - HALF, d)), first
+
+
+@triton.jit
+def _norm_rope_factors(w_ptr, cs_row, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """The norm weight (per dim and per partner dim), cos, and sin negated in the first half,
+    for one position: [BLOCK_D] each, float32. None of it comes from the kernel before, so
+    callers read it before the wait."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_D
+    rotated = d < ROT
+    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
+    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    j = tl.where(first, d, d - HALF)
+    cos = tl.load(cs_row + j, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row + HALF + j, mask=rotated, other=0.0).to(tl.float32)
+    return w, wp, cos, tl.where(first, -sin, sin)
+
+
+@triton.jit
+def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
                     HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """RMSNorm (weight ``w``) then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D].
+    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D], with the
+    factors from :func:`_norm_rope_factors`.
 
     Each dim is paired with its rotation partner by a second (cached) load instead of
     splitting the row into halves, so the result is a whole row ready for a dot product.
@@ -64,23 +102,14 @@ def _norm_rope_rows(x_ptr, row_offs, row_ok, w_ptr, cs_row, eps,
     """
     dtype = x_ptr.dtype.element_ty
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_D
-    rotated = d < ROT
-    first = d < HALF
-    partner = tl.where(first, d + HALF, tl.where(rotated, d - HALF, d))
-    m = row_ok[:, None] & d_ok[None, :]
+    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
+    m = row_ok[:, None] & (d < HEAD_D)[None, :]
     x = tl.load(x_ptr + row_offs[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
     xp = tl.load(x_ptr + row_offs[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_D + eps)
-    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
     n = (x * inv[:, None] * w[None, :]).to(dtype).to(tl.float32)
     n_partner = (xp * inv[:, None] * wp[None, :]).to(dtype).to(tl.float32)
-    j = tl.where(first, d, d - HALF)
-    cos = tl.load(cs_row + j, mask=rotated, other=1.0).to(tl.float32)
-    sin = tl.load(cs_row + HALF + j, mask=rotated, other=0.0).to(tl.float32)
-    sign = tl.where(first, -1.0, 1.0)
-    return (n * cos[None, :] + sign[None, :] * n_partner * sin[None, :]).to(dtype)
+    return (n * cos[None, :] + n_partner * signed_sin[None, :]).to(dtype)
 
 
 @triton.jit
@@ -95,7 +124,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     HALF: tl.constexpr, ROT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -124,19 +153,29 @@ def _decode_kernel(
     # that is all a split reads, and its memory latency overlaps the projection's end.
     k0, v0 = _load_kv_tile(lo, cached_hi, table, k_base, v_base, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                            offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, True)
+    # So are the norm weights, cos/sin and the KV slot: otherwise each is a memory round
+    # trip after the wait (the weights and the rotary table are rarely still in L2).
+    qw, qwp, cos, signed_sin = _norm_rope_factors(qw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+    kw, kwp, _, _ = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+    slot = tl.load(slot_ptr + seq).to(tl.int64)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+    # Splits past the last key have nothing to do: they store nothing and are not
+    # counted, so the merge waits for and reads the splits that hold keys only.
+    active = tl.cdiv(seq_len, chunk)
+    if split >= active:
+        return
 
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < GROUP
     head = kv_head * GROUP + rows
-    q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw_ptr, cs_row, eps,
+    q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw, qwp, cos, signed_sin, eps,
                         HEAD_D, HALF, ROT, BLOCK_D)
     # The new key and value, in every program: a 256-byte read is cheaper than waiting
     # to learn which program needs them.
     one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
     k_new = _norm_rope_rows(k_ptr, seq * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
-                            kw_ptr, cs_row, eps, HEAD_D, HALF, ROT, BLOCK_D)
+                            kw, kwp, cos, signed_sin, eps, HEAD_D, HALF, ROT, BLOCK_D)
     k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
     v_new = tl.load(v_ptr + seq * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
     v_new = v_new.to(v_cache_ptr.dtype.element_ty)
@@ -156,7 +195,6 @@ def _decode_kernel(
     )
     holds_new = (lo <= new) & (new < hi)
     if holds_new:
-        slot = tl.load(slot_ptr + seq).to(tl.int64)
         if slot >= 0:  # padding rows (slot -1) store nothing
             page, offset = slot // PAGE, slot % PAGE
             tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
@@ -180,47 +218,59 @@ def _decode_kernel(
         dest = seq * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
         tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
     else:
-        # every split stores (an empty one zeros and -inf), so the merge reads no garbage
         part = split * stride_ps + seq * stride_pt + head[:, None] * stride_ph + offs_dv[None, :]
         tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & dv_ok[None, :])
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + split * stride_ls + seq * stride_lt + head, lse, mask=row_ok)
         tl.debug_barrier()  # every thread's partial is stored before the counter moves
         counter = count_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-            _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_splits,
+        if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
+            _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, active,
                             stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                            GROUP, HEAD_DV, BLOCK_G, BLOCK_S, BLOCK_DV)
+                            GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV)
             tl.store(counter, 0)
 
 
 @triton.jit
-def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_splits,
+def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_parts,
                     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
                     GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-                    BLOCK_DV: tl.constexpr):
-    """Weight each split's partial by its share of the row's softmax mass (as the
-    separate merge kernel of :mod:`.paged_attention` does), for one group of heads."""
+                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Weight each of the first ``num_parts`` partials by its share of the row's softmax
+    mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
+    heads. Up to ``MERGE_S`` splits, the log-sum-exps and the partial outputs are read
+    together; past that, the outputs are read ``MERGE_S`` splits at a time after the
+    log-sum-exps (all at once would not fit a 2-warp program's registers)."""
     g = tl.arange(0, BLOCK_G)
     g_ok = g < GROUP
     heads = kv_head * GROUP + g
-    s = tl.arange(0, BLOCK_S)
-    sg_ok = (s < num_splits)[:, None] & g_ok[None, :]
     dv = tl.arange(0, BLOCK_DV)
     dv_ok = dv < HEAD_DV
+    s = tl.arange(0, BLOCK_S)
+    lse_rows = part_lse_ptr + seq * stride_lt + heads[None, :]
+    part_rows = part_o_ptr + seq * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
+    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
     # .cg: read through L2, where the other programs' partials are, never a stale L1 line
-    lse = tl.load(part_lse_ptr + s[:, None] * stride_ls + seq * stride_lt + heads[None, :], mask=sg_ok,
-                  other=float("-inf"), cache_modifier=".cg")
+    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
+    if MERGE_S == BLOCK_S:
+        parts = tl.load(part_rows + s[:, None, None] * stride_ps, mask=sg_ok[:, :, None] & dv_ok[None, None, :],
+                        other=0.0, cache_modifier=".cg")
     # Split 0 always holds key 0, which every row sees, so a real row's max is finite.
     top = tl.where(g_ok, tl.max(lse, 0), 0.0)
     w = tl.exp2(lse - top[None, :])
     total = tl.sum(w, 0)
-    w = w / tl.where(total > 0, total, 1.0)[None, :]
-    # issued alongside the log-sum-exps: empty splits stored zeros, so nothing needs masking
-    parts = tl.load(part_o_ptr + s[:, None, None] * stride_ps + seq * stride_pt + heads[None, :, None] * stride_ph
-                    + dv[None, None, :], mask=sg_ok[:, :, None] & dv_ok[None, None, :], other=0.0,
-                    cache_modifier=".cg")
-    merged = tl.sum(parts * w[:, :, None], 0)
+    scale = 1.0 / tl.where(total > 0, total, 1.0)
+    if MERGE_S == BLOCK_S:
+        merged = tl.sum(parts * (w * scale[None, :])[:, :, None], 0)
+    else:
+        merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+        for first in tl.static_range(0, BLOCK_S, MERGE_S):
+            sc = first + tl.arange(0, MERGE_S)
+            sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
+            lse_c = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
+            parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
+                            other=0.0, cache_modifier=".cg")
+            merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
     dest = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dv[None, :]
     tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
 
@@ -258,7 +308,9 @@ def decode_attention(
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device)
+    splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device, MAX_SPLITS,
+                                       MIN_KEYS_PER_SPLIT)
+    block_n = SMALL_BLOCK_N if splits >= SMALL_TILE_SPLITS else BLOCK_N
     if splits > 1:
         part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
@@ -277,9 +329,10 @@ def decode_attention(
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v, HALF=rotary_dim // 2, ROT=rotary_dim,
-        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
+        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
         BLOCK_G=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
+        MERGE_S=min(MERGE_SPLITS, triton.next_power_of_2(splits)),
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, USE_PDL=use_pdl,

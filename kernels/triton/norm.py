@@ -33,8 +33,11 @@ def _rms_norm_kernel(
     r1 = (r % inner).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = r_ok[:, None] & (cols < N)[None, :]
+    # The weight is never what the kernel before wrote: fetch it before waiting, so its
+    # (usually uncached) read overlaps the wait instead of following the reduction.
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # x (and maybe the rest) comes from the kernel before
+        tl.extra.cuda.gdc_wait()  # x (and maybe the residual) comes from the kernel before
     x = tl.load(x_ptr + (r0 * stride_x0 + r1 * stride_x1)[:, None] + cols[None, :], mask=mask, other=0.0)
     # Outputs are contiguous [num_rows, N].
     dest = r.to(tl.int64)[:, None] * N + cols[None, :]
@@ -46,7 +49,6 @@ def _rms_norm_kernel(
         tl.store(sum_ptr + dest, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + dest, (xf * inv_rms[:, None] * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
 
 

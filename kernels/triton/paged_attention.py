@@ -257,7 +257,10 @@ def _tiles(group: int, max_query_len: int) -> tuple[int, int, int, int, int]:
     return block_m, max(1, block_m // group), 64, 4, 2
 
 
-def _num_splits(base_programs: int, max_seq_len: int, device: torch.device) -> int:
+def _num_splits(
+    base_programs: int, max_seq_len: int, device: torch.device, max_splits: int = MAX_SPLITS,
+    min_keys: int = MIN_KEYS_PER_SPLIT,
+) -> int:
     """Enough key splits for about two programs per multiprocessor, none of them tiny.
 
     Rounded down to a power of two: uneven last splits measured slower. ``max_seq_len``
@@ -268,8 +271,8 @@ def _num_splits(base_programs: int, max_seq_len: int, device: torch.device) -> i
     target = 2 * _num_sms(device)
     if base_programs >= target:
         return 1
-    by_keys = math.ceil(max_seq_len / MIN_KEYS_PER_SPLIT)
-    splits = max(1, min(math.ceil(target / base_programs), by_keys, MAX_SPLITS))
+    by_keys = math.ceil(max_seq_len / min_keys)
+    splits = max(1, min(math.ceil(target / base_programs), by_keys, max_splits))
     return 1 << (splits.bit_length() - 1)
 
 

@@ -1,0 +1,116 @@
+"""Where the device time of whole engine decode steps goes (GPU only).
+
+Unlike ``gpu_decode_profile.py``, which profiles the replayed graph alone, this runs the
+real engine (scheduler, graph inputs, LM head, sampler, steps queued ahead) on a
+checkpoint and profiles ``--steps`` steady decode steps. One JSON line per concurrency:
+the step time, how much of the window the device was busy (the union of kernel and copy
+intervals) and the busiest kernels and copies per step, so launch gaps and the work
+outside the graph show up next to the graph's kernels.
+
+    python scripts/gpu_step_profile.py random:qwen3-8b --concurrency 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ninfer import LLM
+from ninfer.bench.figures import _resolve_random
+from ninfer.bench.ninfer_runs import _submit
+from ninfer.bench.workload import fixed_workload
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def device_intervals(trace_path: str) -> list[tuple[float, float, str, str]]:
+    """(start us, end us, category, name) of every device activity in a chrome trace."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    out = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES:
+            out.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["cat"], e["name"]))
+    return sorted(out)
+
+
+def busy_us(intervals) -> float:
+    """Length of the union of the intervals (overlapping kernels under PDL count once)."""
+    total, end = 0.0, None
+    for s, e, *_ in intervals:
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def profile_steps(engine, steps: int) -> tuple[float, list]:
+    """Run ``steps`` engine steps under the profiler; returns (wall ms per step, intervals)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1000 / steps
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        return wall, device_intervals(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="random:qwen3-8b")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    path = _resolve_random(args.model, "cuda", "bf16")
+    llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
+              kv_capacity=(args.prompt_len + 1024) * max(levels))
+    engine = llm.engine
+    engine.decode_ahead = True
+    vocab = llm.loaded.tokenizer.vocab_size
+    for c in levels:
+        work = fixed_workload(c, args.prompt_len, 3 * args.steps + 64, vocab, c)
+        _submit(engine, work, f"prof{c}-")
+        for _ in range(args.steps):  # prefill, then settle into steady decode
+            engine.step()
+        wall, intervals = profile_steps(engine, args.steps)
+        while engine.has_unfinished():
+            engine.step()
+        # the window: first to last device activity of the profiled steps
+        window = intervals[-1][1] - intervals[0][0]
+        per_name: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+        for s, e, cat, name in intervals:
+            per_name[(cat, name[:80])][0] += e - s
+            per_name[(cat, name[:80])][1] += 1
+        rows = sorted(per_name.items(), key=lambda kv: -kv[1][0])
+        print(json.dumps({
+            "concurrency": c, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
+            "device_window_ms_per_step": round(window / 1000 / args.steps, 4),
+            "device_busy_ms_per_step": round(busy_us(intervals) / 1000 / args.steps, 4),
+            "activities_per_step": len(intervals) / args.steps,
+            "top": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),
+                     "per_step": n / args.steps} for (cat, name), (us, n) in rows[: args.top]],
+            "small": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),
+                       "per_step": n / args.steps} for (cat, name), (us, n) in rows
+                      if n / args.steps <= 2],
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
