@@ -7,9 +7,10 @@ re-captures it with one op swapped: a launch-free stand-in (``skip:OP``: the ste
 without that kernel; the numbers it computes are garbage), another copy of the op's
 kernel module (``impl:OP=FILE``, e.g. the last commit's, for an A/B in one process) or
 the decode attention kernel with other launch settings. Variants are interleaved over
-the repeats. One JSON line per variant and batch size.
+the repeats. One JSON line per variant, batch size and context length.
 
-    python scripts/gpu_decode_insitu.py --concurrency 1,8 --context 640
+    python scripts/gpu_decode_insitu.py --concurrency 1,8 --context 640,4096 \
+        --variants ",skip:decode_attention,block_n:64"   # "": the code as it is
 """
 
 from __future__ import annotations
