@@ -24,11 +24,9 @@ import os
 
 import torch
 
-from gpu_decode_profile import BLOCK, random_model  # noqa: E402 (scripts/ is on sys.path)
+from gpu_decode_profile import BLOCK, decode_setup  # noqa: E402 (scripts/ is on sys.path)
 from ninfer.bench.bandwidth import cuda_ms
 from ninfer.engine.cuda_graph import DecodeGraphs
-from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
-from ninfer.plugins import load_registry
 from ninfer_kernels import ops
 from ninfer_kernels.triton import decode_attention as fused
 
@@ -107,16 +105,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="captures per variant (the median is kept)")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    prefer_matmuls_without_workspace(dev)
-    torch.manual_seed(0)
-    model = random_model(args.shape, dev)
     levels = [int(c) for c in args.concurrency.split(",")]
     max_batch = max(levels)
-    kv = load_registry().get("kv_dtype", "bf16")
-    blocks_per_seq = -(-args.max_context // BLOCK)
-    caches = [kv.allocate(blocks_per_seq * max_batch + 1, BLOCK, s.num_kv_heads, s.head_dim, torch.bfloat16, dev)
-              for s in model.attention_specs()]
-    model.bind_kv_caches(caches)
+    model, blocks_per_seq = decode_setup(args.shape, max_batch, args.max_context, dev)
     names = args.variants.split(",")
     contexts = [int(n) for n in args.context.split(",")]
     times = {(name, c, n): [] for name in names for c in levels for n in contexts}

@@ -40,6 +40,21 @@ def random_model(shape: str, device: torch.device):
     return model
 
 
+def decode_setup(shape: str, max_batch: int, max_context: int, device: torch.device):
+    """A random model of ``shape`` with bf16 KV pages for ``max_batch`` sequences of up to
+    ``max_context`` tokens (sequence ``i`` owns pages ``i * blocks_per_seq`` onwards), set
+    up as the engine would run it; returns (model, blocks_per_seq)."""
+    prefer_matmuls_without_workspace(device)  # as the engine builder does
+    torch.manual_seed(0)
+    model = random_model(shape, device)
+    kv = load_registry().get("kv_dtype", "bf16")
+    blocks_per_seq = -(-max_context // BLOCK)
+    caches = [kv.allocate(blocks_per_seq * max_batch + 1, BLOCK, s.num_kv_heads, s.head_dim, torch.bfloat16, device)
+              for s in model.attention_specs()]
+    model.bind_kv_caches(caches)
+    return model, blocks_per_seq
+
+
 def kernel_table(fn, steps: int) -> tuple[list[dict], float, int]:
     """Kernels grouped by name, plus summed kernel microseconds and launches per call."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -67,17 +82,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=640)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    prefer_matmuls_without_workspace(dev)  # as the engine builder does
-    torch.manual_seed(0)
-    model = random_model(args.shape, dev)
     levels = [int(c) for c in args.concurrency.split(",")]
     max_batch, max_context = max(levels), args.context + 64
-    kv = load_registry().get("kv_dtype", "bf16")
-    blocks_per_seq = -(-max_context // BLOCK)
-    num_blocks = blocks_per_seq * max_batch + 1
-    caches = [kv.allocate(num_blocks, BLOCK, s.num_kv_heads, s.head_dim, torch.bfloat16, dev)
-              for s in model.attention_specs()]
-    model.bind_kv_caches(caches)
+    model, blocks_per_seq = decode_setup(args.shape, max_batch, max_context, dev)
     graphs = DecodeGraphs(model, max_batch, max_context, BLOCK, dev)
     graphs.capture()
     vocab = SHAPES[args.shape]["vocab_size"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ninfer.engine.state_cache import SnapshotStats
+
 
 @dataclass
 class IntervalStats:
@@ -103,7 +105,8 @@ class ContextCacheCounters:
     @classmethod
     def of(cls, scheduler) -> "ContextCacheCounters":
         bm = scheduler.block_manager
-        snaps = scheduler.snapshots.stats if scheduler.snapshots is not None else None
+        # a model without recurrent state keeps no snapshots: all-zero counters
+        snaps = scheduler.snapshots.stats if scheduler.snapshots is not None else SnapshotStats()
         return cls(
             lookups=bm.num_lookups,
             lookup_tokens=bm.num_lookup_tokens,
@@ -112,11 +115,11 @@ class ContextCacheCounters:
             spilled_pages=bm.num_spilled_blocks,
             restored_pages=bm.num_restored_blocks,
             host_pages=bm.cache.num_host_pages,
-            snapshot_captures=snaps.captures if snaps else 0,
-            snapshot_device_hits=snaps.device_hits if snaps else 0,
-            snapshot_host_hits=snaps.host_hits if snaps else 0,
-            snapshot_spills=snaps.spills if snaps else 0,
-            snapshot_drops=snaps.drops if snaps else 0,
+            snapshot_captures=snaps.captures,
+            snapshot_device_hits=snaps.device_hits,
+            snapshot_host_hits=snaps.host_hits,
+            snapshot_spills=snaps.spills,
+            snapshot_drops=snaps.drops,
         )
 
     def summary(self) -> str:
