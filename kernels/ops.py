@@ -14,7 +14,10 @@ from typing import Callable
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer_kernels import activation, attention, causal_conv, decode_attention, gated_delta, norm, qk_norm_rope, rope
+from ninfer_kernels import (
+    activation, attention, causal_conv, decode_attention, gated_delta, gated_delta_decode, gated_rms_norm, moe, norm,
+    qk_norm_rope, rope,
+)
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
 
@@ -29,6 +32,10 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "decode_attention": {"reference": decode_attention.decode_attention, "triton": None},
     "causal_conv1d": {"reference": causal_conv.causal_conv1d, "triton": None},
     "gated_delta_rule": {"reference": gated_delta.gated_delta_rule, "triton": None},
+    "gated_delta_decode": {"reference": gated_delta_decode.gated_delta_decode, "triton": None},
+    "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
+    "moe_route": {"reference": moe.moe_route, "triton": None},
+    "fused_moe": {"reference": moe.fused_moe, "triton": None},
 }
 
 
@@ -123,6 +130,50 @@ def gated_delta_rule(
     batch: ForwardBatch,
 ) -> torch.Tensor:
     return choose("gated_delta_rule", q.device.type)(q, k, v, g, beta, states, batch)
+
+
+def gated_delta_decode(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    num_k_heads: int,
+    head_k_dim: int,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    return choose("gated_delta_decode", proj.device.type)(
+        proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_weight, eps, num_k_heads, head_k_dim, batch
+    )
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return choose("gated_rms_norm", x.device.type)(x, gate, weight, eps)
+
+
+def moe_route(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    x: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return choose("moe_route", logits.device.type)(logits, top_k, renormalize, x, shared_gate)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    shared13: torch.Tensor | None = None,
+    shared2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2)
 
 
 try:

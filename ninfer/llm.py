@@ -29,7 +29,8 @@ class LLM:
     prefill_chunk=64, dtype="fp32")``. ``max_num_seqs`` (as in vLLM) lets offline runs
     decode more sequences together than the server's 1..8 admission range allows.
     ``lora_modules`` maps adapter names to PEFT adapter paths to load right away (see
-    :meth:`load_lora`).
+    :meth:`load_lora`). ``weights``: the checkpoint's (name, tensor) pairs, used instead of
+    the directory's weight files (its config and tokenizer are still read from it).
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class LLM:
         *,
         lora_modules: Optional[dict[str, str]] = None,
         max_num_seqs: Optional[int] = None,
+        weights: Optional[Iterable[tuple[str, Any]]] = None,
         **overrides: Any,
     ):
         import attrs
@@ -56,7 +58,7 @@ class LLM:
             engine = attrs.evolve(self.profile.engine, max_concurrency=max_num_seqs)
             self.profile = attrs.evolve(self.profile, engine=engine)
         self.registry = load_registry(self.profile.plugins.allow)
-        self.loaded: LoadedEngine = build_engine(self.profile, self.registry)
+        self.loaded: LoadedEngine = build_engine(self.profile, self.registry, weights)
         self.engine = self.loaded.engine
         for name, path in (lora_modules or {}).items():
             self.load_lora(name, path)

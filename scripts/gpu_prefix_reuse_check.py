@@ -27,7 +27,7 @@ import torch
 from ninfer import LLM, SamplingParams
 from ninfer.engine.stats import ContextCacheCounters
 
-FAMILIES = ("qwen3", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 SETUPS = {
     "device": {},
     "host-snapshots": {"device_state_slots": 1, "host_state_slots": 4},

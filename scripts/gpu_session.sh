@@ -1,17 +1,45 @@
 #!/usr/bin/env bash
-# One device-tool command: GPU tests, kernel check, engine smoke test and benchmarks.
-# Results land in $OUT. Wheels for packages the GPU image lacks travel in .whl/.
+# One device-tool command per stage: GPU tests, kernel checks, benchmarks. Results land in
+# $OUT. Wheels for packages the GPU image lacks travel in .whl/ (carry it).
+#
+#   scripts/gpu_session.sh check     GPU tests + kernel checks + MoE config sweep (~8 min)
+#   scripts/gpu_session.sh hybrid    27B-shaped decode/prefill, ours then transformers (~5 min)
+#   scripts/gpu_session.sh moe       35B-A3B and 30B-A3B shapes, ours then transformers (~8 min)
+#   scripts/gpu_session.sh dense     the 8B shape (regression check) + prefix reuse on graphs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache
+stage=${1:-check}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/gpu.txt
-python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a $OUT/gpu.txt
-timeout 150 python3 -m pytest -q -x tests/test_kernels_triton.py tests/test_sampler.py 2>&1 | tail -3 | tee $OUT/pytest.txt
-timeout 120 python3 scripts/gpu_smoke.py --out $OUT/smoke.json 2>&1 | tail -2
-timeout 90 python3 scripts/gpu_kernels_check.py --out $OUT/kernels.jsonl 2>&1 | tail -12
-timeout 240 ninfer-bench random:qwen3-8b --dtype bf16 --only decode --concurrency 1,8 \
-    --decode-prompt-len 512 --decode-output-len 256 2>/dev/null | tee $OUT/bench-8b.jsonl
-timeout 200 ninfer-bench random:qwen3-0.6b --dtype bf16 --only offline --num-requests 64 \
-    --input-len 100,1024 --output-len 100,1024 --hf-batch 64 2>/dev/null | tee $OUT/bench-0.6b.jsonl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
+    | tee -a "$OUT/gpu.txt"
+bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
+case "$stage" in
+check)
+    timeout 240 python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py tests/test_gated_delta_decode.py \
+        tests/test_prefill_kernels.py tests/test_cuda_graph.py tests/test_decode_ahead.py tests/test_kernels_triton.py \
+        2>&1 | tail -15 | tee "$OUT/pytest.txt"
+    timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -12
+    timeout 60 python3 scripts/gpu_prefill_kernels_check.py --out "$OUT/prefill_kernels.jsonl" 2>&1 | tail -12
+    timeout 200 python3 scripts/gpu_moe_tune.py --out "$OUT/NVIDIA_H200.json" 2>&1 | tail -8
+    timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
+    ;;
+hybrid)
+    bench 420 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+        --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 64
+    ;;
+moe)
+    bench 280 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+        --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
+    bench 240 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+        --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
+    ;;
+dense)
+    bench 200 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
+    ;;
+esac
+tail -5 "$OUT/bench.err" 2>/dev/null
+true

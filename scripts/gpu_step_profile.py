@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer import LLM
-from ninfer.bench.figures import _resolve_random
+from ninfer.bench.random_model import model_source
 from ninfer.bench.ninfer_runs import _submit
 from ninfer.bench.workload import fixed_workload
 
@@ -78,9 +78,9 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    path = _resolve_random(args.model, "cuda", "bf16")
+    path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
     llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
-              kv_capacity=(args.prompt_len + 1024) * max(levels))
+              kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights)
     engine = llm.engine
     engine.decode_ahead = True
     vocab = llm.loaded.tokenizer.vocab_size

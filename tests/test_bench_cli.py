@@ -27,3 +27,63 @@ def test_cpu_run_prints_one_json_line_per_figure(capsys):
     assert decode["concurrency"] == 2 and decode["decode_tokens"] == 2 * 7 and decode["decode_tok_s"] > 0
     assert lines[1]["prompt_tokens"] == 32 and lines[1]["prefill_tok_s"] > 0
     assert lines[2]["output_tokens"] >= 3 * 4
+
+
+TINY_HYBRID_MOE = {
+    "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "vocab_size": 512,
+    "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "max_position_embeddings": 512, "tie_word_embeddings": False,
+}
+
+
+def test_random_shapes_are_built_in_memory_and_loaded_through_the_checkpoint_loader(monkeypatch):
+    """No weight file: transformers' seeded model streams into our loader, and both engines
+    then hold the same weights (our greedy tokens equal transformers' on a rebuilt copy)."""
+    import torch
+
+    from ninfer import LLM, SamplingParams
+    from ninfer.bench import random_model
+
+    monkeypatch.setitem(random_model.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    cpu = torch.device("cpu")
+    path, weights = random_model.model_source("random:tiny-hybrid-moe", torch.float32, cpu, seed=3)
+    assert not list(__import__("pathlib").Path(path).glob("*.safetensors"))
+    llm = LLM(path, device="cpu", dtype="fp32", weights=weights)
+    prompt = [5, 17, 99, 3, 250, 42]
+    ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].outputs[0]
+
+    hf = random_model.build_hf("tiny-hybrid-moe", torch.float32, cpu, seed=3)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours.token_ids == theirs
+
+
+def test_consumed_weights_are_freed_as_the_loader_takes_them(monkeypatch):
+    import torch
+
+    from ninfer.bench import random_model
+
+    monkeypatch.setitem(random_model.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    hf = random_model.build_hf("tiny-hybrid-moe", torch.float32, torch.device("cpu"))
+    names = [name for name, tensor in random_model.consume_weights(hf) if tensor.numel()]
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names
+    assert all(p.numel() == 0 for p in hf.parameters())
+
+
+def test_decode_traffic_counts_only_the_experts_a_step_reaches(tiny_qwen3_moe):
+    from ninfer import LLM
+    from ninfer.bench.bandwidth import weight_bytes_read_per_step
+
+    model = LLM(str(tiny_qwen3_moe), device="cpu", dtype="fp32").engine.model
+    everything = sum(p.nbytes for p in model.parameters())
+    experts = [m for m in model.modules() if hasattr(m, "weight_bytes_read")]
+    assert experts
+    one, many = weight_bytes_read_per_step(model, 1), weight_bytes_read_per_step(model, 10_000)
+    routed = sum(m.experts.gate_up_proj.nbytes + m.experts.down_proj.nbytes for m in experts)
+    per_token = sum(m.top_k * (m.experts.gate_up_proj[0].nbytes + m.experts.down_proj[0].nbytes) for m in experts)
+    # tied embeddings: the head reads the whole table, so every parameter counts once
+    assert many == everything
+    assert one == everything - routed + per_token

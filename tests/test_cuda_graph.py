@@ -44,8 +44,25 @@ def test_one_transfer_stages_every_row_field_and_padding():
     assert torch.equal(graphs._hosts[0], first_host)
 
 
-def _generate(cuda_graph: bool, ahead: bool = True) -> tuple[list[list[int]], LLM]:
-    llm = LLM("tiny:qwen3", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
+def test_state_slots_are_staged_with_the_rows_and_padding_gets_none():
+    graphs = DecodeGraphs(None, max_batch=8, max_context=64, block_size=4, device=torch.device("cpu"),
+                          state_slots=True)
+    assert graphs.stage_inputs([5, 6, 7], [0, 5, 9], [[1], [2, 3], [4, 5, 6]], state_slots=[3, 0, 7]) == 4
+    assert graphs.state_slots[:4].tolist() == [3, 0, 7, -1]  # padding rows keep no recurrent state
+    assert graphs.slot_mapping[:4].tolist() == [4, 13, 25, -1]
+    assert graphs.block_tables[:3, :3].tolist() == [[1, 0, 0], [2, 3, 0], [4, 5, 6]]
+    assert graphs._batch(4).state_slots.tolist() == [3, 0, 7, -1]
+    assert graphs.stage_inputs([8], [2], [[7]], state_slots=[5]) == 1
+    assert graphs.state_slots[:4].tolist() == [5, -1, -1, -1]
+    with pytest.raises(ValueError, match="state slots"):
+        graphs.stage_inputs([8], [2], [[7]])  # captured with slots: every step must give them
+
+
+FAMILIES = ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+
+
+def _generate(cuda_graph: bool, ahead: bool = True, family: str = "qwen3") -> tuple[list[list[int]], LLM]:
+    llm = LLM(f"tiny:{family}", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
               max_context=256, kv_capacity=4096, cuda_graph=cuda_graph)
     llm.engine.decode_ahead = ahead  # on by default on CUDA
     # different lengths, so the batch shrinks through several buckets as requests finish
@@ -56,14 +73,32 @@ def _generate(cuda_graph: bool, ahead: bool = True) -> tuple[list[list[int]], LL
 
 @gpu
 @needs_cuda
-def test_graph_decode_equals_eager_decode():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_graph_decode_equals_eager_decode(family):
+    """Every family's whole decode step (recurrent layers with their state slots, MoE
+    routing and experts) replays from graphs and gives the eager tokens."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    eager, llm_eager = _generate(False, ahead=False)
-    graphed, llm_graph = _generate(True)
+    eager, llm_eager = _generate(False, ahead=False, family=family)
+    graphed, llm_graph = _generate(True, family=family)
     assert llm_eager.engine.runner.graphs is None
     assert llm_graph.engine.runner.graphs is not None
     assert graphed == eager
-    assert _generate(True, ahead=False)[0] == eager
+    assert _generate(True, ahead=False, family=family)[0] == eager
+
+
+@gpu
+@needs_cuda
+def test_hybrid_padding_rows_leave_the_recurrent_state_untouched():
+    llm = LLM("tiny:qwen3_5", device="cuda", dtype="fp32", max_concurrency=8, max_context=128, kv_capacity=2048)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.state_slots is not None
+    states = llm.engine.model.state_tensors()
+    before = [t.clone() for t in states]
+    graphs.run([5, 6, 7], [0, 0, 0], [[1], [2], [3]], state_slots=[1, 2, 3])  # bucket 4: row four pads
+    torch.cuda.synchronize()
+    for b, t in zip(before, states):
+        changed = (b != t).flatten(1).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) == {1, 2, 3}  # only the three sequences' slots moved
 
 
 @gpu

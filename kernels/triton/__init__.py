@@ -12,7 +12,8 @@ if importlib.util.find_spec("triton") is not None:
     from ninfer_kernels import ops
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
-        activation, causal_conv, decode_attention, gated_delta, kv_write, norm, paged_attention, qk_norm_rope, rope,
+        activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
+        moe_route, norm, paged_attention, qk_norm_rope, rope,
     )
 
     ops.register_triton("rms_norm", norm.rms_norm)
@@ -24,3 +25,7 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("decode_attention", decode_attention.decode_attention)
     ops.register_triton("causal_conv1d", causal_conv.causal_conv1d)
     ops.register_triton("gated_delta_rule", gated_delta.gated_delta_rule)
+    ops.register_triton("gated_delta_decode", gated_delta_decode.gated_delta_decode)
+    ops.register_triton("gated_rms_norm", gated_rms_norm.gated_rms_norm)
+    ops.register_triton("moe_route", moe_route.moe_route)
+    ops.register_triton("fused_moe", fused_moe.fused_moe)

@@ -1,9 +1,30 @@
 """Gated DeltaNet's causal depthwise conv in Triton, reading and updating per-slot state.
 
-One program owns one sequence and a block of channels: it walks the sequence's tokens
-in order, reading each tap either from the step's input rows or, before the chunk's
-first token, from the slot's stored history; then it writes the slot's new history
-(the last ``K - 1`` inputs). Decode rows and prefill chunks share the kernel.
+One program owns a block of ``BLOCK_T`` tokens of one sequence and ``BLOCK_C`` channels,
+so a long prefill chunk spreads over many programs instead of one program walking its
+8k tokens in order. Each tap of a token comes from the step's input rows or, for
+positions before the chunk, from the slot's stored history (zeros for a chunk starting
+at position 0, or for a negative slot: graph padding, which reads and writes no state).
+
+Token blocks are aligned to each sequence's first row, on one flat grid axis: sequence
+``i`` owns blocks from ``(query_start[i] + i * (BLOCK_T - 1)) // BLOCK_T`` on, which is
+at least ``cdiv(len_i, BLOCK_T)`` blocks (the spare ones exit at once) and is computed in
+the kernel by a binary search over ``query_start``. The grid then needs only host shapes,
+and a batch of one 8k chunk and many decode rows launches about one program per block of
+work, where a (sequence, token block) grid would launch num_seqs x the chunk's blocks.
+
+History, race-free: only a sequence's first token block reads the old history (later
+blocks' taps all lie inside the chunk, since ``BLOCK_T >= K - 1``), so that same program
+writes the new one: the last ``K - 1`` inputs, read from the chunk's last rows (``x`` is
+never written) and, for a chunk shorter than ``K - 1``, from the old history it already
+holds. A ``tl.debug_barrier`` puts every thread's reads of the old history before any
+write. No other program touches the slot, so no ordering between programs is needed.
+
+The taps are summed in order without fused multiply-adds, as the reference's float32
+``sum`` does, so the pre-activation sums agree bit for bit; ``silu``'s ``exp`` may still
+differ from torch's in the last bit. Decode rows and prefill chunks share the kernel:
+``BLOCK_T`` shrinks to the longest chunk's length (rounded up to a power of two), so a
+decode-only batch gets one program per row and channel block, as before.
 """
 
 from __future__ import annotations
@@ -14,67 +35,83 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 
+#: tokens x channels per prefill program: 8k tokens x 10240 channels is 10240 programs
+BLOCK_T = 64
 BLOCK_C = 128
 
 
 @triton.jit
 def _causal_conv_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, starts_ptr, seq_lens_ptr, slots_ptr,
-    channels, stride_x, stride_w, stride_slot, stride_hist, stride_out,
-    K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+    num_seqs, search_steps, channels, stride_x, stride_w, stride_slot, stride_hist, stride_out,
+    K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    col_ok = cols < channels
-    # int64 row indices: the loop variable then indexes large tensors without overflow
+    b = tl.program_id(0)
+    # the last sequence whose first block is at or before this one (both bounds are
+    # tensors from the start: an argument equal to 1 is a constant to Triton's compiler)
+    lo = b * 0
+    hi = b * 0 + num_seqs - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        first = (tl.load(starts_ptr + mid) + mid * (BLOCK_T - 1)) // BLOCK_T
+        lo = tl.where(first <= b, mid, lo)
+        hi = tl.where(first <= b, hi, mid - 1)
+    seq = lo
+    block = b - (tl.load(starts_ptr + seq) + seq * (BLOCK_T - 1)) // BLOCK_T
     start = tl.load(starts_ptr + seq).to(tl.int64)
     end = tl.load(starts_ptr + seq + 1).to(tl.int64)
+    t0 = start + block * BLOCK_T
+    if t0 >= end:
+        return
+
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    rows = t0 + tl.arange(0, BLOCK_T)
+    row_ok = rows < end
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
     cached = tl.load(seq_lens_ptr + seq) - (end - start)  # tokens before this chunk: 0 starts fresh
-    state = state_ptr + tl.load(slots_ptr + seq).to(tl.int64) * stride_slot
-    taps = tl.arange(0, KP)
-    # (the flag is broadcast through a vector: Triton's interpreter rejects scalar-and-block masks)
-    has_history = (taps * 0 + cached) > 0
-    tap_ok = taps < K
-    w = tl.load(w_ptr + cols[:, None] * stride_w + taps[None, :], mask=col_ok[:, None] & tap_ok[None, :], other=0.0)
-    w = w.to(tl.float32)
-    for t in range(start, end):
-        pos = t - (K - 1) + taps  # input row of each tap; rows before `start` live in the state
+    state = state_ptr + slot * stride_slot
+    # (flags are broadcast through a vector: Triton's interpreter rejects scalar-and-block masks)
+    has_history = ((rows * 0 + cached) > 0) & ((rows * 0 + slot) >= 0)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
+    for j in tl.static_range(K):
+        w = tl.load(w_ptr + cols * stride_w + j, mask=col_ok, other=0.0).to(tl.float32)
+        pos = rows - (K - 1) + j  # input row of the tap; rows before `start` live in the state
         in_x = pos >= start
+        xv = tl.load(x_ptr + pos[:, None] * stride_x + cols[None, :],
+                     mask=(row_ok & in_x)[:, None] & col_ok[None, :], other=0.0)
         hist = K - 1 + pos - start
-        xv = tl.load(
-            x_ptr + pos[None, :] * stride_x + cols[:, None],
-            mask=col_ok[:, None] & (tap_ok & in_x)[None, :], other=0.0,
-        )
-        sv = tl.load(
-            state + hist[None, :] * stride_hist + cols[:, None],
-            mask=col_ok[:, None] & (tap_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0,
-        )
-        acc = tl.sum((xv.to(tl.float32) + sv.to(tl.float32)) * w, axis=1)
-        out = acc / (1.0 + tl.exp(-acc))
-        tl.store(out_ptr + t * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=col_ok)
-    # new history: the last K - 1 inputs, some possibly still from the old history
-    rows = tl.arange(0, KP)
-    row_ok = rows < K - 1
-    pos = end - (K - 1) + rows
-    in_x = pos >= start
-    hist = K - 1 + pos - start
-    xv = tl.load(
-        x_ptr + pos[None, :] * stride_x + cols[:, None],
-        mask=col_ok[:, None] & (row_ok & in_x)[None, :], other=0.0,
-    )
-    sv = tl.load(
-        state + hist[None, :] * stride_hist + cols[:, None],
-        mask=col_ok[:, None] & (row_ok & ~in_x & has_history)[None, :], other=0.0,
-    )
-    tl.debug_barrier()  # every read of the old history happens before it is overwritten
-    new = xv.to(state_ptr.dtype.element_ty) + sv
-    tl.store(state + rows[None, :] * stride_hist + cols[:, None], new, mask=col_ok[:, None] & row_ok[None, :])
+        sv = tl.load(state + hist[:, None] * stride_hist + cols[None, :],
+                     mask=(row_ok & ~in_x & has_history)[:, None] & col_ok[None, :], other=0.0)
+        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]  # one of the two is zero
+    out = acc / (1.0 + tl.exp(-acc))
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+    if block == 0:
+        # new history: the last K - 1 inputs, some still from the old history for short chunks
+        # (fresh names: Triton rejects a branch that redefines a variable with another shape)
+        r = tl.arange(0, KP)
+        src = end - (K - 1) + r
+        from_x = src >= start
+        live = (r < K - 1) & ((r * 0 + slot) >= 0)
+        has_old = ((r * 0 + cached) > 0) & live & ~from_x
+        hx = tl.load(x_ptr + src[:, None] * stride_x + cols[None, :],
+                     mask=(live & from_x)[:, None] & col_ok[None, :], other=0.0)
+        hs = tl.load(state + (K - 1 + src - start)[:, None] * stride_hist + cols[None, :],
+                     mask=has_old[:, None] & col_ok[None, :], other=0.0)
+        tl.debug_barrier()  # every read of the old history happens before it is overwritten
+        new = hx.to(state_ptr.dtype.element_ty) + hs
+        tl.store(state + r[:, None] * stride_hist + cols[None, :], new, mask=live[:, None] & col_ok[None, :])
 
 
 def causal_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch,
+    block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
 ) -> torch.Tensor:
-    """Same contract as :func:`ninfer_kernels.causal_conv.causal_conv1d`."""
+    """Same contract as :func:`ninfer_kernels.causal_conv.causal_conv1d`, plus negative
+    ``state_slots`` (zero history, nothing written). ``block_t``/``block_c``/``num_warps``
+    are tuning knobs for benchmarks."""
     if batch.state_slots is None:
         raise ValueError("this model keeps recurrent state: the batch needs state_slots")
     if x.stride(-1) != 1:
@@ -82,15 +119,24 @@ def causal_conv1d(
     weight = weight.reshape(weight.shape[0], -1)
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
-    out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
     channels, k = weight.shape
+    assert 2 <= k <= block_t + 1, "the first token block must hold every tap that reads the history"
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     num_seqs = batch.num_seqs
+    valid = sum(batch.query_lens_host) if num_seqs else 0
+    if valid < x.shape[0]:
+        out[valid:].zero_()  # rows past the last sequence
     if num_seqs == 0:
         return out
-    grid = (num_seqs, triton.cdiv(channels, BLOCK_C))
+    # a decode-only batch gets one row per program; otherwise every chunk fits in blocks of
+    # block_t (and a chunk shorter than K - 1 still in one block: block_t >= K - 1)
+    bt = min(block_t, triton.next_power_of_2(max(1, batch.max_query_len)))
+    grid = ((x.shape[0] + num_seqs * (bt - 1)) // bt, triton.cdiv(channels, block_c))
     _causal_conv_kernel[grid](
         x, weight, states, out, batch.query_start, batch.seq_lens, batch.state_slots,
-        channels, x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
-        K=k, KP=triton.next_power_of_2(k), BLOCK=BLOCK_C, num_warps=4,
+        num_seqs, (num_seqs - 1).bit_length(), channels,
+        x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
+        K=k, KP=triton.next_power_of_2(k - 1), BLOCK_T=bt, BLOCK_C=block_c,
+        num_warps=num_warps, enable_fp_fusion=False,
     )
     return out

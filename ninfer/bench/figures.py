@@ -1,4 +1,9 @@
-"""The figures ``ninfer-bench`` prints, each one JSON line per engine and setup."""
+"""The figures ``ninfer-bench`` prints, each one JSON line per engine and setup.
+
+Our engine runs every figure first; then it is freed and transformers runs the same
+workloads (``baseline``), so a model that fills most of the device's memory still fits
+once for each engine.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +14,9 @@ from typing import Callable
 import torch
 
 from ninfer.bench import bandwidth as bw
-from ninfer.bench import hf_runs, ninfer_runs
+from ninfer.bench import hf_runs, ninfer_runs, random_model
 from ninfer.bench.prefill import hf_prefill, ninfer_prefill
 from ninfer.bench.workload import fixed_workload, random_workload
-
-
-def _resolve_random(model: str, device: str, dtype: str) -> str:
-    """``random:SHAPE`` -> a cached full-size random checkpoint (built on first use)."""
-    if not model.startswith("random:"):
-        return model
-    from ninfer.bench.random_checkpoint import make_random_checkpoint
-    from ninfer.engine.builder import resolve_device, resolve_dtype
-    from ninfer.tiny.cache import cache_root
-
-    shape = model.split(":", 1)[1]
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    out = cache_root().parent / "random" / f"{shape}-{str(torch_dtype).replace('torch.', '')}"
-    return str(make_random_checkpoint(out, shape, torch_dtype, dev))
 
 
 def _graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
@@ -39,39 +29,52 @@ def _graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
     return bw.cuda_ms(lambda: graphs.replay(bucket), repeats)
 
 
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class Bench:
-    """Holds one loaded model (ours, and transformers' unless skipped) at a time."""
+    """Holds one loaded engine (ours, or transformers for the baseline) at a time."""
 
     def __init__(self, args, emit: Callable[[dict], None]):
         self.args, self.emit = args, emit
         self.llm = self.hf = None
         self.copy_bw: float | None = None
 
-    def load(self, model: str, decode_levels: list[int], prefill_lens: list[int], offline: bool,
-             transformers: bool) -> None:
+    def load(self, model: str, decode_levels: list[int], prefill_lens: list[int], offline: bool) -> None:
+        """Our engine for ``model``: a checkpoint directory, ``tiny:FAMILY`` or ``random:SHAPE``."""
         from ninfer import LLM
+        from ninfer.engine.builder import resolve_device, resolve_dtype
 
         a = self.args
-        self.llm = self.hf = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.unload()
         longest = max([a.input_len[1] + a.output_len[1], a.decode_prompt_len + a.decode_output_len]
                       + [n + 1 for n in prefill_lens])
         max_seqs = max([a.max_concurrency] + decode_levels)
         # KV for the largest decode batch, a whole offline run at its longest, or one long prompt
         kv = max(longest, (a.decode_prompt_len + a.decode_output_len) * max(decode_levels or [1]),
                  a.num_requests * (a.input_len[1] + a.output_len[1]) if offline else 0)
-        path = _resolve_random(model, a.device, a.dtype)
-        device = int(a.device) if a.device.isdigit() else a.device
-        self.llm = LLM(path, device=device, dtype=a.dtype, max_num_seqs=max_seqs, max_context=longest,
-                       kv_capacity=kv, prefill_chunk=a.prefill_chunk, cuda_graph=not a.no_cuda_graph)
+        device_arg = int(a.device) if a.device.isdigit() else a.device
+        device = resolve_device(device_arg)
+        dtype = resolve_dtype(a.dtype, device)
+        path, weights = random_model.model_source(model, dtype, device, a.seed)
+        self.llm = LLM(path, device=device_arg, dtype=a.dtype,
+                       max_num_seqs=max_seqs, max_context=longest, kv_capacity=kv, prefill_chunk=a.prefill_chunk,
+                       cuda_graph=not a.no_cuda_graph, weights=weights)
+        _free_memory()  # what is left of transformers' copy
         loaded = self.llm.loaded
-        self.device, self.vocab = loaded.device, loaded.tokenizer.vocab_size
+        self.device, self.dtype, self.vocab = loaded.device, loaded.dtype, loaded.tokenizer.vocab_size
+        self.model_dir = loaded.model_dir
         self.common = {"model": model, "device": str(loaded.device),
                        "dtype": str(loaded.dtype).replace("torch.", ""), "host": platform.node()}
-        if transformers and not a.no_transformers:
-            self.hf = hf_runs.load_hf(loaded.model_dir, loaded.dtype, loaded.device)
+        if weights is not None:
+            self.common["weights"] = "random, built in device memory"
+
+    def unload(self) -> None:
+        self.llm = self.hf = None
+        _free_memory()
 
     def bandwidth(self) -> None:
         if self.device.type != "cuda":
@@ -79,57 +82,79 @@ class Bench:
         self.copy_bw = bw.copy_bandwidth(self.device)
         self.emit({"figure": "copy_bandwidth", "gb_s": self.copy_bw / 1e9, **self.common})
 
-    def decode(self, levels: list[int], hf_dynamic: list[int], hf_compiled: list[int]) -> None:
+    def _decode_work(self, c: int, output_len: int):
+        a = self.args
+        return fixed_workload(c, a.decode_prompt_len, output_len, self.vocab, a.seed + c)
+
+    def decode(self, levels: list[int]) -> None:
         a, engine = self.args, self.llm.engine
-        weights = bw.weight_bytes_read_per_step(engine.model)
         kv_tok = bw.kv_bytes_per_token(engine)
         modes = {"on": [True], "off": [False], "both": [True, False]}[a.decode_ahead]
         for c, ahead in [(c, ahead) for c in levels for ahead in modes]:
             engine.decode_ahead = ahead and engine.device.type == "cuda"
-            work = fixed_workload(c, a.decode_prompt_len, a.decode_output_len, self.vocab, a.seed + c)
-            ours = ninfer_runs.decode_throughput(engine, work)
+            ours = ninfer_runs.decode_throughput(engine, self._decode_work(c, a.decode_output_len))
             record = {"figure": "decode", "engine": "ninfer", "concurrency": c, "decode_ahead": engine.decode_ahead,
                       **self.common, **ours}
+            mean_ctx = a.decode_prompt_len + a.decode_output_len / 2
+            weights = bw.weight_bytes_read_per_step(engine.model, c)
+            state = bw.state_bytes_per_step(engine.model, c)
+            step_bytes = weights + kv_tok * mean_ctx * c + state
+            record.update(weight_bytes_per_step=weights, state_bytes_per_step=state, bytes_per_step=step_bytes)
             if self.copy_bw and ours["step_ms"]:
-                mean_ctx = a.decode_prompt_len + a.decode_output_len / 2
-                record["bandwidth_utilisation"] = bw.utilisation(weights, kv_tok, mean_ctx, c,
-                                                                 1000 / ours["step_ms"], self.copy_bw)
-                record["bytes_per_step"] = weights + kv_tok * mean_ctx * c
+                record["bandwidth_utilisation"] = bw.utilisation(step_bytes, 1000 / ours["step_ms"], self.copy_bw)
             replay = _graph_replay_ms(engine, c)
             if replay is not None:
                 record["graph_replay_ms"] = replay  # device time of the step's forward alone
+                if self.copy_bw:
+                    record["graph_bandwidth_utilisation"] = bw.utilisation(step_bytes, 1000 / replay, self.copy_bw)
             self.emit(record)
         engine.decode_ahead = modes[0] and engine.device.type == "cuda"
-        if self.hf is None:
-            return
-        # transformers after all of ours: its compiled setup recompiles and captures graphs
-        # of its own, which should not sit between our timed runs
-        for setup, wanted in (("dynamic", hf_dynamic), ("compiled", hf_compiled)):
-            for c in [c for c in levels if c in wanted]:
-                work = fixed_workload(c, a.decode_prompt_len, a.decode_output_len, self.vocab, a.seed + c)
-                theirs = hf_runs.decode_throughput(self.hf, work, self.device, setup)
-                self.emit({"figure": "decode", "engine": "transformers", "concurrency": c, **self.common, **theirs})
 
     def prefill(self, lengths: list[int]) -> None:
         for n in lengths:
-            prompts = [random_workload(1, (n, n), (1, 1), self.vocab, self.args.seed + i).prompts[0]
-                       for i in range(3)]
-            ours = ninfer_prefill(self.llm.engine, prompts, self.device)
+            ours = ninfer_prefill(self.llm.engine, self._prefill_prompts(n), self.device)
             self.emit({"figure": "prefill", "engine": "ninfer", **self.common, **ours})
-            if self.hf is not None:
-                theirs = hf_prefill(self.hf, prompts, self.device)
-                self.emit({"figure": "prefill", "engine": "transformers", **self.common, **theirs})
+
+    def _prefill_prompts(self, n: int) -> list[list[int]]:
+        return [random_workload(1, (n, n), (1, 1), self.vocab, self.args.seed + i).prompts[0] for i in range(3)]
+
+    def _offline_work(self):
+        a = self.args
+        return random_workload(a.num_requests, a.input_len, a.output_len, self.vocab, a.seed)
 
     def offline(self) -> None:
         a = self.args
         # a short untimed run compiles every prefill kernel shape first
         warm = random_workload(4, a.input_len, (4, 4), self.vocab, a.seed + 99)
         ninfer_runs.offline_throughput(self.llm.engine, warm)
-        work = random_workload(a.num_requests, a.input_len, a.output_len, self.vocab, a.seed)
-        ours = ninfer_runs.offline_throughput(self.llm.engine, work)
+        ours = ninfer_runs.offline_throughput(self.llm.engine, self._offline_work())
         self.emit({"figure": "offline_throughput", "engine": "ninfer", "requests": a.num_requests,
                    "max_num_seqs": self.llm.profile.engine.max_concurrency, **self.common, **ours})
-        if self.hf is not None and not a.no_hf_offline:
-            theirs = hf_runs.offline_throughput(self.hf, work, a.hf_batch, self.device)
+
+    # -- transformers, after ours -------------------------------------------------
+    def baseline(self, model: str, dynamic: list[int], compiled: list[int], prefill_lens: list[int],
+                 offline: bool) -> None:
+        """transformers on the same weights (rebuilt from the same config and seed for
+        ``random:`` shapes), running the workloads our figures ran; frees our engine first."""
+        a = self.args
+        self.llm = None
+        _free_memory()
+        shape = random_model.shape_of(model)
+        if shape is not None:
+            self.hf = random_model.build_hf(shape, self.dtype, self.device, a.seed)
+        else:
+            self.hf = hf_runs.load_hf(self.model_dir, self.dtype, self.device)
+        # compiled runs last: transformers' compile captures graphs of its own
+        for setup, wanted in (("dynamic", dynamic), ("compiled", compiled)):
+            for c in wanted:
+                work = self._decode_work(c, a.hf_decode_output_len or a.decode_output_len)
+                theirs = hf_runs.decode_throughput(self.hf, work, self.device, setup)
+                self.emit({"figure": "decode", "engine": "transformers", "concurrency": c, **self.common, **theirs})
+        for n in prefill_lens:
+            theirs = hf_prefill(self.hf, self._prefill_prompts(n), self.device)
+            self.emit({"figure": "prefill", "engine": "transformers", **self.common, **theirs})
+        if offline:
+            theirs = hf_runs.offline_throughput(self.hf, self._offline_work(), a.hf_batch, self.device)
             self.emit({"figure": "offline_throughput", "engine": "transformers", "requests": a.num_requests,
                        "batch": a.hf_batch, **self.common, **theirs})
+        self.unload()

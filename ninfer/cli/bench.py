@@ -4,7 +4,8 @@ Examples: ``ninfer-bench tiny:qwen3 --device cpu --num-requests 32`` (CPU, the t
 model); ``ninfer-bench --suite gpu`` (on CUDA: copy bandwidth, decode at concurrency 1,
 8, 32 and 64 with bandwidth utilisation, and 2k/8k prefill on a Qwen3-8B-shaped random
 checkpoint, transformers dynamic and static+compiled beside us; then nano-vllm's
-offline setup on a Qwen3-0.6B shape). Random checkpoints are written once into the cache.
+offline setup on a Qwen3-0.6B shape). ``random:SHAPE`` models get random weights built
+in device memory (:mod:`ninfer.bench.random_model`); no weight file is written.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ninfer-bench", description=__doc__)
-    p.add_argument("model", nargs="?", default="tiny:qwen3", help="checkpoint dir, tiny:FAMILY, or random:SHAPE ("
-                   "qwen3-0.6b, qwen3-8b); default tiny:qwen3")
+    p.add_argument("model", nargs="?", default="tiny:qwen3", help="checkpoint dir, tiny:FAMILY, or random:SHAPE "
+                   "(random weights in device memory; shapes: qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen3.6-27b, "
+                   "qwen3.6-35b-a3b); default tiny:qwen3")
     p.add_argument("--suite", choices=["gpu"], help="preset figure set (see above); explicit flags still apply")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
@@ -56,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hf-batch", type=int, default=16, help="transformers offline batch size")
     p.add_argument("--hf-dynamic", help="transformers dynamic-cache decode levels (default: --concurrency)")
     p.add_argument("--hf-compiled", default="", help="transformers static-cache + compile decode levels")
+    p.add_argument("--hf-decode-output-len", type=int, help="transformers decode runs: output tokens "
+                   "(default: --decode-output-len; fewer keep slow baselines short)")
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers baselines")
     p.add_argument("--no-hf-offline", action="store_true", help="skip transformers in the offline figure only")
     p.add_argument("--guided", help="also the guided-decoding overhead figure for these guides (comma-separated: "
@@ -85,12 +89,11 @@ def main(argv=None) -> int:
     offline_here = "offline" in only and not args.offline_model
     if only & {"bandwidth", "decode", "prefill", "guided"} or offline_here:
         bench.load(args.model, levels if only & {"decode", "guided"} else [], lens if "prefill" in only else [],
-                   offline=offline_here,
-                   transformers=bool(only & {"decode", "prefill"}) or (offline_here and not args.no_hf_offline))
+                   offline=offline_here)
         if "bandwidth" in only:
             bench.bandwidth()
         if "decode" in only:
-            bench.decode(levels, _ints(args.hf_dynamic), _ints(args.hf_compiled))
+            bench.decode(levels)
         if "prefill" in only:
             bench.prefill(lens)
         if "guided" in only:
@@ -102,9 +105,17 @@ def main(argv=None) -> int:
                 emit({**record, **bench.common})
         if offline_here:
             bench.offline()
+        hf_offline = offline_here and not args.no_hf_offline
+        if not args.no_transformers and (only & {"decode", "prefill"} or hf_offline):
+            decode = "decode" in only
+            bench.baseline(args.model, [c for c in levels if decode and c in _ints(args.hf_dynamic)],
+                           [c for c in levels if decode and c in _ints(args.hf_compiled)],
+                           lens if "prefill" in only else [], hf_offline)
     if "offline" in only and args.offline_model:
-        bench.load(args.offline_model, [], [], offline=True, transformers=not args.no_hf_offline)
+        bench.load(args.offline_model, [], [], offline=True)
         bench.offline()
+        if not (args.no_transformers or args.no_hf_offline):
+            bench.baseline(args.offline_model, [], [], [], offline=True)
     return 0
 
 

@@ -93,15 +93,18 @@ def engine_config(profile, kv_tokens: int) -> EngineConfig:
     )
 
 
-def build_engine(profile, registry) -> LoadedEngine:
-    """Load everything the profile names; raises before allocating on bad selections."""
+def build_engine(profile, registry, weights=None) -> LoadedEngine:
+    """Load everything the profile names; raises before allocating on bad selections.
+
+    ``weights`` (name, tensor) pairs stand in for the checkpoint's files (see ``load_model``)."""
     kv_format = registry.get("kv_dtype", profile.engine.kv_dtype, key="engine.kv_dtype")
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
     prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
     model_dir = resolve_model_path(profile.model, registry)
     started = time.perf_counter()
-    model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context)
+    model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context,
+                                       weights=weights)
     tokenizer = Tokenizer.from_pretrained(model_dir)
     logger.info("loaded {} ({}) in {:.1f} s", model_dir, family.name, time.perf_counter() - started)
     presets = family.presets(config) if family.presets else None

@@ -5,17 +5,19 @@ overhead on the host dominates at low concurrency. We capture the model's forwar
 decode batches once per batch-size bucket (1, 2, 4, 8, then steps of 8 and 16), all
 graphs sharing one memory pool, and replay the smallest bucket that holds the batch.
 
-Graphs read their inputs from static device buffers. The four per-row fields (token
-ids, positions, context lengths, KV slots; int64) sit at the front of one device staging
-buffer and *are* the graphs' inputs, so a step packs them with its block tables into a
-pinned host buffer and one transfer fills them; only the block tables are then copied
-into their own [rows, pages] buffer. Rows past the batch (padding up to the bucket) get
-KV slot -1, so the KV write skips them, and a context length of 1, so attention stays
-cheap and finite there. Two pinned host buffers take turns: a step launched ahead fills
-one while the transfer of the step before may still be queued on the other.
+Graphs read their inputs from static device buffers. The per-row fields (token ids,
+positions, context lengths, KV slots and, for models with recurrent state, state slots;
+int64) sit at the front of one device staging buffer and *are* the graphs' inputs, so a
+step packs them with its block tables into a pinned host buffer and one transfer fills
+them; only the block tables are then copied into their own [rows, pages] buffer. Rows
+past the batch (padding up to the bucket) get KV slot -1 and state slot -1, so neither
+the KV write nor the recurrent layers store anything for them, and a context length of
+1, so attention stays cheap and finite there. Two pinned host buffers take turns: a step
+launched ahead fills one while the transfer of the step before may still be queued on
+the other.
 
-Prefill, mixed steps, LoRA batches and models that cannot be captured (host syncs in
-their forward, such as MoE routing by expert counts) run eagerly.
+Prefill, mixed steps, LoRA batches and models that do not declare
+``supports_cuda_graphs`` run eagerly.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def _clear_cublas_workspaces() -> None:
 class DecodeGraphs:
     """One captured decode forward per bucket; :meth:`run` replays the right one."""
 
-    def __init__(self, model, max_batch: int, max_context: int, block_size: int, device: torch.device):
+    def __init__(
+        self, model, max_batch: int, max_context: int, block_size: int, device: torch.device,
+        state_slots: bool = False,
+    ):
         self.model = model
         self.block_size = block_size
         self.max_context = max_context
@@ -65,12 +70,17 @@ class DecodeGraphs:
         self.max_blocks = -(-max_context // block_size)
         n = self.buckets[-1]
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        # staging: four [n] fields (the graphs' inputs themselves), then up to n * max_blocks
-        # block-table entries on their way into ``block_tables``
-        self._stage = torch.zeros(4 * n + n * self.max_blocks, **i64)
-        self.input_ids, self.positions, self.seq_lens, self.slot_mapping = self._stage[: 4 * n].view(4, n)
+        # staging: four or five [n] fields (the graphs' inputs themselves), then up to
+        # n * max_blocks block-table entries on their way into ``block_tables``
+        self._fields = 5 if state_slots else 4
+        self._stage = torch.zeros(self._fields * n + n * self.max_blocks, **i64)
+        fields = self._stage[: self._fields * n].view(self._fields, n)
+        self.input_ids, self.positions, self.seq_lens, self.slot_mapping = fields[:4]
+        self.state_slots: Optional[torch.Tensor] = fields[4] if state_slots else None
         self.seq_lens.fill_(1)
         self.slot_mapping.fill_(-1)
+        if self.state_slots is not None:
+            self.state_slots.fill_(-1)
         self.block_tables = torch.zeros(n, self.max_blocks, **i32)
         self.query_start = torch.arange(n + 1, **i32)
         self.rows = torch.arange(n, **i64)
@@ -94,6 +104,7 @@ class DecodeGraphs:
             max_seq_len=self.max_context,
             query_lens_host=[1] * bs,
             seq_lens_host=[1] * bs,
+            state_slots=None if self.state_slots is None else self.state_slots[:bs],
         )
 
     @torch.inference_mode()
@@ -140,12 +151,14 @@ class DecodeGraphs:
         token_ids: Union[Sequence[int], torch.Tensor],
         positions: Sequence[int],
         block_tables: Sequence[Sequence[int]],
+        state_slots: Optional[Sequence[int]] = None,
     ) -> torch.Tensor:
         """Replay the decode step of ``len(token_ids)`` sequences, each adding one token at
         ``positions[i]``; returns their hidden rows [B, hidden] (row ``i``: sequence ``i``).
         ``token_ids`` may be a device tensor (a step launched before the previous one's
-        tokens reached the host)."""
-        bs = self.stage_inputs(token_ids, positions, block_tables)
+        tokens reached the host); ``state_slots``: each sequence's recurrent-state slot,
+        for graphs captured with state slots."""
+        bs = self.stage_inputs(token_ids, positions, block_tables, state_slots)
         self._graphs[bs].replay()
         return self._hidden[bs][: len(token_ids)]
 
@@ -154,8 +167,11 @@ class DecodeGraphs:
         token_ids: Union[Sequence[int], torch.Tensor],
         positions: Sequence[int],
         block_tables: Sequence[Sequence[int]],
+        state_slots: Optional[Sequence[int]] = None,
     ) -> int:
         """Fill the static inputs for this batch; returns the bucket to replay."""
+        if (state_slots is None) != (self.state_slots is None):
+            raise ValueError("state slots must be given exactly when the graphs were captured with them")
         on_device = isinstance(token_ids, torch.Tensor)
         num = len(token_ids)
         bs = self.bucket_for(num)
@@ -169,7 +185,8 @@ class DecodeGraphs:
         table = np.zeros((bs, width), dtype=np.int64)
         for i, t in enumerate(block_tables):
             table[i, : len(t)] = t
-        ids, pos_f, lens, slots = h[: 4 * n].reshape(4, n)
+        fields = h[: self._fields * n].reshape(self._fields, n)
+        ids, pos_f, lens, slots = fields[:4]
         ids[:] = 0
         if not on_device:
             ids[:num] = token_ids
@@ -178,10 +195,13 @@ class DecodeGraphs:
         bsz = self.block_size
         slots[:num] = table[np.arange(num), pos // bsz] * bsz + pos % bsz
         slots[num:] = -1  # padding rows never write KV
-        end = 4 * n + bs * width
-        h[4 * n : end] = table.reshape(-1)
+        if state_slots is not None:
+            fields[4, :num], fields[4, num:] = np.fromiter(state_slots, dtype=np.int64, count=num), -1
+        first = self._fields * n
+        end = first + bs * width
+        h[first:end] = table.reshape(-1)
         self._stage[:end].copy_(host[:end], non_blocking=True)
         if on_device:
             self.input_ids[:num].copy_(token_ids)
-        self.block_tables[:bs, :width].copy_(self._stage[4 * n : end].view(bs, width))
+        self.block_tables[:bs, :width].copy_(self._stage[first:end].view(bs, width))
         return bs

@@ -50,7 +50,8 @@ class ModelRunner:
         """Capture decode graphs when the device and the model allow it; False otherwise."""
         if self.device.type != "cuda" or not can_capture(self.model):
             return False
-        self.graphs = DecodeGraphs(self.model, max_batch, max_context, self.block_size, self.device)
+        with_state = self.model.state_bytes_per_slot() > 0
+        self.graphs = DecodeGraphs(self.model, max_batch, max_context, self.block_size, self.device, with_state)
         self.graphs.capture()
         return True
 
@@ -62,17 +63,18 @@ class ModelRunner:
             and all(c.num_tokens == 1 and c.sample for c in chunks)
             and self.graphs.bucket_for(len(chunks)) is not None
             and (not self.loras or all(c.seq.lora_slot == 0 for c in chunks))
-            and chunks[0].seq.state_slot is None
         )
 
     def _replay(self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor]) -> torch.Tensor:
         """Hidden rows of a replayed decode step, one per chunk (every chunk samples)."""
         seqs = [c.seq for c in sched.chunks]
+        tables = [s.block_table for s in seqs]
+        slots = [s.state_slot for s in seqs] if self.graphs.state_slots is not None else None
         if ahead_ids is not None:
-            return self.graphs.run(ahead_ids, [s.num_computed_tokens + 1 for s in seqs], [s.block_table for s in seqs])
+            return self.graphs.run(ahead_ids, [s.num_computed_tokens + 1 for s in seqs], tables, slots)
         positions = [s.num_computed_tokens for s in seqs]
         tokens = [s.token_ids[p] for s, p in zip(seqs, positions)]
-        return self.graphs.run(tokens, positions, [s.block_table for s in seqs])
+        return self.graphs.run(tokens, positions, tables, slots)
 
     def build_batch(
         self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor] = None

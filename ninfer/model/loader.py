@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from loguru import logger
@@ -91,12 +91,15 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     max_context: int | None = None,
+    weights: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> tuple[Any, dict[str, Any], ModelFamily]:
     """Build and fill the model for ``model_dir``: returns ``(model, config, family)``.
 
     ``dtype`` None keeps the checkpoint's own dtype (bfloat16 when it names none).
     ``max_context`` beyond the checkpoint's ``max_position_embeddings`` extends the
     position tables (with a warning) so long sequences never index past them.
+    ``weights``: the checkpoint's tensors by name from somewhere other than the directory's
+    safetensors files (a model already in memory, e.g. the benchmarks' random ones).
     """
     config = read_config(model_dir)
     trained = config.get("max_position_embeddings")
@@ -108,5 +111,5 @@ def load_model(
     dtype = dtype or config_dtype(config) or torch.bfloat16
     logger.info("model family {} ({}), dtype {}, device {}", family.name, model_dir, dtype, device)
     model = family.build(config, dtype, torch.device(device))
-    model.load_weights(iter_weights(model_dir))
+    model.load_weights(iter_weights(model_dir) if weights is None else weights)
     return model, config, family

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.kv import KVCache
+from ninfer.model.kv import HeadNormRope, KVCache
 from ninfer_kernels import ops
 from ninfer_plugins.models.hybrid_config import HybridConfig
 from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
@@ -50,10 +50,15 @@ class GatedAttention(nn.Module):
         query_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         query_gate = query_gate.reshape(tokens, self.num_heads, 2 * self.head_dim)
         q, gate = query_gate.split(self.head_dim, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
-        q, k = ops.apply_rope(q, k, positions, cos_sin, self.rotary_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
-        self.kv_cache.write(k, v.reshape(tokens, self.num_kv_heads, self.head_dim), batch.slot_mapping)
-        out = self.kv_cache.attend(q, batch, self.scale).reshape(tokens, self.q_size)
-        return self.o_proj(out * torch.sigmoid(gate.reshape(tokens, self.q_size)))
+        norm_rope = HeadNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin,
+                                 self.rotary_dim)
+        out = self.kv_cache.decode_fused(q, k, v, norm_rope, batch, self.scale)
+        if out is None:
+            q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
+                                    cos_sin, self.rotary_dim)
+            self.kv_cache.write(k, v, batch.slot_mapping)
+            out = self.kv_cache.attend(q, batch, self.scale)
+        return self.o_proj(out.reshape(tokens, self.q_size) * torch.sigmoid(gate.reshape(tokens, self.q_size)))

@@ -7,10 +7,15 @@ delta rule (:mod:`ninfer_kernels.gated_delta`) with write strength ``sigmoid(b)`
 log-decay ``-exp(A_log) * softplus(a + dt_bias)``. The output is RMS-normed per value
 head, gated by ``silu(z)`` and projected back.
 
-Projection rows are kept as ``in_proj_qkvz = [q | k | v | z]`` and ``in_proj_ba = [b | a]``.
-Qwen3.5 checkpoints store those four and two pieces as separate tensors; Qwen3-Next
-stores the two fused, but grouped per key head (``[q_i k_i v_i z_i]`` for each key head
-``i``), which :meth:`GatedDeltaNet.ungroup` reorders at load time.
+Both projections are one matmul here, ``in_proj = [q | k | v | z | b | a]`` (a decode
+step then launches one matmul, not two). Qwen3.5 checkpoints store the pieces as four
+tensors (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``); Qwen3-Next stores
+``in_proj_qkvz`` and ``in_proj_ba``, each grouped per key head (``[q_i k_i v_i z_i]`` for
+each key head ``i``), which :meth:`GatedDeltaNet.ungroup` reorders at load time.
+
+Decode batches run everything after the projection in one op
+(:func:`ninfer_kernels.ops.gated_delta_decode`); prefill chunks run the conv, the chunked
+delta rule and the norm as separate ops, since there each is a large kernel.
 
 Each layer owns its recurrent state for every slot: the conv history ``conv_state``
 [slots, K-1, conv channels] in the model dtype (it holds projection outputs, which are
@@ -50,8 +55,7 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel = cfg.linear_conv_kernel
-        self.in_proj_qkvz = Linear(cfg.hidden_size, self.conv_dim + self.value_dim)
-        self.in_proj_ba = Linear(cfg.hidden_size, 2 * self.num_v_heads)
+        self.in_proj = Linear(cfg.hidden_size, self.conv_dim + self.value_dim + 2 * self.num_v_heads)
         self.conv1d = DepthwiseConvWeight(self.conv_dim, self.conv_kernel)
         self.A_log = empty_param(self.num_v_heads)
         self.dt_bias = empty_param(self.num_v_heads)
@@ -62,17 +66,20 @@ class GatedDeltaNet(nn.Module):
 
     # -- checkpoint layouts -------------------------------------------------------
     def fused_shards(self) -> dict[str, tuple[str, slice]]:
-        """Qwen3.5's separate projections -> (our fused module, its rows that hold it)."""
+        """Checkpoint projections (Qwen3.5's four, Qwen3-Next's two) -> rows of ``in_proj``."""
         c, v, h = self.conv_dim, self.value_dim, self.num_v_heads
         return {
-            "in_proj_qkv": ("in_proj_qkvz", slice(0, c)),
-            "in_proj_z": ("in_proj_qkvz", slice(c, c + v)),
-            "in_proj_b": ("in_proj_ba", slice(0, h)),
-            "in_proj_a": ("in_proj_ba", slice(h, 2 * h)),
+            "in_proj_qkv": ("in_proj", slice(0, c)),
+            "in_proj_z": ("in_proj", slice(c, c + v)),
+            "in_proj_b": ("in_proj", slice(c + v, c + v + h)),
+            "in_proj_a": ("in_proj", slice(c + v + h, c + v + 2 * h)),
+            "in_proj_qkvz": ("in_proj", slice(0, c + v)),
+            "in_proj_ba": ("in_proj", slice(c + v, c + v + 2 * h)),
         }
 
     def ungroup(self, proj: str, weight: torch.Tensor) -> torch.Tensor:
-        """Qwen3-Next's per-key-head grouped rows of ``proj`` in our ``[q|k|v|z]`` / ``[b|a]`` order."""
+        """Qwen3-Next's per-key-head grouped rows of ``proj`` (``in_proj_qkvz`` or ``in_proj_ba``)
+        in our ``[q|k|v|z]`` / ``[b|a]`` order."""
         ratio = self.num_v_heads // self.num_k_heads
         if proj == "in_proj_qkvz":
             sizes = [self.head_k_dim, self.head_k_dim, ratio * self.head_v_dim, ratio * self.head_v_dim]
@@ -83,11 +90,11 @@ class GatedDeltaNet(nn.Module):
 
     # -- recurrent state ------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
-        conv = (self.conv_kernel - 1) * self.conv_dim * self.in_proj_qkvz.weight.dtype.itemsize
+        conv = (self.conv_kernel - 1) * self.conv_dim * self.in_proj.weight.dtype.itemsize
         return conv + self.num_v_heads * self.head_k_dim * self.head_v_dim * 4
 
     def allocate_state(self, num_slots: int, device: torch.device) -> int:
-        dtype = self.in_proj_qkvz.weight.dtype
+        dtype = self.in_proj.weight.dtype
         self.conv_state = torch.zeros(num_slots, self.conv_kernel - 1, self.conv_dim, dtype=dtype, device=device)
         self.ssm_state = torch.zeros(
             num_slots, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32, device=device
@@ -101,11 +108,17 @@ class GatedDeltaNet(nn.Module):
     # -- forward ------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         assert self.ssm_state is not None, "allocate_state() must run before forward()"
+        proj = self.in_proj(x)
+        if batch.is_decode_only:
+            out = ops.gated_delta_decode(
+                proj, self.conv1d.weight[:, 0], self.conv_state, self.ssm_state, self.A_log, self.dt_bias,
+                self.norm.weight, self.norm.eps, self.num_k_heads, self.head_k_dim, batch,
+            )
+            return self.out_proj(out)
         tokens = x.shape[0]
-        qkv, z = self.in_proj_qkvz(x).split([self.conv_dim, self.value_dim], dim=-1)
+        qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         qkv = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        b, a = self.in_proj_ba(x).split(self.num_v_heads, dim=-1)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out = ops.gated_delta_rule(
@@ -117,5 +130,5 @@ class GatedDeltaNet(nn.Module):
             self.ssm_state,
             batch,
         )
-        out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        out = self.norm(out, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))  # z: a view, not a copy
         return self.out_proj(out.reshape(tokens, self.value_dim))

@@ -91,6 +91,10 @@ class HybridLM(PreNormLM):
         return [layer.linear_attn for layer in self.model.layers if layer.is_linear]
 
     # -- engine contract -------------------------------------------------------
+    #: decode runs without host syncs: state slots, routing and the KV write are all
+    #: addressed through device tensors of the batch
+    supports_cuda_graphs = True
+
     def attention_specs(self) -> list[AttentionSpec]:
         return [AttentionSpec(self.cfg.num_kv_heads, self.cfg.head_dim)] * len(self._attention_layers())
 

@@ -12,9 +12,9 @@ The gated RMSNorm normalises Gated DeltaNet's output per value head and multipli
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ninfer_kernels import ops
 from ninfer_plugins.models.layers import RMSNorm, empty_param
 
 
@@ -36,8 +36,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """``x``/``gate`` [N, dim]: the norm in float32, rounded to ``x``'s dtype before the
-        scale (transformers' order, so bfloat16 results agree), then the float32 gate."""
-        xf = x.float()
-        normed = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+        """``x``/``gate`` [..., dim] (views allowed): the norm in float32, rounded to ``x``'s
+        dtype before the scale (transformers' order, so bfloat16 results agree), then the
+        float32 gate (:func:`ninfer_kernels.gated_rms_norm.gated_rms_norm`)."""
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)

@@ -62,22 +62,20 @@ class WeightRouter:
             param, index = self.modules[m["module"]].expert_slice(int(m["expert"]), m["proj"])
             return f"{m['module']}.{param}", index, None
         if (m := _PROJ_NAME.match(name)) and hasattr(self.modules.get(m["module"]), "fused_shards"):
-            shards = self.modules[m["module"]].fused_shards()
+            owner = self.modules[m["module"]]
+            shards = owner.fused_shards()
             if m["proj"] in shards:
                 fused, rows = shards[m["proj"]]
-                return f"{m['module']}.{fused}.{m['kind']}", (rows,), None
+                transform = None
+                if self.grouped_projections and isinstance(owner, GatedDeltaNet) and m["kind"] == "weight":
+                    transform = partial(owner.ungroup, m["proj"])  # Qwen3-Next's per-key-head order
+                return f"{m['module']}.{fused}.{m['kind']}", (rows,), transform
         raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
 
     def _transform(self, param: str) -> Transform:
-        owner_name, _, leaf = param.rpartition(".")
-        owner = self.modules.get(owner_name)
+        owner = self.modules.get(param.rpartition(".")[0])
         if isinstance(owner, ZeroCentredRMSNorm):
             return owner.from_checkpoint
-        layer_name, _, proj = owner_name.rpartition(".")
-        layer = self.modules.get(layer_name)
-        grouped = proj in ("in_proj_qkvz", "in_proj_ba") and leaf == "weight"
-        if self.grouped_projections and grouped and isinstance(layer, GatedDeltaNet):
-            return partial(layer.ungroup, proj)
         return None
 
 

@@ -3,48 +3,20 @@
 Experts are stored stacked, ``gate_up_proj`` [E, 2I, H] (gate rows first) and
 ``down_proj`` [E, H, I], which is also transformers 5's in-memory layout; checkpoints
 with one tensor per expert are copied into slices at load time.
+
+After the router's matmul the block is two ops (:mod:`ninfer_kernels.moe`): routing
+(softmax, top-k, renorm) and the fused expert MLPs. On CUDA both run on the device
+without a host sync (tokens are sorted by expert there), so MoE decode steps can be
+captured in CUDA graphs; prefill uses the same grouped GEMM with larger tiles.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer_kernels import ops
 from ninfer_plugins.models.layers import Linear, empty_param
-
-
-def expert_forward(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-) -> torch.Tensor:
-    """Sum over each token's chosen experts of ``weight * expert(x)``.
-
-    ``x`` [T, H]; ``weights``/``ids`` [T, k]. The T*k (token, expert) pairs are sorted by
-    expert so every expert that received tokens runs one contiguous matmul pair; the
-    loop is over experts, never over tokens. Reading the per-expert counts is one
-    host sync per call.
-    """
-    flat_ids = ids.flatten()
-    order = flat_ids.argsort(stable=True)
-    token_of = order // ids.shape[1]
-    rows = x[token_of]
-    counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
-    out_rows = torch.empty_like(rows)
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        chunk = slice(start, start + count)
-        hidden = ops.silu_and_mul(F.linear(rows[chunk], gate_up[expert]))
-        out_rows[chunk] = F.linear(hidden, down[expert])
-        start += count
-    out_rows *= weights.flatten()[order, None]
-    return torch.zeros_like(x).index_add_(0, token_of, out_rows)
 
 
 class Experts(nn.Module):
@@ -76,9 +48,15 @@ class SparseMoE(nn.Module):
         self.gate = Linear(hidden_size, num_experts)
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
 
+    def weight_bytes_read(self, num_tokens: int) -> int:
+        """Bytes of weights a step of ``num_tokens`` tokens reads: the router, and each expert
+        some token picks, counted at the number of distinct experts ``num_tokens`` uniform
+        top-k draws reach on average (benchmarks' bandwidth figure)."""
+        experts = self.experts.gate_up_proj.shape[0]
+        distinct = experts * (1 - (1 - self.top_k / experts) ** num_tokens)
+        per_expert = (self.experts.gate_up_proj[0].nbytes + self.experts.down_proj[0].nbytes)
+        return round(self.gate.weight.nbytes + distinct * per_expert)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, ids = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return expert_forward(x, weights.to(x.dtype), ids, self.experts.gate_up_proj, self.experts.down_proj)
+        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob)
+        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)

@@ -3,12 +3,19 @@
 Routing is Qwen3-MoE's (:class:`ninfer_plugins.models.moe.SparseMoE`); every token also
 goes through one dense SwiGLU expert whose output is scaled by a learned per-token gate,
 ``sigmoid(shared_expert_gate(x))``, and added to the routed experts' sum.
+
+When the shared expert is as wide as a routed one (every released checkpoint), it runs
+inside the fused expert kernel as one more expert that every token picks, with its gate
+as the routing weight: one launch less for each of its four matmuls and the sigmoid. It
+keeps its own modules and weights, so checkpoints and LoRA adapters name it as usual; an
+adapter on it (or on its gate) sends the block back to the separate path.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ninfer_kernels import ops
 from ninfer_plugins.models.layers import GatedMLP, Linear
 from ninfer_plugins.models.moe import SparseMoE
 
@@ -27,6 +34,24 @@ class SharedExpertMoE(SparseMoE):
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
         self.shared_expert_gate = Linear(hidden_size, 1)
 
+    def weight_bytes_read(self, num_tokens: int) -> int:
+        shared = sum(p.nbytes for p in (*self.shared_expert.parameters(), self.shared_expert_gate.weight))
+        return super().weight_bytes_read(num_tokens) + shared
+
+    def _shared_in_kernel(self) -> bool:
+        shared = self.shared_expert
+        return (
+            shared.intermediate_size == self.experts.intermediate_size
+            and shared.gate_up_proj.lora is None
+            and shared.down_proj.lora is None
+            and self.shared_expert_gate.lora is None
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return super().forward(x) + shared
+        if not self._shared_in_kernel():
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            return super().forward(x) + shared
+        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob, x,
+                                     self.shared_expert_gate.weight[0])
+        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
+                             self.shared_expert.gate_up_proj.weight, self.shared_expert.down_proj.weight)

@@ -1,0 +1,163 @@
+"""Reference mixture-of-experts kernels: routing, the expert-sorted row layout, the expert MLPs.
+
+Three steps make a sparse MoE block after the router's matmul:
+
+1. :func:`moe_route`: softmax over each token's router logits (float32), its ``top_k``
+   experts, optionally renormalised to sum to one; optionally one more column for an
+   always-on shared expert (id ``E``, weight ``sigmoid(x . shared_gate)``).
+2. :func:`moe_align`: the (token, choice) pairs sorted by expert into runs padded to
+   ``block_m`` rows, so a grouped GEMM gives each block of rows one expert. Everything is
+   sized from the pair count alone, so on the GPU it runs with no host sync.
+3. :func:`fused_moe`: for every pair, ``weight * down_e(silu(gate_e(x)) * up_e(x))``,
+   summed over each token's pairs.
+
+The reference favours clarity (it loops over the experts present, reading their count on
+the host); the Triton versions in :mod:`ninfer_kernels.triton.fused_moe` and
+:mod:`ninfer_kernels.triton.moe_route` must give the same results.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_route(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    x: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and weights from router ``logits`` [T, E].
+
+    Softmax in float32; the ``top_k`` largest probabilities in descending order (ties go
+    to the lower expert id); divided by their sum when ``renormalize``. With
+    ``shared_gate`` ([H], the shared expert's gate row) and ``x`` [T, H], one more column
+    follows: expert id ``E`` with weight ``sigmoid(x . shared_gate)`` (the dot in float32,
+    rounded to ``x``'s dtype as a linear layer's output would be, the sigmoid in float32).
+
+    Returns ``(weights, ids)``: float32 [T, k'] and int32 [T, k'], k' = top_k (+ 1).
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    # a stable descending sort keeps equal probabilities in expert order: ties go low
+    ids = probs.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    weights = probs.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    ids = ids.to(torch.int32)
+    if shared_gate is not None:
+        if x is None:
+            raise ValueError("the shared expert's gate needs x")
+        gate = (x.float() @ shared_gate.reshape(-1).float()).to(x.dtype).float()
+        weights = torch.cat([weights, torch.sigmoid(gate)[:, None]], dim=1)
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], logits.shape[-1])], dim=1)
+    return weights, ids
+
+
+def max_padded_rows(pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of :func:`moe_align`'s layout for ``pairs`` pairs: every run may waste up to
+    ``block_m - 1`` rows, and at most ``min(num_experts, pairs)`` experts have a run."""
+    rows = pairs + min(num_experts, pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pairs of ``ids`` [T, k'] sorted by expert into runs padded to ``block_m`` rows.
+
+    Pair ``p = t * k' + j`` is token ``t``'s ``j``-th choice, expert ``ids[t, j]`` in
+    ``[0, num_experts)``. With ``P = T * k'`` pairs the layout has
+    ``max_padded = round_up(P + min(num_experts, P) * (block_m - 1), block_m)`` rows:
+    every expert that has pairs gets a run of ``ceil(count / block_m) * block_m`` rows,
+    runs in expert order from row 0, each holding its pairs in increasing pair order
+    followed by the sentinel ``P``; rows after the last run hold ``P`` too.
+
+    Returns ``(sorted_pairs, block_experts, num_padded)``: int32 [max_padded], int32
+    [max_padded // block_m] (the expert of each block, -1 past the last run) and int32
+    [1] (rows the runs cover).
+    """
+    flat = ids.flatten().long()
+    pairs = flat.numel()
+    rows = max_padded_rows(pairs, num_experts, block_m)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = padded.cumsum(0) - padded
+    sorted_pairs = torch.full((rows,), pairs, dtype=torch.int32, device=ids.device)
+    block_experts = torch.full((rows // block_m,), -1, dtype=torch.int32, device=ids.device)
+    for expert in flat.unique().tolist():
+        members = (flat == expert).nonzero().flatten()  # increasing pair order
+        start = int(starts[expert])
+        sorted_pairs[start:start + members.numel()] = members.to(torch.int32)
+        block_experts[start // block_m:(start + int(padded[expert])) // block_m] = expert
+    num_padded = padded.sum().reshape(1).to(torch.int32)
+    return sorted_pairs, block_experts, num_padded
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    shared13: torch.Tensor | None = None,
+    shared2: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``, e = ``ids[t, j]``.
+
+    ``x`` [T, H]; ``w13`` [E, 2I, H] (per expert the gate rows, then the up rows); ``w2``
+    [E, H, I]; ``weights`` float32 [T, k'] and ``ids`` int32 [T, k'] as :func:`moe_route`
+    returns them. Expert id ``E`` names the shared expert, ``shared13`` [2I, H] and
+    ``shared2`` [H, I] (any strides), when given.
+
+    Rounding: each pair's ``silu(gate) * up`` is computed in float32 from float32 matmul
+    results and rounded to ``x``'s dtype; its down projection is accumulated in float32,
+    scaled by the weight and rounded to ``x``'s dtype; the sum over a token's pairs runs
+    in float32 and is rounded once. Returns [T, H] in ``x``'s dtype.
+    """
+    num_tokens, k = ids.shape
+    num_experts = w13.shape[0]
+    flat_ids = ids.flatten().long()
+    flat_weights = weights.flatten().float()
+    out_pairs = torch.empty(num_tokens * k, x.shape[1], dtype=x.dtype, device=x.device)
+    for expert in flat_ids.unique().tolist():
+        if expert == num_experts:
+            if shared13 is None or shared2 is None:
+                raise ValueError(f"expert id {expert} names the shared expert, but none was given")
+            gate_up, down = shared13, shared2
+        else:
+            gate_up, down = w13[expert], w2[expert]
+        pairs = (flat_ids == expert).nonzero().flatten()
+        projected = x[pairs // k].float() @ gate_up.float().T
+        gate, up = projected.chunk(2, dim=-1)
+        hidden = (F.silu(gate) * up).to(x.dtype)
+        rows = (hidden.float() @ down.float().T) * flat_weights[pairs, None]
+        out_pairs[pairs] = rows.to(x.dtype)
+    return out_pairs.view(num_tokens, k, x.shape[1]).float().sum(dim=1).to(x.dtype)
+
+
+def expert_loop(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
+    """transformers' way of running the experts, an independent check of :func:`fused_moe`
+    (and the path the models took before it, which the GPU scripts time against it).
+
+    ``x`` [T, H]; ``weights``/``ids`` [T, k] (no shared column). The (token, choice) pairs
+    are sorted by expert and each expert present runs one matmul pair, its output rounded
+    to ``x``'s dtype before the weighted sum. Reading the per-expert counts syncs the host.
+    """
+    flat_ids = ids.flatten().long()
+    order = flat_ids.argsort(stable=True)
+    token_of = order // ids.shape[1]
+    rows = x[token_of]
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    out_rows = torch.empty_like(rows)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        chunk = slice(start, start + count)
+        gate, up = F.linear(rows[chunk], w13[expert]).float().chunk(2, dim=-1)
+        out_rows[chunk] = F.linear((F.silu(gate) * up).to(x.dtype), w2[expert])
+        start += count
+    out_rows *= weights.flatten()[order, None].to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token_of, out_rows)

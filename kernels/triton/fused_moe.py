@@ -1,0 +1,384 @@
+"""Fused mixture-of-experts on CUDA: two grouped GEMMs over the expert-sorted layout.
+
+:func:`ninfer_kernels.triton.moe_route.moe_align` sorts the (token, choice) pairs into
+per-expert runs padded to ``block_m`` rows, so every ``block_m``-row block belongs to
+one expert. Then (the design of vLLM's fused_moe, in our own code):
+
+1. the gate_up kernel: each program takes one block of rows and ``BLOCK_N`` columns of
+   the intermediate, accumulates the gate rows and the up rows of that expert's ``w13``
+   over the hidden size, and stores ``silu(gate) * up``: the [P, 2I] product never
+   reaches memory;
+2. the down kernel: the same blocks times ``w2[e]``, scaled by the pair's weight in the
+   epilogue, one row per pair;
+3. a small kernel sums each token's k' rows in float32 (no atomics: deterministic).
+
+Grids are sized from the pair count (the most blocks the layout can have); programs
+whose block lies past the runs (read on the device) return at once, so nothing syncs
+and the whole op can be captured in a CUDA graph. Expert id ``E`` is the shared expert,
+whose weights may have any strides: its blocks take a second, separately compiled copy
+of the tile loop, so the routed experts keep the contiguity that vectorises their loads.
+
+Block shapes are chosen on the host from the token count alone (:func:`select_config`):
+a tuned table per device in ``moe_configs/<device name>.json`` (written by
+scripts/gpu_moe_tune.py), else a heuristic by pairs per expert.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.moe_route import interpreted_bf16, moe_align, round_to
+
+#: columns per program of the final per-token sum
+SUM_BLOCK = 1024
+CONFIG_DIR = Path(__file__).parent / "moe_configs"
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+# -- block shapes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch shape of one grouped GEMM (BLOCK_M is the call's, shared by both)."""
+
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def clipped(self, max_n: int, max_k: int) -> GemmConfig:
+        return replace(self, BLOCK_N=min(self.BLOCK_N, max_n), BLOCK_K=min(self.BLOCK_K, max_k))
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """One call's shapes: ``block_m`` (the alignment of the runs) and each GEMM's."""
+
+    block_m: int
+    gate_up: GemmConfig
+    down: GemmConfig
+
+    @classmethod
+    def from_json(cls, entry: dict) -> MoeConfig:
+        return cls(int(entry["block_m"]), GemmConfig(**entry["gate_up"]), GemmConfig(**entry["down"]))
+
+    def to_json(self) -> dict:
+        return {"block_m": self.block_m, "gate_up": asdict(self.gate_up), "down": asdict(self.down)}
+
+
+def shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
+    """The tables' key for a layer: ``"E=257,H=2048,I=512,k=9,bf16"``. E and k count the
+    shared expert when there is one (E = routed experts + 1, k = top_k + 1: the ids'
+    columns), I is one expert's intermediate width (w13 holds 2I rows)."""
+    return f"E={num_experts},H={hidden},I={inter},k={top_k},{DTYPE_NAMES.get(dtype, str(dtype))}"
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    """The tables' file stem: the CUDA device name with spaces as underscores ("NVIDIA_H200")."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(name: str) -> dict[str, dict[int, MoeConfig]]:
+    """``moe_configs/<name>.json`` as {shape key: {M: config}}; empty when there is none.
+    Read once per device name (keys starting with "_" are comments)."""
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    return {key: {int(m): MoeConfig.from_json(c) for m, c in per_m.items()}
+            for key, per_m in raw.items() if not key.startswith("_")}
+
+
+def heuristic_config(num_experts: int, top_k: int, num_tokens: int) -> MoeConfig:
+    """Without a tuned entry: decode-sized calls (a few rows per expert) are bound by
+    reading the weights, so short blocks and long K tiles; prefill-sized ones by math."""
+    per_expert = num_tokens * top_k / max(num_experts, 1)
+    if per_expert <= 16:
+        small = GemmConfig(BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)
+        return MoeConfig(16, small, small)
+    if per_expert <= 48:
+        mid = GemmConfig(BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
+        return MoeConfig(32, mid, mid)
+    return MoeConfig(64, GemmConfig(BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+                     GemmConfig(BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4))
+
+
+def select_config(device: torch.device, num_experts: int, hidden: int, inter: int, top_k: int,
+                  dtype: torch.dtype, num_tokens: int) -> MoeConfig:
+    """The tuned entry with the nearest M at or above ``num_tokens`` (else the largest M),
+    or the heuristic when this device or shape has no table. Host-side, from T alone."""
+    table = load_table(device_name(device)).get(shape_key(num_experts, hidden, inter, top_k, dtype))
+    if not table:
+        return heuristic_config(num_experts, top_k, num_tokens)
+    at_or_above = [m for m in table if m >= num_tokens]
+    return table[min(at_or_above) if at_or_above else max(table)]
+
+
+# -- kernels --------------------------------------------------------------------------
+
+
+@triton.jit
+def _block_of(pid, max_rows, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of program ``pid``: GROUP_M row blocks share each column
+    block in turn, so neighbouring programs reuse the same weight tile from L2."""
+    num_pid_m = tl.cdiv(max_rows, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = pid // per_group * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_m, (pid % per_group) // group_m
+
+
+@triton.jit
+def _mma(a, b, IEEE: tl.constexpr):
+    if IEEE:  # float32 operands: full precision, not TF32
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _gate_up_tile(a_ptrs, stride_ak, row_ok, w_ptr, stride_wn, stride_wk, offs_n, n_ok, half, K,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """Gate and up accumulators [BLOCK_M, BLOCK_N]: rows ``offs_n`` and ``half + offs_n``
+    of one expert's [2I, K] weight against the gathered activation rows."""
+    offs_k = tl.arange(0, BLOCK_K)
+    g_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
+    u_ptrs = g_ptrs + half * stride_wn
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            bg = tl.load(g_ptrs, mask=n_ok[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            bg = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            bu = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:  # the interpreter multiplies bf16 dot operands as raw bits
+            a, bg, bu = a.to(tl.float32), bg.to(tl.float32), bu.to(tl.float32)
+        acc_g = acc_g + _mma(a, bg, IEEE)
+        acc_u = acc_u + _mma(a, bu, IEEE)
+        a_ptrs += BLOCK_K * stride_ak
+        g_ptrs += BLOCK_K * stride_wk
+        u_ptrs += BLOCK_K * stride_wk
+    return acc_g, acc_u
+
+
+@triton.jit
+def _down_tile(a_ptrs, stride_ak, row_ok, w_ptr, stride_wn, stride_wk, offs_n, n_ok, K,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """Accumulator [BLOCK_M, BLOCK_N]: the gathered intermediate rows times rows ``offs_n``
+    of one expert's [N, K] down weight."""
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = acc + _mma(a, b, IEEE)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit(do_not_specialize=["pairs", "max_rows"])
+def _gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
+    pairs, max_rows, top_k, shared_id, N, K,
+    stride_xt, stride_xk, stride_we, stride_wn, stride_wk, stride_sn, stride_sk, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_SHARED: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_m, pid_n = _block_of(tl.program_id(0), max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return  # past the last run
+    expert = tl.load(block_experts_ptr + pid_m)
+    if expert == -1:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m).to(tl.int64)
+    row_ok = pair < pairs  # the sentinel P pads each run
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + (pair // top_k)[:, None] * stride_xt + offs_k[None, :] * stride_xk
+    routed = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:
+        if expert == shared_id:
+            acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, s_ptr, stride_sn, stride_sk, offs_n, n_ok, N, K,
+                                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+        else:
+            acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, N, K,
+                                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+    else:
+        acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, N, K,
+                                     BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
+    tl.store(dest, round_to(h, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["pairs", "max_rows"])
+def _down_kernel(
+    a_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
+    pairs, max_rows, shared_id, N, K,
+    stride_at, stride_we, stride_wn, stride_wk, stride_sn, stride_sk, stride_ot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_SHARED: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_m, pid_n = _block_of(tl.program_id(0), max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(block_experts_ptr + pid_m)
+    if expert == -1:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m).to(tl.int64)
+    row_ok = pair < pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + pair[:, None] * stride_at + offs_k[None, :]
+    routed = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:
+        if expert == shared_id:
+            acc = _down_tile(a_ptrs, 1, row_ok, s_ptr, stride_sn, stride_sk, offs_n, n_ok, K,
+                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+        else:
+            acc = _down_tile(a_ptrs, 1, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, K,
+                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+    else:
+        acc = _down_tile(a_ptrs, 1, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, K,
+                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+    w = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)
+    dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
+    tl.store(dest, round_to(acc * w[:, None], out_ptr.dtype.element_ty, UPCAST),
+             mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < width
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(rows_ptr + (t * TOP_K + j) * width + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * width + cols, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=ok)
+
+
+def _launch_options(x: torch.Tensor) -> dict:
+    # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits, and
+    # truncates where it should round: UPCAST works around both.
+    return {"IEEE": x.dtype == torch.float32, "UPCAST": interpreted_bf16(x)}
+
+
+def _fit(cfg: GemmConfig, n: int, k: int) -> GemmConfig:
+    """No tile wider than the (power-of-two rounded) matrix, nor under tl.dot's 16."""
+    return cfg.clipped(max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(k)))
+
+
+def gate_up(x, w13, shared13, align, top_k: int, block_m: int, cfg: GemmConfig) -> torch.Tensor:
+    """``silu(gate) * up`` for every pair: [P, I] in ``x``'s dtype (P = T * top_k)."""
+    sorted_pairs, block_experts, num_padded = align
+    pairs, hidden = x.shape[0] * top_k, x.shape[1]
+    inter = w13.shape[1] // 2
+    out = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    cfg = _fit(cfg, inter, hidden)
+    s = shared13 if shared13 is not None else w13[0]
+    grid = (triton.cdiv(sorted_pairs.numel(), block_m) * triton.cdiv(inter, cfg.BLOCK_N),)
+    _gate_up_kernel[grid](
+        x, w13, s, out, sorted_pairs, block_experts, num_padded,
+        pairs, sorted_pairs.numel(), top_k, w13.shape[0], inter, hidden,
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), s.stride(0), s.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        HAS_SHARED=shared13 is not None, EVEN_K=hidden % cfg.BLOCK_K == 0, **_launch_options(x),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def down(inter, w2, shared2, weights, align, block_m: int, cfg: GemmConfig) -> torch.Tensor:
+    """Each pair's down projection times its weight: [P, H] in ``inter``'s dtype."""
+    sorted_pairs, block_experts, num_padded = align
+    pairs, width = inter.shape
+    hidden = w2.shape[1]
+    out = torch.empty(pairs, hidden, dtype=inter.dtype, device=inter.device)
+    cfg = _fit(cfg, hidden, width)
+    s = shared2 if shared2 is not None else w2[0]
+    grid = (triton.cdiv(sorted_pairs.numel(), block_m) * triton.cdiv(hidden, cfg.BLOCK_N),)
+    _down_kernel[grid](
+        inter, w2, s, out, weights, sorted_pairs, block_experts, num_padded,
+        pairs, sorted_pairs.numel(), w2.shape[0], hidden, width,
+        inter.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), s.stride(0), s.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        HAS_SHARED=shared2 is not None, EVEN_K=width % cfg.BLOCK_K == 0, **_launch_options(inter),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def sum_pairs(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
+    """[T * top_k, H] -> [T, H]: each token's rows summed in float32, rounded once."""
+    width = rows.shape[1]
+    out = torch.empty(num_tokens, width, dtype=rows.dtype, device=rows.device)
+    _sum_pairs_kernel[(num_tokens, triton.cdiv(width, SUM_BLOCK))](
+        rows, out, width, TOP_K=top_k, BLOCK=SUM_BLOCK, ROUND=interpreted_bf16(rows))
+    return out
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    shared13: torch.Tensor | None = None,
+    shared2: torch.Tensor | None = None,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """Same contract as :func:`ninfer_kernels.moe.fused_moe`; ``config`` overrides the
+    tuned/heuristic block shapes (tests and the tuning script force small ones)."""
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    top_k = ids.shape[1]
+    has_shared = shared13 is not None
+    if (shared2 is not None) != has_shared:
+        raise ValueError("give both shared13 and shared2, or neither")
+    if has_shared and (tuple(shared13.shape) != (two_i, hidden) or tuple(shared2.shape) != tuple(w2.shape[1:])):
+        raise ValueError(f"shared expert weights {tuple(shared13.shape)}, {tuple(shared2.shape)} do not match "
+                         f"the experts' {tuple(w13.shape[1:])}, {tuple(w2.shape[1:])}")
+    if num_tokens == 0:
+        return torch.empty_like(x)
+    if config is None:
+        config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k, x.dtype, num_tokens)
+    ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
+    weights = weights.float().contiguous()
+    align = moe_align(ids, num_experts + has_shared, config.block_m)
+    inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up)
+    rows = down(inter, w2, shared2, weights, align, config.block_m, config.down)
+    return sum_pairs(rows, num_tokens, top_k)

@@ -1,0 +1,275 @@
+"""Gated DeltaNet's token mixer after the input projection in one Triton launch.
+
+See :mod:`ninfer_kernels.gated_delta_decode` for the contract. Op by op, a decode step is
+a conv launch, several elementwise gate ops, the delta-rule launch and the norm's ops,
+each a round trip through memory for a few kilobytes; here one program per (sequence,
+value head) does all of it for its sequence's tokens, in order:
+
+1. the conv (+ silu) of its key head's query and key channels and its own value
+   channels: taps inside the chunk come from the projection rows, earlier ones from the
+   slot's history (the tap logic of :mod:`.causal_conv`); rounded to the model dtype;
+2. L2-normalised query and key, ``sigmoid(b)``, the decay, and the delta rule on the
+   head's whole [Dk, Dv] float32 state held in registers (all of Dv, so the norm below
+   sees the whole head without a second pass);
+3. the gated RMSNorm of the head's output row, stored.
+
+Rounding follows the chain where it rounds (see the reference). Unlike :mod:`.causal_conv`
+the launch keeps fused multiply-adds (the delta rule is most of the arithmetic), so a
+float32 sum may differ from the reference's in its last bit, and a bf16 result then by
+an ulp now and then.
+
+After the token loop the program stores the state and the history of its value channels
+(none of it for a padding sequence, whose slot is negative). The query and key channels
+of key head ``kh`` are read by all ``Hv / Hk`` programs of that key head, so only the
+last of them to finish may overwrite their history: each program bumps a per-(sequence,
+key head) counter once it has read the old history, and the one that sees the count
+reach the group size writes it and zeroes the counter for the next call (the counter
+trick of :mod:`.decode_attention`, with its never-freed buffer).
+
+Nothing here reads a device value on the host, so the launch can be captured in a CUDA
+graph once the counter buffer exists (the warm-up passes allocate it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.gated_delta import L2_EPS
+
+#: for Dk = Dv = 128 the state tile is 16K floats: 8 warps hold it in 64 registers a thread
+#: (scripts/gpu_gdn_decode_check.py sweeps 4 / 8 / 16)
+NUM_WARPS = 8
+
+_counters: dict[torch.device, torch.Tensor] = {}
+#: every counter buffer ever handed out: a captured graph keeps using the address it saw,
+#: and graphs hold no reference of their own to memory allocated outside their pool
+_retired: list[torch.Tensor] = []
+
+
+def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
+    """Zeroed int32 counters for ``needed`` (sequence, key head) pairs; grown, never freed."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < needed:
+        if buf is not None:
+            _retired.append(buf)
+        buf = torch.zeros(max(needed, 1 << 12), dtype=torch.int32, device=device)
+        _counters[device] = buf
+    return buf
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, BF16: tl.constexpr):
+    """float32 ``x`` rounded to the model dtype (to nearest even), kept in float32.
+
+    bf16 is rounded on the bits: the GPU's cast rounds, but Triton's interpreter (where the
+    tests run) truncates fp32 -> bf16, which would hide every rounding point from them."""
+    if BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _conv_row(x_ptr, hist_ptr, w, t, start, stride_x, stride_hist, cols, col_ok, has_history,
+              K: tl.constexpr, KP: tl.constexpr):
+    """silu(conv) of token ``t`` for channels ``cols`` with taps ``w`` [B, KP]: [B] float32.
+
+    Taps at rows before ``start`` come from the history (zero without one)."""
+    taps = tl.arange(0, KP)
+    tap_ok = taps < K
+    pos = t - (K - 1) + taps
+    in_x = pos >= start
+    hist = K - 1 + pos - start
+    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
+                 mask=col_ok[:, None] & (tap_ok & in_x)[None, :], other=0.0)
+    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
+                 mask=col_ok[:, None] & (tap_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    acc = tl.sum((xv.to(tl.float32) + sv.to(tl.float32)) * w, axis=1)
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def _new_history(x_ptr, hist_ptr, start, end, stride_x, stride_hist, cols, col_ok, has_history,
+                 K: tl.constexpr, KP: tl.constexpr):
+    """The last K - 1 inputs after the chunk [B, KP] (rows past K - 2 unused), some still
+    from the old history when the chunk is shorter than that."""
+    rows = tl.arange(0, KP)
+    row_ok = rows < K - 1
+    pos = end - (K - 1) + rows
+    in_x = pos >= start
+    hist = K - 1 + pos - start
+    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
+                 mask=col_ok[:, None] & (row_ok & in_x)[None, :], other=0.0)
+    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
+                 mask=col_ok[:, None] & (row_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    return tl.where(in_x[None, :], xv.to(hist_ptr.dtype.element_ty), sv)
+
+
+@triton.jit
+def _store_history(hist_ptr, new, stride_hist, cols, col_ok, K: tl.constexpr, KP: tl.constexpr):
+    rows = tl.arange(0, KP)
+    tl.store(hist_ptr + rows[None, :] * stride_hist + cols[:, None], new,
+             mask=col_ok[:, None] & (rows < K - 1)[None, :])
+
+
+@triton.jit
+def _gdn_decode_kernel(
+    proj_ptr, cw_ptr, conv_ptr, ssm_ptr, a_log_ptr, dt_bias_ptr, nw_ptr, out_ptr,
+    starts_ptr, seq_lens_ptr, slots_ptr, count_ptr,
+    num_seqs, num_rows, eps, l2_eps, scale,
+    stride_p, stride_cw, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o,
+    HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ROUND_SCALE: tl.constexpr,
+    BF16: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    k_head = head // GROUP
+    HV: tl.constexpr = HK * GROUP
+    KEY: tl.constexpr = HK * DK
+    CONV: tl.constexpr = 2 * KEY + HV * DV
+    dtype = out_ptr.dtype.element_ty
+    dk = tl.arange(0, BK)
+    dv = tl.arange(0, BV)
+    taps = tl.arange(0, KP)
+    dk_ok = dk < DK
+    dv_ok = dv < DV
+    # int64 row indices: the loop variable then indexes large tensors without overflow
+    start = tl.load(starts_ptr + seq).to(tl.int64)
+    end = tl.load(starts_ptr + seq + 1).to(tl.int64)
+    cached = tl.load(seq_lens_ptr + seq) - (end - start)  # tokens before this chunk: 0 starts fresh
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    live = slot >= 0  # padding sequences (negative slot) start from zeros and write nothing
+    slot_row = tl.maximum(slot, 0)
+    hist_ptr = conv_ptr + slot_row * stride_cs
+    # (flags are broadcast through vectors: Triton's interpreter rejects scalar-and-block masks)
+    has_history = ((taps * 0 + cached) > 0) & ((taps * 0 + slot) >= 0)
+    has_state = ((dk * 0 + cached) > 0) & ((dk * 0 + slot) >= 0)
+
+    # The state first: it is most of what the program reads, and nothing else waits on it.
+    s_ptrs = ssm_ptr + slot_row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :]
+    s_mask = dk_ok[:, None] & dv_ok[None, :]
+    s = tl.load(s_ptrs, mask=s_mask & has_state[:, None], other=0.0).to(tl.float32)
+
+    q_cols = k_head * DK + dk
+    k_cols = KEY + k_head * DK + dk
+    v_cols = 2 * KEY + head * DV + dv
+    tap_ok = taps < K
+    w_q = tl.load(cw_ptr + q_cols[:, None] * stride_cw + taps[None, :], mask=dk_ok[:, None] & tap_ok[None, :],
+                  other=0.0).to(tl.float32)
+    w_k = tl.load(cw_ptr + k_cols[:, None] * stride_cw + taps[None, :], mask=dk_ok[:, None] & tap_ok[None, :],
+                  other=0.0).to(tl.float32)
+    w_v = tl.load(cw_ptr + v_cols[:, None] * stride_cw + taps[None, :], mask=dv_ok[:, None] & tap_ok[None, :],
+                  other=0.0).to(tl.float32)
+    neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
+    nw = tl.load(nw_ptr + dv, mask=dv_ok, other=0.0).to(tl.float32)
+
+    for t in range(start, end):
+        q = _conv_row(proj_ptr, hist_ptr, w_q, t, start, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
+        k = _conv_row(proj_ptr, hist_ptr, w_k, t, start, stride_p, stride_ch, k_cols, dk_ok, has_history, K, KP)
+        v = _conv_row(proj_ptr, hist_ptr, w_v, t, start, stride_p, stride_ch, v_cols, dv_ok, has_history, K, KP)
+        q = _round(q, dtype, BF16)
+        k = _round(k, dtype, BF16)
+        v = _round(v, dtype, BF16)
+        row = proj_ptr + t * stride_p
+        z = tl.load(row + CONV + head * DV + dv, mask=dv_ok, other=0.0).to(tl.float32)
+        b = tl.load(row + CONV + HV * DV + head).to(tl.float32)
+        a = tl.load(row + CONV + HV * DV + HV + head).to(tl.float32) + dt_bias
+        beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
+        g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
+        q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
+        k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
+        # the delta rule
+        s = s * tl.exp(g)
+        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
+        # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
+        normed = _round(o / tl.sqrt(tl.sum(o * o) / DV + eps), dtype, BF16)
+        scaled = nw * normed
+        if ROUND_SCALE:
+            scaled = _round(scaled, dtype, BF16)
+        y = _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)
+        tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+
+    if seq == num_seqs - 1:  # rows past the last sequence are zeros, as the chained ops give
+        for t in range(end, num_rows):
+            tl.store(out_ptr + t * stride_o + head * DV + dv, tl.zeros([BV], dtype), mask=dv_ok)
+
+    if live:
+        new_v = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, v_cols, dv_ok, has_history, K, KP)
+        new_q = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
+        new_k = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, k_cols, dk_ok, has_history, K, KP)
+        tl.debug_barrier()  # every thread's reads of the old history happen before any write
+        tl.store(s_ptrs, s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
+        _store_history(hist_ptr, new_v, stride_ch, v_cols, dv_ok, K, KP)
+        if GROUP == 1:
+            _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
+            _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
+        else:
+            counter = count_ptr + seq * HK + k_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP - 1:
+                _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
+                _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
+                tl.store(counter, 0)
+
+
+def gated_delta_decode(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    num_k_heads: int,
+    head_k_dim: int,
+    batch: ForwardBatch,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Same contract as the reference. ``num_warps`` overrides :data:`NUM_WARPS`."""
+    if batch.state_slots is None:
+        raise ValueError("this model keeps recurrent state: the batch needs state_slots")
+    num_v_heads, head_v_dim = a_log.shape[0], norm_weight.shape[0]
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"{num_v_heads} value heads do not group onto {num_k_heads} key heads")
+    conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    if proj.shape[-1] != conv_dim + num_v_heads * head_v_dim + 2 * num_v_heads:
+        raise ValueError(f"projection rows of width {proj.shape[-1]} do not match the head layout")
+    weight = conv_weight.reshape(conv_weight.shape[0], -1)
+    if weight.shape[0] != conv_dim or conv_states.shape[-1] != conv_dim:
+        raise ValueError(f"conv weight and history must have {conv_dim} channels")
+    if conv_states.stride(-1) != 1 or ssm_states.stride(-1) != 1:
+        raise ValueError("the state pools are updated in place: they must be contiguous in their last dimension")
+    if proj.stride(-1) != 1:
+        proj = proj.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    tokens = proj.shape[0]
+    out = torch.empty(tokens, num_v_heads * head_v_dim, dtype=proj.dtype, device=proj.device)
+    num_seqs = batch.num_seqs
+    if num_seqs == 0:
+        return out.zero_()
+    counters = _counter_buffer(proj.device, num_seqs * num_k_heads)
+    # torch's type promotion of ``weight * normed``: rounded unless one side is float32
+    round_scale = torch.promote_types(norm_weight.dtype, proj.dtype) != torch.float32
+    _gdn_decode_kernel[(num_seqs, num_v_heads)](
+        proj, weight, conv_states, ssm_states, a_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous(),
+        out, batch.query_start, batch.seq_lens, batch.state_slots, counters,
+        num_seqs, tokens, eps, L2_EPS, head_k_dim**-0.5,
+        proj.stride(0), weight.stride(0), conv_states.stride(0), conv_states.stride(1),
+        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), out.stride(0),
+        HK=num_k_heads, GROUP=num_v_heads // num_k_heads, DK=head_k_dim, DV=head_v_dim,
+        K=weight.shape[1], KP=triton.next_power_of_2(weight.shape[1]),
+        BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale,
+        BF16=proj.dtype == torch.bfloat16,
+        num_warps=num_warps or NUM_WARPS,
+    )
+    return out

@@ -1,0 +1,235 @@
+"""MoE routing and the expert-sorted layout on CUDA, free of host syncs.
+
+Decode steps are replayed from CUDA graphs, so nothing here reads a device value on the
+host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.moe`).
+
+* :func:`moe_route`: one program per token loads its logits row, takes the softmax in
+  float32 and picks ``top_k`` experts by rounds of "largest, lowest index holding it,
+  mask it out" (ties to the lower id, as the reference's stable sort gives); with a
+  shared expert it also takes the token's gate dot product.
+* :func:`moe_align`: one program counts the pairs per expert, lays out the padded runs,
+  then scatters the pairs a chunk at a time. Inside a chunk a pair's rank among the
+  earlier pairs of its expert comes from a [CHUNK, CHUNK] comparison; across chunks the
+  next free row of each expert lives in a small global scratch buffer, read by pointer
+  gathers. Being a single CTA, ``tl.debug_barrier`` orders those reads and writes.
+  Past ``KERNEL_MAX_PAIRS`` pairs (large batches, prefill) the chunk loop of one CTA
+  grows slower than a dozen torch launches (a stable sort, binary searches, cumsums),
+  which give the same layout with no sync either: :func:`_align_sorted`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.moe import max_padded_rows
+
+#: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
+CHUNK = 128
+#: block_experts entries one comparison pass of the align kernel fills
+BLOCK_CHUNK = 64
+#: above this many pairs the sorted torch path serves (8192-token prefill has 73,728).
+#: A guess until scripts/gpu_moe_check.py's align timings place it: the kernel costs a
+#: chunk's comparisons per 128 pairs, the torch path a dozen launches whatever the count.
+KERNEL_MAX_PAIRS = 1024
+
+
+@triton.jit
+def round_to(v, dtype, ROUND: tl.constexpr):
+    """``v.to(dtype)``. Triton's interpreter truncates float32 to bf16 where the GPU rounds
+    to nearest even, so with ROUND (bf16 on CPU tensors) the rounding is done by hand."""
+    if ROUND:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(dtype)
+
+
+def interpreted_bf16(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a bf16 tensor that Triton's interpreter (CPU tensors) will see."""
+    return t.device.type != "cuda" and t.dtype == torch.bfloat16
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, x_ptr, gate_ptr, w_ptr, ids_ptr,
+    num_experts, hidden, stride_lt, stride_xt,
+    TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < num_experts
+    logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, 0))
+    p = p / tl.sum(p, 0)
+    # padding lanes sit below every probability, so even a zero one is picked first
+    work = tl.where(e_ok, p, -1.0)
+    cols = tl.arange(0, BLOCK_KO)
+    weights = tl.zeros([BLOCK_KO], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_KO], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(work, 0)
+        idx = tl.min(tl.where(work == best, offs_e, BLOCK_E), 0)
+        weights = tl.where(cols == j, best, weights)
+        ids = tl.where(cols == j, idx, ids)
+        work = tl.where(offs_e == idx, -2.0, work)
+    if RENORM:
+        weights = weights / tl.sum(weights, 0)  # unpicked columns hold 0
+    if HAS_SHARED:
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            h_ok = offs_h < hidden
+            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            gv = tl.load(gate_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            acc += xv * gv
+        # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
+        g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
+        weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g)), weights)
+        ids = tl.where(cols == TOP_K, num_experts, ids)
+    tl.store(w_ptr + t * K_OUT + cols, weights, mask=cols < K_OUT)
+    tl.store(ids_ptr + t * K_OUT + cols, ids, mask=cols < K_OUT)
+
+
+def moe_route(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    x: torch.Tensor | None = None,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`ninfer_kernels.moe.moe_route`."""
+    num_tokens, num_experts = logits.shape
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    has_shared = shared_gate is not None
+    if has_shared and x is None:
+        raise ValueError("the shared expert's gate needs x")
+    k_out = top_k + has_shared
+    weights = torch.empty(num_tokens, k_out, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, k_out, dtype=torch.int32, device=logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    if has_shared:
+        gate = shared_gate.reshape(-1)
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+        hidden, stride_xt = x.shape[1], x.stride(0)
+    else:
+        x = gate = logits  # unused
+        hidden, stride_xt = 0, 0
+    _route_kernel[(num_tokens,)](
+        logits, x, gate, weights, ids, num_experts, hidden, logits.stride(0), stride_xt,
+        TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
+        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
+        BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
+        num_warps=4 if num_experts > 128 else 2,
+    )
+    return weights, ids
+
+
+@triton.jit(do_not_specialize=["pairs", "rows"])
+def _align_kernel(
+    ids_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, next_row_ptr,
+    pairs, rows, num_experts,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+):
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < num_experts
+    offs_c = tl.arange(0, CHUNK)
+    # 1. pairs per expert, padded run lengths, run starts
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for c0 in range(0, pairs, CHUNK):
+        ok = c0 + offs_c < pairs
+        # pairs past the end land in the last bin, never an expert's (BLOCK_E > num_experts)
+        e = tl.load(ids_ptr + c0 + offs_c, mask=ok, other=BLOCK_E - 1)
+        counts += tl.histogram(e, BLOCK_E)
+    counts = tl.where(e_ok, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    num_padded = tl.sum(padded, 0)
+    tl.store(next_row_ptr + offs_e, ends - padded, mask=e_ok)  # each expert's next free row
+    tl.store(num_padded_ptr, num_padded)
+    # 2. the sentinel everywhere, and each block's expert: the first whose run ends past it
+    for r0 in range(0, rows, CHUNK):
+        tl.store(sorted_ptr + r0 + offs_c, pairs + offs_c * 0, mask=r0 + offs_c < rows)
+    offs_b = tl.arange(0, BLOCK_CHUNK)
+    for b0 in range(0, rows // BLOCK_M, BLOCK_CHUNK):
+        first_row = (b0 + offs_b) * BLOCK_M
+        before = (ends[None, :] <= first_row[:, None]) & e_ok[None, :]
+        expert = tl.sum(before.to(tl.int32), 1)
+        expert = tl.where(first_row < num_padded, expert, -1)
+        tl.store(block_experts_ptr + b0 + offs_b, expert, mask=b0 + offs_b < rows // BLOCK_M)
+    tl.debug_barrier()  # the starts and the sentinel fill land before the scatter below
+    # 3. each pair to its expert's next free row, in increasing pair order
+    earlier = offs_c[None, :] < offs_c[:, None]  # [i, j]: j comes before i
+    later = offs_c[None, :] > offs_c[:, None]
+    for c0 in range(0, pairs, CHUNK):
+        ok = c0 + offs_c < pairs
+        e = tl.load(ids_ptr + c0 + offs_c, mask=ok, other=-1)  # -1 matches no real pair
+        same = (e[:, None] == e[None, :]) & ok[:, None]
+        rank = tl.sum((same & earlier).to(tl.int32), 1)
+        last = tl.sum((same & later).to(tl.int32), 1) == 0  # no later pair of this expert here
+        # .cg: through L2, never an L1 line from before the last chunk's moves
+        dest = tl.load(next_row_ptr + e, mask=ok, other=0, cache_modifier=".cg") + rank
+        tl.store(sorted_ptr + dest, c0 + offs_c, mask=ok)
+        tl.debug_barrier()  # every thread read its expert's row before any is moved on
+        tl.store(next_row_ptr + e, dest + 1, mask=ok & last)
+        tl.debug_barrier()  # and the moves land before the next chunk reads them
+
+
+def _align_kernel_launch(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = CHUNK):
+    """The single-program align kernel; any pair count, any ``chunk`` (a power of two)."""
+    flat = ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.to(torch.int32).contiguous()
+    pairs = flat.numel()
+    rows = max_padded_rows(pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(rows, dtype=torch.int32, device=ids.device)
+    block_experts = torch.empty(rows // block_m, dtype=torch.int32, device=ids.device)
+    num_padded = torch.zeros(1, dtype=torch.int32, device=ids.device)
+    if pairs == 0:
+        return sorted_pairs, block_experts, num_padded
+    # a spare histogram bin for the padding lanes, and at least one bin per lane of a warp
+    block_e = max(32, triton.next_power_of_2(num_experts + 1))
+    next_row = torch.empty(block_e, dtype=torch.int32, device=ids.device)
+    _align_kernel[(1,)](
+        flat, sorted_pairs, block_experts, num_padded, next_row, pairs, rows, num_experts,
+        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=chunk, BLOCK_CHUNK=min(BLOCK_CHUNK, chunk),
+        num_warps=8 if chunk >= 128 else 4,
+    )
+    return sorted_pairs, block_experts, num_padded
+
+
+def _align_sorted(ids: torch.Tensor, num_experts: int, block_m: int):
+    """The same layout from torch ops (a stable sort, counts by binary search in it): a
+    fixed dozen launches whatever the pair count, none of which syncs or uses atomics."""
+    flat = ids.reshape(-1).long()
+    pairs = flat.numel()
+    rows = max_padded_rows(pairs, num_experts, block_m)
+    device = ids.device
+    expert_of, order = flat.sort(stable=True)
+    # where each expert's pairs begin in sorted order, hence the counts
+    bounds = torch.searchsorted(expert_of, torch.arange(num_experts + 1, device=device))
+    first_pair, counts = bounds[:-1], bounds[1:] - bounds[:-1]
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = padded.cumsum(0)
+    rank = torch.arange(pairs, device=device) - first_pair[expert_of]
+    dest = ends[expert_of] - padded[expert_of] + rank
+    sorted_pairs = torch.full((rows,), pairs, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    first_row = torch.arange(0, rows, block_m, device=device)
+    num_padded = ends[-1:] if num_experts else torch.zeros(1, dtype=torch.int64, device=device)
+    expert = torch.searchsorted(ends, first_row, right=True)
+    block_experts = torch.where(first_row < num_padded, expert, -1).to(torch.int32)
+    return sorted_pairs, block_experts, num_padded.to(torch.int32)
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract (and bit-identical output) as :func:`ninfer_kernels.moe.moe_align`."""
+    if ids.numel() > KERNEL_MAX_PAIRS:
+        return _align_sorted(ids, num_experts, block_m)
+    return _align_kernel_launch(ids, num_experts, block_m)

@@ -1,0 +1,129 @@
+"""Full-size models with random weights, shaped like released Qwen checkpoints, in device memory.
+
+``random:SHAPE`` names one. transformers builds its model for the shape's config right on
+the device, with its own seeded initialisation, and our engine loads those tensors through
+its ordinary checkpoint loader (the tensor names and layouts a saved checkpoint has),
+freeing each transformers tensor once it is copied. Both engines thus run the same
+weights and nothing is written but ``config.json`` and the tiny tokenizer (the engine
+reads both from a directory): a 35B-A3B in bf16 is about 67 GB, more than the GPU
+machine's disk holds beside anything else. The transformers baseline is built again
+from the same config and seed after our engine is gone, so the two never share memory.
+
+Benchmarks feed token ids, so the tiny tokenizer only means the vocabulary rows past its
+512 tokens are never prompted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ninfer.tiny.tokenizer_files import write_tokenizer_files
+
+PREFIX = "random:"
+
+_QWEN3 = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "head_dim": 128,
+    "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "attention_bias": False, "use_sliding_window": False,
+}
+#: the text decoder of Qwen3.6 (Qwen3.5 architecture): 3 Gated DeltaNet layers to 1 gated attention
+_QWEN3_6 = {
+    "vocab_size": 248320, "head_dim": 256, "hidden_act": "silu", "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "full_attention_interval": 4,
+}
+
+#: Hugging Face configs (text decoders), from the released checkpoints' config.json
+SHAPES: dict[str, dict] = {
+    "qwen3-0.6b": {**_QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "qwen3-8b": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "qwen3-30b-a3b": {**_QWEN3, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                      "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+                      "num_attention_heads": 32, "num_key_value_heads": 4, "tie_word_embeddings": False,
+                      "num_experts": 128, "num_local_experts": 128, "num_experts_per_tok": 8,
+                      "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []},
+    "qwen3.6-27b": {**_QWEN3_6, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"],
+                    "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+                    "num_attention_heads": 24, "num_key_value_heads": 4, "linear_num_value_heads": 48},
+    "qwen3.6-35b-a3b": {**_QWEN3_6, "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"],
+                        "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                        "num_key_value_heads": 2, "linear_num_value_heads": 32, "num_experts": 256,
+                        "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                        "shared_expert_intermediate_size": 512},
+}
+
+
+def shape_of(model: str) -> str | None:
+    """The shape a ``random:SHAPE`` reference names (None for anything else)."""
+    if not model.startswith(PREFIX):
+        return None
+    shape = model[len(PREFIX):]
+    if shape not in SHAPES:
+        raise ValueError(f"unknown random shape {shape!r} (known: {', '.join(SHAPES)})")
+    return shape
+
+
+def _hf_config(shape: str):
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in SHAPES[shape].items() if k not in ("model_type", "architectures")}
+    return AutoConfig.for_model(SHAPES[shape]["model_type"], **fields)
+
+
+def config_dir(shape: str, root: Path) -> Path:
+    """``root/SHAPE``: the shape's ``config.json`` and the tiny tokenizer, written once."""
+    out = Path(root) / shape
+    if (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer_files(out)
+    config = {**SHAPES[shape], "eos_token_id": ids["eos_token_id"]}
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["generation_eos_token_ids"]}))
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def build_hf(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """transformers' model for ``shape``, initialised by transformers on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(_hf_config(shape), dtype=dtype)
+    return model.eval()
+
+
+def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s tensors under their checkpoint names, each freed once the loader copied it
+    (so the two copies of a large model never coexist in full)."""
+    names = list(model.state_dict().keys())
+    tensors = dict(model.named_parameters())
+    tensors.update(dict(model.named_buffers()))
+    for name in names:
+        tensor = tensors.get(name)
+        if tensor is None:
+            continue
+        yield name, tensor.data
+        tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+
+def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """What ``LLM`` needs for ``model``: ``(path, weights)``. For ``random:SHAPE`` the path
+    holds only the config and tokenizer and ``weights`` streams a freshly built random
+    model; anything else is passed through with ``weights`` None."""
+    shape = shape_of(model)
+    if shape is None:
+        return model, None
+    from ninfer.tiny.cache import cache_root
+
+    path = config_dir(shape, cache_root().parent / "random")
+    return str(path), consume_weights(build_hf(shape, dtype, device, seed))

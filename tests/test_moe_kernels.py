@@ -1,0 +1,285 @@
+"""Mixture-of-experts kernels: the references against the model's per-expert loop and
+naive routing, and the Triton kernels against the references (in Triton's interpreter
+without a GPU, so shapes stay tiny; the ``gpu`` test repeats it at a real shape)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_kernels import moe
+
+pytest.importorskip("triton")
+
+from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
+from ninfer_kernels.triton import moe_route as t_route  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+#: several row blocks and column blocks, a K loop of several steps, and the swizzle
+SMALL = t_fused.MoeConfig(16, t_fused.GemmConfig(16, 16, 2, 4, 2), t_fused.GemmConfig(16, 16, 2, 4, 2))
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def distinct_logits(t: int, e: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows of well-separated values in random order: top-k order is unambiguous."""
+    return torch.stack([torch.randperm(e, generator=gen).float() * 0.37 for _ in range(t)]) - 1.0
+
+
+def moe_weights(e: int, h: int, i: int, gen: torch.Generator, dtype=torch.float32, shared: bool = False):
+    """Stacked expert weights, plus a shared expert stored column-major (a Linear's weight
+    seen through a transpose) to cover arbitrary strides."""
+    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h**-0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, generator=gen) * i**-0.5).to(dtype)
+    if not shared:
+        return w13, w2, None, None
+    s13 = (torch.randn(h, 2 * i, generator=gen) * h**-0.5).to(dtype).T
+    s2 = (torch.randn(i, h, generator=gen) * i**-0.5).to(dtype).T
+    assert s13.stride() == (1, 2 * i) and s2.stride() == (1, h)
+    return w13, w2, s13, s2
+
+
+def check_layout(ids: torch.Tensor, num_experts: int, block_m: int, layout) -> None:
+    """Every property moe_align promises, checked from its definition."""
+    sorted_pairs, block_experts, num_padded = layout
+    flat = ids.flatten().tolist()
+    pairs = len(flat)
+    rows = moe.max_padded_rows(pairs, num_experts, block_m)
+    assert sorted_pairs.dtype == block_experts.dtype == num_padded.dtype == torch.int32
+    assert sorted_pairs.shape == (rows,) and block_experts.shape == (rows // block_m,) and num_padded.shape == (1,)
+    got, blocks = sorted_pairs.tolist(), block_experts.tolist()
+    row = 0
+    for e in range(num_experts):
+        members = [p for p, x in enumerate(flat) if x == e]
+        if not members:
+            continue
+        run = -(-len(members) // block_m) * block_m
+        assert got[row:row + run] == members + [pairs] * (run - len(members))
+        assert blocks[row // block_m:(row + run) // block_m] == [e] * (run // block_m)
+        row += run
+    assert int(num_padded) == row
+    assert got[row:] == [pairs] * (rows - row)
+    assert blocks[row // block_m:] == [-1] * (rows // block_m - row // block_m)
+
+
+# -- references --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("renorm", [False, True])
+def test_reference_route_matches_softmax_topk(renorm):
+    gen = torch.Generator().manual_seed(0)
+    logits = distinct_logits(9, 8, gen)
+    x = torch.randn(9, 16, generator=gen)
+    gate = torch.randn(16, generator=gen)
+    want_w, want_ids = torch.softmax(logits, dim=-1).topk(3, dim=-1)
+    if renorm:
+        want_w = want_w / want_w.sum(-1, keepdim=True)
+    w, ids = moe.moe_route(logits, 3, renorm)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert torch.equal(ids, want_ids.int()) and torch.allclose(w, want_w, atol=1e-7)
+
+    w, ids = moe.moe_route(logits, 3, renorm, x, gate)
+    assert ids.shape == (9, 4) and torch.equal(ids[:, :3], want_ids.int()) and (ids[:, 3] == 8).all()
+    assert torch.allclose(w[:, :3], want_w, atol=1e-7)
+    assert torch.allclose(w[:, 3], torch.sigmoid(x @ gate), atol=1e-6)
+
+
+def test_reference_route_ties_go_to_the_lower_id():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    _, ids = moe.moe_route(logits, 3, False)
+    assert ids.tolist() == [[1, 3, 4], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_reference_fused_moe_equals_the_expert_loop(shared):
+    gen = torch.Generator().manual_seed(1)
+    t, e, h, i, k = 12, 8, 64, 32, 3
+    x = torch.randn(t, h, generator=gen)
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, shared=shared)
+    gate = torch.randn(h, generator=gen) if shared else None
+    weights, ids = moe.moe_route(torch.randn(t, e, generator=gen), k, True, x, gate)
+    got = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
+    want = moe.expert_loop(x, weights[:, :k], ids[:, :k], w13, w2)
+    if shared:
+        g, u = (x @ s13.T).chunk(2, dim=-1)
+        want = want + weights[:, k:] * ((F.silu(g) * u) @ s2.T)
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("t,k,e,block_m", [(1, 1, 4, 16), (5, 3, 8, 16), (12, 9, 7, 4), (40, 4, 16, 32)])
+def test_reference_align_layout(t, k, e, block_m):
+    gen = torch.Generator().manual_seed(t)
+    present = torch.randperm(e, generator=gen)[: max(1, e // 2)]  # half the experts get no pair
+    ids = present[torch.randint(0, len(present), (t, k), generator=gen)].int()
+    check_layout(ids, e, block_m, moe.moe_align(ids, e, block_m))
+
+
+def test_reference_handles_no_tokens():
+    sorted_pairs, block_experts, num_padded = moe.moe_align(torch.zeros(0, 3, dtype=torch.int32), 8, 16)
+    assert sorted_pairs.numel() == block_experts.numel() == 0 and num_padded.tolist() == [0]
+    w13, w2, _, _ = moe_weights(4, 16, 8, torch.Generator().manual_seed(0))
+    out = moe.fused_moe(torch.zeros(0, 16), w13, w2, torch.zeros(0, 2), torch.zeros(0, 2, dtype=torch.int32))
+    assert out.shape == (0, 16)
+
+
+# -- Triton against the references -------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t,e,top_k,renorm,shared", [(1, 8, 2, True, False), (7, 6, 3, False, True),
+                                                     (5, 37, 8, True, True)])
+def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
+    gen = torch.Generator().manual_seed(e)
+    logits = distinct_logits(t, e, gen).to(dtype)
+    x = torch.randn(t, 24, generator=gen).to(dtype)
+    gate = torch.randn(1, 24, generator=gen).to(dtype) if shared else None  # a Linear(H, 1) weight
+    want_w, want_ids = moe.moe_route(logits, top_k, renorm, x, gate)
+    got_w, got_ids = t_route.moe_route(logits, top_k, renorm, x, gate)
+    assert got_w.dtype == torch.float32 and got_ids.dtype == torch.int32
+    assert torch.equal(got_ids, want_ids)
+    assert (got_w - want_w).abs().max() <= 1e-6
+
+
+def test_triton_route_ties_go_to_the_lower_id():
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    _, ids = t_route.moe_route(logits, 3, True)
+    assert ids.tolist() == [[1, 3, 4], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("t,k,e,block_m,chunk", [
+    (1, 9, 257, 16, 128),   # decode at the Qwen3.6 shape: every pair may be its own run
+    (5, 3, 8, 16, 16),      # pairs in one chunk
+    (12, 9, 7, 16, 16),     # 108 pairs: the chunk loop runs 7 times
+    (11, 4, 16, 32, 32),    # a partial last chunk, some experts empty
+    (12, 8, 5, 64, 128),    # runs longer than a chunk's share
+])
+def test_triton_align_equals_reference(t, k, e, block_m, chunk):
+    gen = torch.Generator().manual_seed(t * k)
+    ids = torch.randint(0, e, (t, k), generator=gen, dtype=torch.int32)
+    if e > 8:  # many experts but few pairs; also leave expert 0 empty
+        ids = ids.clamp_min(1)
+    want = moe.moe_align(ids, e, block_m)
+    check_layout(ids, e, block_m, want)
+    for got in (t_route._align_kernel_launch(ids, e, block_m, chunk), t_route._align_sorted(ids, e, block_m)):
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_triton_align_takes_the_sorted_path_for_large_batches(monkeypatch):
+    """Prefill-sized pair counts (here 2000 tokens at k' = 9) go through torch ops."""
+    ids = torch.randint(0, 257, (2000, 9), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    monkeypatch.setattr(t_route, "_align_kernel_launch", None)  # would raise if called
+    got = t_route.moe_align(ids, 257, 64)
+    for a, b in zip(got, moe.moe_align(ids, 257, 64)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("t", [1, 12])
+def test_triton_fused_moe_equals_reference(t, shared, dtype):
+    gen = torch.Generator().manual_seed(t + shared)
+    e, h, i, k = 8, 64, 32, 3
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, dtype, shared)
+    gate = torch.randn(h, generator=gen).to(dtype) if shared else None
+    weights, ids = moe.moe_route(torch.randn(t, e, generator=gen), k, True, x, gate)
+    want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
+    got = t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2, config=SMALL)
+    assert got.dtype == dtype and got.shape == (t, h)
+    assert rel_err(got, want) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("config", [None, t_fused.MoeConfig(32, t_fused.GemmConfig(32, 32, 1, 4, 2),
+                                                            t_fused.GemmConfig(16, 32, 4, 2, 3))])
+def test_triton_fused_moe_ragged_shapes(config):
+    """Widths that no tile divides (masked K tails), a strided x, the default config."""
+    gen = torch.Generator().manual_seed(5)
+    t, e, h, i, k = 9, 6, 40, 24, 2
+    x = torch.randn(t, 2 * h, generator=gen)[:, ::2]
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, shared=True)
+    weights, ids = moe.moe_route(torch.randn(t, e, generator=gen), k, False, x, torch.randn(h, generator=gen))
+    want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
+    assert rel_err(t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2, config=config), want) <= 1e-5
+
+
+# -- config selection --------------------------------------------------------------
+
+
+def test_config_selection_takes_the_nearest_m_at_or_above(monkeypatch, tmp_path):
+    small, big = SMALL.to_json(), t_fused.heuristic_config(8, 2, 10_000).to_json()
+    key = t_fused.shape_key(9, 64, 32, 3, torch.float32)
+    assert key == "E=9,H=64,I=32,k=3,fp32"
+    (tmp_path / "cpu.json").write_text(json.dumps({"_comment": "x", key: {"4": small, "64": big}}))
+    monkeypatch.setattr(t_fused, "CONFIG_DIR", tmp_path)
+    t_fused.load_table.cache_clear()
+    try:
+        pick = lambda t: t_fused.select_config(torch.device("cpu"), 9, 64, 32, 3, torch.float32, t)  # noqa: E731
+        assert pick(1) == pick(4) == SMALL
+        assert pick(5) == pick(64) == pick(5000) == t_fused.MoeConfig.from_json(big)
+        other = t_fused.select_config(torch.device("cpu"), 9, 64, 32, 3, torch.bfloat16, 1)
+        assert other == t_fused.heuristic_config(9, 3, 1)  # no entry for this shape
+    finally:
+        t_fused.load_table.cache_clear()
+
+
+def test_shipped_h200_table_covers_both_models():
+    table = t_fused.load_table("NVIDIA_H200")
+    for key in ("E=257,H=2048,I=512,k=9,bf16", "E=128,H=2048,I=768,k=8,bf16"):
+        assert sorted(table[key]) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+        for cfg in table[key].values():
+            assert cfg.block_m >= 16 and cfg.gate_up.BLOCK_N >= 16 and cfg.down.BLOCK_K >= 16
+
+
+# -- real shapes on CUDA (Qwen3.6-35B-A3B: 256 experts + shared, H 2048, I 512, top 8) --
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 64, 600])
+def test_fused_moe_real_shape_and_graph_capture(t):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    e, h, i, k = 256, 2048, 512, 8
+    dtype = torch.bfloat16
+    x = torch.randn(t, h, device="cuda", generator=gen, dtype=dtype)
+    w13 = torch.randn(e, 2 * i, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    w2 = torch.randn(e, h, i, device="cuda", generator=gen, dtype=dtype) * i**-0.5
+    s13 = (torch.randn(h, 2 * i, device="cuda", generator=gen, dtype=dtype) * h**-0.5).T
+    s2 = (torch.randn(i, h, device="cuda", generator=gen, dtype=dtype) * i**-0.5).T
+    gate = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    logits = torch.randn(t, e, device="cuda", generator=gen, dtype=dtype)
+
+    want_w, want_ids = moe.moe_route(logits, k, True, x, gate)
+    w, ids = t_route.moe_route(logits, k, True, x, gate)
+    assert torch.equal(ids, want_ids) and (w - want_w).abs().max() <= 1e-5
+    block_m = t_fused.select_config(x.device, e + 1, h, i, k + 1, dtype, t).block_m
+    for a, b in zip(t_route.moe_align(ids, e + 1, block_m), moe.moe_align(ids, e + 1, block_m)):
+        assert torch.equal(a, b)
+    want = moe.fused_moe(x, w13, w2, w, ids, s13, s2)
+    eager = t_fused.fused_moe(x, w13, w2, w, ids, s13, s2)
+    assert rel_err(eager, want) <= 2e-2
+
+    def step():
+        rw, rids = t_route.moe_route(logits, k, True, x, gate)
+        return t_fused.fused_moe(x, w13, w2, rw, rids, s13, s2)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
