@@ -2,10 +2,10 @@
 # One device-tool command per stage: GPU tests, kernel checks, benchmarks. Results land in
 # $OUT. Wheels for packages the GPU image lacks travel in .whl/ (carry it).
 #
-#   scripts/gpu_session.sh check     GPU tests + kernel checks + MoE config sweep (~8 min)
-#   scripts/gpu_session.sh hybrid    27B-shaped decode/prefill, ours then transformers (~5 min)
-#   scripts/gpu_session.sh moe       35B-A3B and 30B-A3B shapes, ours then transformers (~8 min)
-#   scripts/gpu_session.sh dense     the 8B shape (regression check) + prefix reuse on graphs
+#   scripts/gpu_session.sh check    GPU tests, hybrid kernel checks, then the 27B shape (~9 min)
+#   scripts/gpu_session.sh moe      MoE config sweep (written in place), kernel check, the
+#                                   35B-A3B and 30B-A3B shapes (~9 min)
+#   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache
 stage=${1:-check}
@@ -18,22 +18,21 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
 case "$stage" in
 check)
-    timeout 240 python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py tests/test_gated_delta_decode.py \
-        tests/test_prefill_kernels.py tests/test_cuda_graph.py tests/test_decode_ahead.py tests/test_kernels_triton.py \
-        2>&1 | tail -15 | tee "$OUT/pytest.txt"
-    timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -12
-    timeout 60 python3 scripts/gpu_prefill_kernels_check.py --out "$OUT/prefill_kernels.jsonl" 2>&1 | tail -12
-    timeout 200 python3 scripts/gpu_moe_tune.py --out "$OUT/NVIDIA_H200.json" 2>&1 | tail -8
-    timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
-    ;;
-hybrid)
-    bench 420 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+    timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
+        tests/test_gated_delta_decode.py tests/test_prefill_kernels.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+    timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -14
+    timeout 60 python3 scripts/gpu_prefill_kernels_check.py --out "$OUT/prefill_kernels.jsonl" 2>&1 | tail -14
+    bench 330 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 64
     ;;
 moe)
-    bench 280 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+    timeout 170 python3 scripts/gpu_moe_tune.py --budget-s 130 --out kernels/triton/moe_configs/NVIDIA_H200.json \
+        2>&1 | tail -8
+    cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
+    timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
+    bench 230 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
-    bench 240 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+    bench 180 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
     ;;
 dense)
