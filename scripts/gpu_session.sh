@@ -35,6 +35,20 @@ moe)
     bench 180 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
     ;;
+rerun)
+    timeout 150 python3 scripts/gpu_moe_tune.py --budget-s 110 --out kernels/triton/moe_configs/NVIDIA_H200.json \
+        2>&1 | tail -40
+    cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
+    timeout 60 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -12
+    bench 120 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    bench 120 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    ;;
+rerun2)
+    bench 200 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+        --prefill-lens 8192 --prefill-chunk 8192 --no-transformers
+    bench 150 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
+    ;;
 dense)
     bench 200 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22

@@ -161,6 +161,8 @@ def test_triton_route_ties_go_to_the_lower_id():
     (12, 9, 7, 16, 16),     # 108 pairs: the chunk loop runs 7 times
     (11, 4, 16, 32, 32),    # a partial last chunk, some experts empty
     (12, 8, 5, 64, 128),    # runs longer than a chunk's share
+    (8, 9, 257, 16, 128),   # decode batch of 8 at the Qwen3.6 shape (72 pairs)
+    (2, 3, 4, 16, 16),      # every expert shared by several pairs
 ])
 def test_triton_align_equals_reference(t, k, e, block_m, chunk):
     gen = torch.Generator().manual_seed(t * k)
@@ -169,7 +171,10 @@ def test_triton_align_equals_reference(t, k, e, block_m, chunk):
         ids = ids.clamp_min(1)
     want = moe.moe_align(ids, e, block_m)
     check_layout(ids, e, block_m, want)
-    for got in (t_route._align_kernel_launch(ids, e, block_m, chunk), t_route._align_sorted(ids, e, block_m)):
+    paths = [t_route._align_kernel_launch(ids, e, block_m, chunk), t_route._align_sorted(ids, e, block_m)]
+    if ids.numel() <= t_route.SMALL_PAIRS:
+        paths.append(t_route._align_small_launch(ids, e, block_m))
+    for got in paths:
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a, b)
 

@@ -14,9 +14,11 @@ one expert. Then (the design of vLLM's fused_moe, in our own code):
 
 Grids are sized from the pair count (the most blocks the layout can have); programs
 whose block lies past the runs (read on the device) return at once, so nothing syncs
-and the whole op can be captured in a CUDA graph. Expert id ``E`` is the shared expert,
-whose weights may have any strides: its blocks take a second, separately compiled copy
-of the tile loop, so the routed experts keep the contiguity that vectorises their loads.
+and the whole op can be captured in a CUDA graph. A single token skips the sorting: its
+pairs name distinct experts, so each pair is a block of its own (``PER_PAIR``). Expert
+id ``E`` is the shared expert: the same tile loop reads its own tensor, laid out like one
+routed expert (the model keeps it so; any other layout is copied first), so the loads
+stay vectorised and the pipeline's shared memory is allocated once.
 
 Block shapes are chosen on the host from the token count alone (:func:`select_config`):
 a tuned table per device in ``moe_configs/<device name>.json`` (written by
@@ -205,38 +207,53 @@ def _down_tile(a_ptrs, stride_ak, row_ok, w_ptr, stride_wn, stride_wk, offs_n, n
     return acc
 
 
+@triton.jit
+def _rows_of(pid, sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr, max_rows, N,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, PER_PAIR: tl.constexpr):
+    """This program's (expert, pair of each row, column block); expert -1: nothing to do.
+
+    Sorted layout: a block of the expert-sorted runs. PER_PAIR (one token: its pairs all
+    name different experts, so nothing is gained by sorting): block ``b`` is pair ``b``
+    alone, in row 0."""
+    if PER_PAIR:
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
+        expert = tl.load(ids_ptr + pid_m)
+        rows = tl.arange(0, BLOCK_M)
+        pair = tl.where(rows == 0, pid_m, max_rows).to(tl.int64)  # max_rows: the pair count here
+    else:
+        pid_m, pid_n = _block_of(pid, max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
+        expert = tl.load(block_experts_ptr + pid_m)
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            expert = -1  # past the last run
+        pair = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return expert, pair, pid_n
+
+
 @triton.jit(do_not_specialize=["pairs", "max_rows"])
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
+    x_ptr, w_ptr, s_ptr, out_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
     pairs, max_rows, top_k, shared_id, N, K,
-    stride_xt, stride_xk, stride_we, stride_wn, stride_wk, stride_sn, stride_sk, stride_ot,
+    stride_xt, stride_xk, stride_we, stride_wn, stride_wk, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HAS_SHARED: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    pid_m, pid_n = _block_of(tl.program_id(0), max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return  # past the last run
-    expert = tl.load(block_experts_ptr + pid_m)
+    expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+                                   max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m).to(tl.int64)
     row_ok = pair < pairs  # the sentinel P pads each run
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + (pair // top_k)[:, None] * stride_xt + offs_k[None, :] * stride_xk
-    routed = w_ptr + expert.to(tl.int64) * stride_we
-    if HAS_SHARED:
+    w = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:  # the shared expert: same layout, its own tensor
         if expert == shared_id:
-            acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, s_ptr, stride_sn, stride_sk, offs_n, n_ok, N, K,
-                                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
-        else:
-            acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, N, K,
-                                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
-    else:
-        acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, N, K,
-                                     BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+            w = s_ptr
+    acc_g, acc_u = _gate_up_tile(a_ptrs, stride_xk, row_ok, w, stride_wn, stride_wk, offs_n, n_ok, N, K,
+                                 BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
     dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
     tl.store(dest, round_to(h, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & n_ok[None, :])
@@ -244,39 +261,31 @@ def _gate_up_kernel(
 
 @triton.jit(do_not_specialize=["pairs", "max_rows"])
 def _down_kernel(
-    a_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
+    a_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
     pairs, max_rows, shared_id, N, K,
-    stride_at, stride_we, stride_wn, stride_wk, stride_sn, stride_sk, stride_ot,
+    stride_at, stride_we, stride_wn, stride_wk, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HAS_SHARED: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    pid_m, pid_n = _block_of(tl.program_id(0), max_rows, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(block_experts_ptr + pid_m)
+    expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+                                   max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m).to(tl.int64)
     row_ok = pair < pairs
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + pair[:, None] * stride_at + offs_k[None, :]
-    routed = w_ptr + expert.to(tl.int64) * stride_we
+    w = w_ptr + expert.to(tl.int64) * stride_we
     if HAS_SHARED:
         if expert == shared_id:
-            acc = _down_tile(a_ptrs, 1, row_ok, s_ptr, stride_sn, stride_sk, offs_n, n_ok, K,
-                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
-        else:
-            acc = _down_tile(a_ptrs, 1, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, K,
-                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
-    else:
-        acc = _down_tile(a_ptrs, 1, row_ok, routed, stride_wn, stride_wk, offs_n, n_ok, K,
-                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
-    w = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)
+            w = s_ptr
+    acc = _down_tile(a_ptrs, 1, row_ok, w, stride_wn, stride_wk, offs_n, n_ok, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE, UPCAST)
+    wt = tl.load(weights_ptr + pair, mask=row_ok, other=0.0)
     dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
-    tl.store(dest, round_to(acc * w[:, None], out_ptr.dtype.element_ty, UPCAST),
+    tl.store(dest, round_to(acc * wt[:, None], out_ptr.dtype.element_ty, UPCAST),
              mask=row_ok[:, None] & n_ok[None, :])
 
 
@@ -302,42 +311,60 @@ def _fit(cfg: GemmConfig, n: int, k: int) -> GemmConfig:
     return cfg.clipped(max(16, triton.next_power_of_2(n)), max(16, triton.next_power_of_2(k)))
 
 
-def gate_up(x, w13, shared13, align, top_k: int, block_m: int, cfg: GemmConfig) -> torch.Tensor:
-    """``silu(gate) * up`` for every pair: [P, I] in ``x``'s dtype (P = T * top_k)."""
+def _layout_args(align, pair_ids: torch.Tensor | None, pairs: int, block_m: int, n: int, block_n: int):
+    """Grid and layout arguments: the sorted layout ``align``, or (``align`` None) one
+    block per pair with each pair's expert in ``pair_ids``."""
+    if align is None:
+        assert pair_ids is not None
+        dummy = pair_ids
+        return (pairs * triton.cdiv(n, block_n),), (dummy, dummy, dummy, pair_ids), pairs
     sorted_pairs, block_experts, num_padded = align
+    grid = (triton.cdiv(sorted_pairs.numel(), block_m) * triton.cdiv(n, block_n),)
+    return grid, (sorted_pairs, block_experts, num_padded, sorted_pairs), sorted_pairs.numel()
+
+
+def _row_major(w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The shared expert's weight with its routed siblings' strides (one tile loop serves
+    both); a differently laid-out weight is copied."""
+    return w if w.stride() == like.stride() else w.contiguous()
+
+
+def gate_up(x, w13, shared13, align, top_k: int, block_m: int, cfg: GemmConfig,
+            pair_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` for every pair: [P, I] in ``x``'s dtype (P = T * top_k)."""
     pairs, hidden = x.shape[0] * top_k, x.shape[1]
     inter = w13.shape[1] // 2
     out = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     cfg = _fit(cfg, inter, hidden)
-    s = shared13 if shared13 is not None else w13[0]
-    grid = (triton.cdiv(sorted_pairs.numel(), block_m) * triton.cdiv(inter, cfg.BLOCK_N),)
+    s = _row_major(shared13, w13[0]) if shared13 is not None else w13[0]
+    grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, inter, cfg.BLOCK_N)
     _gate_up_kernel[grid](
-        x, w13, s, out, sorted_pairs, block_experts, num_padded,
-        pairs, sorted_pairs.numel(), top_k, w13.shape[0], inter, hidden,
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), s.stride(0), s.stride(1), out.stride(0),
+        x, w13, s, out, *layout,
+        pairs, max_rows, top_k, w13.shape[0], inter, hidden,
+        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        HAS_SHARED=shared13 is not None, EVEN_K=hidden % cfg.BLOCK_K == 0, **_launch_options(x),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_SHARED=shared13 is not None, PER_PAIR=align is None, EVEN_K=hidden % cfg.BLOCK_K == 0,
+        **_launch_options(x), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
-def down(inter, w2, shared2, weights, align, block_m: int, cfg: GemmConfig) -> torch.Tensor:
+def down(inter, w2, shared2, weights, align, block_m: int, cfg: GemmConfig,
+         pair_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Each pair's down projection times its weight: [P, H] in ``inter``'s dtype."""
-    sorted_pairs, block_experts, num_padded = align
     pairs, width = inter.shape
     hidden = w2.shape[1]
     out = torch.empty(pairs, hidden, dtype=inter.dtype, device=inter.device)
     cfg = _fit(cfg, hidden, width)
-    s = shared2 if shared2 is not None else w2[0]
-    grid = (triton.cdiv(sorted_pairs.numel(), block_m) * triton.cdiv(hidden, cfg.BLOCK_N),)
+    s = _row_major(shared2, w2[0]) if shared2 is not None else w2[0]
+    grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, hidden, cfg.BLOCK_N)
     _down_kernel[grid](
-        inter, w2, s, out, weights, sorted_pairs, block_experts, num_padded,
-        pairs, sorted_pairs.numel(), w2.shape[0], hidden, width,
-        inter.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), s.stride(0), s.stride(1), out.stride(0),
+        inter, w2, s, out, weights, *layout,
+        pairs, max_rows, w2.shape[0], hidden, width,
+        inter.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        HAS_SHARED=shared2 is not None, EVEN_K=width % cfg.BLOCK_K == 0, **_launch_options(inter),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_SHARED=shared2 is not None, PER_PAIR=align is None, EVEN_K=width % cfg.BLOCK_K == 0,
+        **_launch_options(inter), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
@@ -378,7 +405,8 @@ def fused_moe(
         config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k, x.dtype, num_tokens)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     weights = weights.float().contiguous()
-    align = moe_align(ids, num_experts + has_shared, config.block_m)
-    inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up)
-    rows = down(inter, w2, shared2, weights, align, config.block_m, config.down)
+    # one token's pairs name distinct experts: each pair is its own block, no sorting
+    align = moe_align(ids, num_experts + has_shared, config.block_m) if num_tokens > 1 else None
+    inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up, pair_ids=ids)
+    rows = down(inter, w2, shared2, weights, align, config.block_m, config.down, pair_ids=ids)
     return sum_pairs(rows, num_tokens, top_k)

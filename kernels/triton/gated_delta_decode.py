@@ -39,9 +39,10 @@ import triton.language as tl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
 
-#: for Dk = Dv = 128 the state tile is 16K floats: 8 warps hold it in 64 registers a thread
-#: (scripts/gpu_gdn_decode_check.py sweeps 4 / 8 / 16)
-NUM_WARPS = 8
+#: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
+#: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
+#: 22.0 / 31.4 us at batch 1 and 43.7 / 62.6 / 111.9 us at batch 8
+NUM_WARPS = 4
 
 _counters: dict[torch.device, torch.Tensor] = {}
 #: every counter buffer ever handed out: a captured graph keeps using the address it saw,

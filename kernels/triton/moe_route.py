@@ -7,8 +7,10 @@ host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.
   float32 and picks ``top_k`` experts by rounds of "largest, lowest index holding it,
   mask it out" (ties to the lower id, as the reference's stable sort gives); with a
   shared expert it also takes the token's gate dot product.
-* :func:`moe_align`: one program counts the pairs per expert, lays out the padded runs,
-  then scatters the pairs a chunk at a time. Inside a chunk a pair's rank among the
+* :func:`moe_align`: up to ``SMALL_PAIRS`` pairs (decode), one program works everything
+  out from comparisons of all pairs with each other, in registers. Beyond that, one
+  program counts the pairs per expert, lays out the padded runs, then scatters the pairs
+  a chunk at a time. Inside a chunk a pair's rank among the
   earlier pairs of its expert comes from a [CHUNK, CHUNK] comparison; across chunks the
   next free row of each expert lives in a small global scratch buffer, read by pointer
   gathers. Being a single CTA, ``tl.debug_barrier`` orders those reads and writes.
@@ -27,6 +29,9 @@ from ninfer_kernels.moe import max_padded_rows
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
 CHUNK = 128
+#: up to this many pairs (decode batches) one chunk holds them all: a kernel without the
+#: per-expert histogram and scratch buffer does it (the general one took 15-20 us at T=1..8)
+SMALL_PAIRS = 128
 #: block_experts entries one comparison pass of the align kernel fills
 BLOCK_CHUNK = 64
 #: above this many pairs the sorted torch path serves (8192-token prefill has 73,728).
@@ -182,6 +187,55 @@ def _align_kernel(
         tl.debug_barrier()  # and the moves land before the next chunk reads them
 
 
+@triton.jit(do_not_specialize=["rows"])
+def _align_small_kernel(
+    ids_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, pairs, rows,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    """All ``pairs`` (at most BLOCK_P) at once, everything from [BLOCK_P, BLOCK_P] comparisons
+    in registers: no per-expert histogram, no scratch, one barrier. A pair's run starts
+    after the runs of every lower expert present, each counted once through the first of
+    its pairs."""
+    i = tl.arange(0, BLOCK_P)
+    ok = i < pairs
+    e = tl.load(ids_ptr + i, mask=ok, other=-1)
+    same = (e[:, None] == e[None, :]) & ok[:, None] & ok[None, :]
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1)
+    padded = (tl.sum(same.to(tl.int32), 1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    first = ok & (rank == 0)
+    lower = (e[None, :] < e[:, None]) & first[None, :]
+    start = tl.sum(tl.where(lower, padded[None, :], 0), 1)
+    num_padded = tl.sum(tl.where(first, padded, 0), 0)
+    for r0 in range(0, rows, BLOCK_P):
+        tl.store(sorted_ptr + r0 + i, pairs + i * 0, mask=r0 + i < rows)
+    tl.debug_barrier()  # the sentinel fill lands before the pairs overwrite their rows
+    tl.store(sorted_ptr + start + rank, i, mask=ok)
+    b = tl.arange(0, BLOCK_B)
+    for b0 in range(0, rows // BLOCK_M, BLOCK_B):
+        row = (b0 + b) * BLOCK_M
+        covers = first[None, :] & (start[None, :] <= row[:, None]) & (row[:, None] < (start + padded)[None, :])
+        expert = tl.where(tl.sum(covers.to(tl.int32), 1) > 0, tl.sum(tl.where(covers, e[None, :], 0), 1), -1)
+        tl.store(block_experts_ptr + b0 + b, expert, mask=b0 + b < rows // BLOCK_M)
+    tl.store(num_padded_ptr, num_padded)
+
+
+def _align_small_launch(ids: torch.Tensor, num_experts: int, block_m: int):
+    """The one-chunk align kernel, for at most ``SMALL_PAIRS`` pairs (decode batches)."""
+    flat = ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 and flat.is_contiguous() else flat.to(torch.int32).contiguous()
+    pairs = flat.numel()
+    rows = max_padded_rows(pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(rows, dtype=torch.int32, device=ids.device)
+    block_experts = torch.empty(rows // block_m, dtype=torch.int32, device=ids.device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
+    block_p = max(16, triton.next_power_of_2(pairs))
+    _align_small_kernel[(1,)](
+        flat, sorted_pairs, block_experts, num_padded, pairs, rows,
+        BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_B=min(64, block_p), num_warps=4 if block_p <= 64 else 8,
+    )
+    return sorted_pairs, block_experts, num_padded
+
+
 def _align_kernel_launch(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = CHUNK):
     """The single-program align kernel; any pair count, any ``chunk`` (a power of two)."""
     flat = ids.reshape(-1)
@@ -232,4 +286,6 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     """Same contract (and bit-identical output) as :func:`ninfer_kernels.moe.moe_align`."""
     if ids.numel() > KERNEL_MAX_PAIRS:
         return _align_sorted(ids, num_experts, block_m)
+    if 0 < ids.numel() <= SMALL_PAIRS:
+        return _align_small_launch(ids, num_experts, block_m)
     return _align_kernel_launch(ids, num_experts, block_m)

@@ -34,6 +34,8 @@ class Linear(nn.Module):
 
     ``lora`` is set by :class:`ninfer.lora.LoraRegistry` once an adapter targets this
     layer; it adds each row's adapter delta and returns at once when no row has one.
+    ``keep_row_major``: a kernel other than the matmul reads this weight and wants the
+    checkpoint's row-major layout (see :func:`store_linears_column_major`).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -41,6 +43,7 @@ class Linear(nn.Module):
         self.weight = empty_param(out_features, in_features)
         self.bias = empty_param(out_features) if bias else None
         self.lora: LinearLora | None = None
+        self.keep_row_major = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
@@ -54,13 +57,16 @@ def store_linears_column_major(model: nn.Module) -> int:
     H200 its kernels for that layout read decode's skinny products faster (8B shapes: 2-12%
     per matmul, about 0.15 ms per step at batch 1; scripts in docs/performance.md). Shapes,
     names and values stay as they were. A weight shared with the input embedding keeps its
-    rows contiguous, since the embedding gathers rows. Returns how many weights moved.
+    rows contiguous, since the embedding gathers rows, and so does one marked
+    ``keep_row_major``. Returns how many weights moved.
     """
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, Embedding)}
     moved = 0
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, Linear) and id(module.weight) not in embedding_weights:
+            if not isinstance(module, Linear) or module.keep_row_major:
+                continue
+            if id(module.weight) not in embedding_weights:
                 module.weight.data = module.weight.data.t().contiguous().t()
                 moved += 1
     return moved

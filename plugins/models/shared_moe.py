@@ -33,6 +33,8 @@ class SharedExpertMoE(SparseMoE):
         super().__init__(hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
         self.shared_expert_gate = Linear(hidden_size, 1)
+        if shared_intermediate_size == intermediate_size:  # the expert kernel reads it like a routed one
+            self.shared_expert.gate_up_proj.keep_row_major = self.shared_expert.down_proj.keep_row_major = True
 
     def weight_bytes_read(self, num_tokens: int) -> int:
         shared = sum(p.nbytes for p in (*self.shared_expert.parameters(), self.shared_expert_gate.weight))
