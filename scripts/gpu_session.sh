@@ -36,7 +36,7 @@ moe)
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
     ;;
 rerun)
-    timeout 150 python3 scripts/gpu_moe_tune.py --budget-s 110 --out kernels/triton/moe_configs/NVIDIA_H200.json \
+    timeout 130 python3 scripts/gpu_moe_tune.py --budget-s 90 --out kernels/triton/moe_configs/NVIDIA_H200.json \
         2>&1 | tail -40
     cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
     timeout 60 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -12
