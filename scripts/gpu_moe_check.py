@@ -36,6 +36,10 @@ from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_route as t_route
 
 #: name -> (routed experts, hidden, expert intermediate, top_k, shared expert)
+#: routing weights: the shared expert's gate logit is rounded to bf16 as a linear layer's
+#: output is, and a dot product summed in another order may land on the other side of a
+#: rounding boundary (one bf16 step of the logit moves the sigmoid by up to ~1e-3)
+ROUTE_W_TOL = 2e-3
 SHAPES = {"qwen3.6-35b-a3b": (256, 2048, 512, 8, True), "qwen3-30b-a3b": (128, 2048, 768, 8, False)}
 TOKENS = [1, 8, 64, 1024, 8192]
 GRAPH_MAX_TOKENS = 256
@@ -146,7 +150,7 @@ def check_shape(report: Report, name: str, skip_ref_above: int, gen: torch.Gener
         if tokens <= skip_ref_above:
             want = moe.fused_moe(x, layer["w13"], layer["w2"], want_w, want_ids, layer["s13"], layer["s2"])
             row["rel_err"] = rel_err(got, want)
-        row["ok"] = (row["align_exact"] and row["route_id_mismatch"] == 0 and row["route_w_maxdiff"] <= 1e-5
+        row["ok"] = (row["align_exact"] and row["route_id_mismatch"] == 0 and row["route_w_maxdiff"] <= ROUTE_W_TOL
                      and row.get("rel_err", 0.0) <= MAX_REL_ERR)
         # speed
         step = lambda: new(x, logits)  # noqa: E731

@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--host", action="store_true", help="also a cProfile of the host's side of the steps")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
@@ -85,10 +86,23 @@ def main() -> None:
     engine.decode_ahead = True
     vocab = llm.loaded.tokenizer.vocab_size
     for c in levels:
-        work = fixed_workload(c, args.prompt_len, 3 * args.steps + 64, vocab, c)
+        work = fixed_workload(c, args.prompt_len, (5 if args.host else 3) * args.steps + 64, vocab, c)
         _submit(engine, work, f"prof{c}-")
         for _ in range(args.steps):  # prefill, then settle into steady decode
             engine.step()
+        if args.host:  # where the host's share of a step goes (cProfile, top by own time)
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.steps):
+                engine.step()
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+            print(f"host profile, concurrency {c}, {args.steps} steps:\n" + text.getvalue()[-3500:], flush=True)
         wall, intervals = profile_steps(engine, args.steps)
         while engine.has_unfinished():
             engine.step()
