@@ -50,11 +50,10 @@ rerun2)
     timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
     ;;
 final)
-    timeout 150 python3 scripts/gpu_step_profile.py random:qwen3-30b-a3b --concurrency 1,8 --steps 30 --top 14 \
-        --host 2>&1 | tail -75
-    bench 150 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
-    timeout 100 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
-    bench 170 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1,8 --no-transformers
+    bench 110 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    timeout 80 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
+    timeout 130 python3 scripts/gpu_step_profile.py random:qwen3-30b-a3b --concurrency 8 --steps 30 --top 14 \
+        --host 2>&1 | tail -60
     ;;
 dense)
     bench 200 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
