@@ -30,7 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import bench, rel_err  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import bench, captured, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer_kernels import moe
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_route as t_route
@@ -97,19 +97,6 @@ def old_path(layer: dict, top_k: int):
             out = out + torch.sigmoid(F.linear(x, layer["gate"])) * shared
         return out
     return run
-
-
-def captured(fn):
-    """``fn`` captured in a CUDA graph (compiled on a side stream first): (replay, its output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
 
 
 def moved_bytes(ids: torch.Tensor, hidden: int, inter: int) -> int:

@@ -4,7 +4,10 @@
 #
 #   scripts/gpu_session.sh check    GPU tests, hybrid kernel checks, then the 27B shape (~9 min)
 #   scripts/gpu_session.sh moe      MoE config sweep (written in place), kernel check, the
-#                                   35B-A3B and 30B-A3B shapes (~9 min)
+#                                   35B-A3B and 30B-A3B shapes with transformers (~9 min)
+#   scripts/gpu_session.sh rerun    the sweep again, then MoE decode without transformers
+#   scripts/gpu_session.sh rerun2   27B decode/prefill, 8B, prefix reuse (ours only)
+#   scripts/gpu_session.sh final    8B regression, prefix reuse on graphs, a 30B-A3B step profile
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache

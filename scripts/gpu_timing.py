@@ -21,8 +21,9 @@ def bench(fn: Callable[[], object], rep: int = 100, warmup: int = 25) -> float:
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
-def graphed(fn: Callable[[], object]) -> Callable[[], None]:
-    """``fn`` captured in a CUDA graph, warmed up (compiled) on a side stream first."""
+def captured(fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
+    """``fn`` captured in a CUDA graph, warmed up (compiled) on a side stream first:
+    (replay, the output tensors the replays write)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -30,5 +31,10 @@ def graphed(fn: Callable[[], object]) -> Callable[[], None]:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        out = fn()
+    return graph.replay, out
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured in a CUDA graph (see :func:`captured`); returns its replay."""
+    return captured(fn)[0]

@@ -16,8 +16,8 @@ With several splits, each program whose range holds keys stores a partial output
 its log-sum-exp, then bumps a per-(sequence, KV head) counter; the program that arrives
 last merges the partials and zeroes the counter for the next call (splits past a short
 sequence's end exit at once). That replaces the second kernel a split needs otherwise.
-Counters live in one zeroed buffer per device, allocated before any CUDA graph captures
-the kernel (the warm-up passes run it first).
+Counters come from :mod:`.counters`, allocated before any CUDA graph captures the kernel
+(the warm-up passes run it first).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
@@ -46,22 +47,6 @@ BLOCK_N, SMALL_BLOCK_N, SMALL_TILE_SPLITS = 64, 32, 32
 MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: partials the merging program reads per pass
 MERGE_SPLITS = 16
-
-_counters: dict[torch.device, torch.Tensor] = {}
-#: every counter buffer ever handed out: a captured graph keeps using the address it saw,
-#: and graphs hold no reference of their own to memory allocated outside their pool
-_retired: list[torch.Tensor] = []
-
-
-def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 counters for ``needed`` (sequence, KV head) pairs; grown, never freed."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < needed:
-        if buf is not None:
-            _retired.append(buf)
-        buf = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
 
 
 @triton.jit
@@ -316,7 +301,7 @@ def decode_attention(
         part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused when SPLIT is off
-    counters = _counter_buffer(q.device, num_seqs * num_kv_heads)
+    counters = counter_buffer("decode_attention", q.device, num_seqs * num_kv_heads, minimum=1 << 16)
     use_pdl = pdl.enabled(q.device)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,

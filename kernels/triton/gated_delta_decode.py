@@ -38,27 +38,12 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
+from ninfer_kernels.triton.counters import counter_buffer
 
 #: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
 #: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
 #: 22.0 / 31.4 us at batch 1 and 43.7 / 62.6 / 111.9 us at batch 8
 NUM_WARPS = 4
-
-_counters: dict[torch.device, torch.Tensor] = {}
-#: every counter buffer ever handed out: a captured graph keeps using the address it saw,
-#: and graphs hold no reference of their own to memory allocated outside their pool
-_retired: list[torch.Tensor] = []
-
-
-def _counter_buffer(device: torch.device, needed: int) -> torch.Tensor:
-    """Zeroed int32 counters for ``needed`` (sequence, key head) pairs; grown, never freed."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < needed:
-        if buf is not None:
-            _retired.append(buf)
-        buf = torch.zeros(max(needed, 1 << 12), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
 
 
 @triton.jit
@@ -258,7 +243,7 @@ def gated_delta_decode(
     num_seqs = batch.num_seqs
     if num_seqs == 0:
         return out.zero_()
-    counters = _counter_buffer(proj.device, num_seqs * num_k_heads)
+    counters = counter_buffer("gated_delta_decode", proj.device, num_seqs * num_k_heads, minimum=1 << 12)
     # torch's type promotion of ``weight * normed``: rounded unless one side is float32
     round_scale = torch.promote_types(norm_weight.dtype, proj.dtype) != torch.float32
     _gdn_decode_kernel[(num_seqs, num_v_heads)](
