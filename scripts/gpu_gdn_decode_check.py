@@ -22,7 +22,6 @@ One JSON object per line goes to ``--out``; a table goes to stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
@@ -30,7 +29,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import bench, graphed, rel_err  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import Report, bench, graphed, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import gated_delta_decode as ref
 from ninfer_kernels.triton import causal_conv as t_conv
@@ -134,23 +133,10 @@ def with_fresh_states(x: dict) -> dict:
     return {**x, "conv_states": x["conv_states"].clone(), "ssm_states": x["ssm_states"].clone()}
 
 
-class Report:
-    def __init__(self, path: str):
-        self.file = open(path, "w")
-        self.rows: list[dict] = []
-        self.failed = 0
-
-    def add(self, row: dict) -> None:
-        if "rel_err" in row:
-            row["ok"] = bool(max(row["rel_err"], row.get("state_rel_err", 0.0)) <= MAX_REL_ERR
-                             and row.get("conv_exact", True))
-            self.failed += not row["ok"]
-        if "error" in row:
-            self.failed += 1
-        self.rows.append(row)
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+def judge(row: dict) -> bool | None:
+    if "rel_err" not in row:
+        return None
+    return max(row["rel_err"], row.get("state_rel_err", 0.0)) <= MAX_REL_ERR and row.get("conv_exact", True)
 
 
 def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator) -> None:
@@ -222,7 +208,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     started = time.perf_counter()
-    report = Report(args.out)
+    report = Report(args.out, judge)
     report.add({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "default_num_warps": t_fused.NUM_WARPS})
     gen = torch.Generator().manual_seed(0)

@@ -23,14 +23,13 @@ One JSON object per line goes to ``--out``; a table goes to stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import bench, captured, rel_err  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import Report, bench, captured, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer_kernels import moe
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_route as t_route
@@ -46,21 +45,6 @@ GRAPH_MAX_TOKENS = 256
 DTYPE = torch.bfloat16
 DEVICE = "cuda"  # (a CPU smoke test of the logic swaps it, with the timers)
 MAX_REL_ERR = 2e-2
-
-
-class Report:
-    def __init__(self, path: str):
-        self.file = open(path, "w")
-        self.rows: list[dict] = []
-        self.failed = 0
-
-    def add(self, row: dict) -> None:
-        if "ok" in row:
-            self.failed += not row["ok"]
-        self.rows.append(row)
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 def make_layer(num_experts: int, hidden: int, inter: int, shared: bool, gen: torch.Generator) -> dict:

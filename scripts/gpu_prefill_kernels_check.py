@@ -18,14 +18,13 @@ One JSON object per line goes to ``--out``; a table goes to stdout at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import triton
 import triton.language as tl
 
-from gpu_timing import bench, rel_err  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import Report, bench, rel_err  # noqa: E402 (scripts/ is on sys.path)
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import causal_conv
 from ninfer_kernels.gated_rms_norm import gated_rms_norm
@@ -110,20 +109,10 @@ def make_batch(specs: list[tuple[int, int]]) -> ForwardBatch:
     )
 
 
-class Report:
-    def __init__(self, path: str):
-        self.file = open(path, "w")
-        self.rows: list[dict] = []
-        self.failed = 0
-
-    def add(self, row: dict) -> None:
-        if "rel_err" in row:
-            row["ok"] = row["rel_err"] <= MAX_REL_ERR and row.get("states_equal", True)
-            self.failed += not row["ok"]
-        self.rows.append(row)
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+def judge(row: dict) -> bool | None:
+    if "rel_err" not in row:
+        return None
+    return row["rel_err"] <= MAX_REL_ERR and row.get("states_equal", True)
 
 
 def _timed(report: Report, base: dict, fn, nbytes: int, rep: int = 50) -> float:
@@ -196,7 +185,7 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    report = Report(args.out)
+    report = Report(args.out, judge)
     report.add({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__})
     gen = torch.Generator().manual_seed(0)
     conv_cases = {"prefill 2k": [(0, 2048)], "prefill 8k": [(0, 8192)], "chunk 2k after 6k": [(6144, 2048)],

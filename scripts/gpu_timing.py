@@ -1,8 +1,9 @@
-"""Helpers shared by the GPU check scripts: error against a reference, timed replays."""
+"""Helpers shared by the GPU check scripts: error against a reference, timed replays, the report."""
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Callable, Optional
 
 import torch
 from triton.testing import do_bench
@@ -38,3 +39,26 @@ def captured(fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
 def graphed(fn: Callable[[], object]) -> Callable[[], None]:
     """``fn`` captured in a CUDA graph (see :func:`captured`); returns its replay."""
     return captured(fn)[0]
+
+
+class Report:
+    """One JSON object per line to ``path`` (flushed as it goes) and a printed line per row.
+
+    ``judge(row)`` says whether a check row passed (None: not a check); its verdict goes
+    into ``row["ok"]``. A row with ``ok`` False or an ``error`` counts in ``failed``."""
+
+    def __init__(self, path: str, judge: Optional[Callable[[dict], Optional[bool]]] = None):
+        self.file = open(path, "w")
+        self.judge = judge
+        self.rows: list[dict] = []
+        self.failed = 0
+
+    def add(self, row: dict) -> None:
+        verdict = self.judge(row) if self.judge is not None else None
+        if verdict is not None:
+            row["ok"] = bool(verdict)
+        self.failed += row.get("ok") is False or "error" in row
+        self.rows.append(row)
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
