@@ -138,8 +138,7 @@ class Bench:
         """transformers on the same weights (rebuilt from the same config and seed for
         ``random:`` shapes), running the workloads our figures ran; frees our engine first."""
         a = self.args
-        self.llm = None
-        _free_memory()
+        self.unload()
         shape = random_model.shape_of(model)
         if shape is not None:
             self.hf = random_model.build_hf(shape, self.dtype, self.device, a.seed)

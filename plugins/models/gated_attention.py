@@ -14,10 +14,9 @@ from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.kv import HeadNormRope, KVCache
-from ninfer_kernels import ops
 from ninfer_plugins.models.hybrid_config import HybridConfig
 from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
-from ninfer_plugins.models.layers import Linear
+from ninfer_plugins.models.layers import Linear, cached_attention
 
 
 class GatedAttention(nn.Module):
@@ -55,10 +54,5 @@ class GatedAttention(nn.Module):
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
         norm_rope = HeadNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin,
                                  self.rotary_dim)
-        out = self.kv_cache.decode_fused(q, k, v, norm_rope, batch, self.scale)
-        if out is None:
-            q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
-                                    cos_sin, self.rotary_dim)
-            self.kv_cache.write(k, v, batch.slot_mapping)
-            out = self.kv_cache.attend(q, batch, self.scale)
+        out = cached_attention(self.kv_cache, q, k, v, norm_rope, batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.q_size) * torch.sigmoid(gate.reshape(tokens, self.q_size)))

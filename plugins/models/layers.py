@@ -92,6 +92,22 @@ class RMSNorm(nn.Module):
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
+def cached_attention(
+    kv_cache: KVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
+    batch: ForwardBatch, scale: float,
+) -> torch.Tensor:
+    """Per-head q/k norm and RoPE, the KV write and attention over the cache, for q/k/v
+    straight from the projection: the KV format's fused decode path when it has one for
+    ``batch``, else the steps one by one."""
+    out = kv_cache.decode_fused(q, k, v, norm_rope, batch, scale)
+    if out is not None:
+        return out
+    n = norm_rope
+    q, k = ops.qk_norm_rope(q, k, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim)
+    kv_cache.write(k, v, batch.slot_mapping)
+    return kv_cache.attend(q, batch, scale)
+
+
 class Attention(nn.Module):
     """GQA self-attention with per-head q/k RMSNorm before RoPE, over the paged KV cache."""
 
@@ -127,12 +143,7 @@ class Attention(nn.Module):
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
         norm_rope = HeadNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin,
                                  self.head_dim)
-        out = self.kv_cache.decode_fused(q, k, v, norm_rope, batch, self.scale)
-        if out is None:
-            q, k = ops.qk_norm_rope(q, k, norm_rope.q_weight, norm_rope.k_weight, norm_rope.eps, positions, cos_sin,
-                                    self.head_dim)
-            self.kv_cache.write(k, v, batch.slot_mapping)
-            out = self.kv_cache.attend(q, batch, self.scale)
+        out = cached_attention(self.kv_cache, q, k, v, norm_rope, batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
 

@@ -54,7 +54,7 @@ class SparseMoE(nn.Module):
         top-k draws reach on average (benchmarks' bandwidth figure)."""
         experts = self.experts.gate_up_proj.shape[0]
         distinct = experts * (1 - (1 - self.top_k / experts) ** num_tokens)
-        per_expert = (self.experts.gate_up_proj[0].nbytes + self.experts.down_proj[0].nbytes)
+        per_expert = self.experts.gate_up_proj[0].nbytes + self.experts.down_proj[0].nbytes
         return round(self.gate.weight.nbytes + distinct * per_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

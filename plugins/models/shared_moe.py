@@ -33,8 +33,10 @@ class SharedExpertMoE(SparseMoE):
         super().__init__(hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
         self.shared_expert_gate = Linear(hidden_size, 1)
-        if shared_intermediate_size == intermediate_size:  # the expert kernel reads it like a routed one
-            self.shared_expert.gate_up_proj.keep_row_major = self.shared_expert.down_proj.keep_row_major = True
+        # as wide as a routed expert: the expert kernel can run it, reading it like a routed one
+        self.fits_expert_kernel = shared_intermediate_size == intermediate_size
+        self.shared_expert.gate_up_proj.keep_row_major = self.fits_expert_kernel
+        self.shared_expert.down_proj.keep_row_major = self.fits_expert_kernel
 
     def weight_bytes_read(self, num_tokens: int) -> int:
         shared = sum(p.nbytes for p in (*self.shared_expert.parameters(), self.shared_expert_gate.weight))
@@ -43,7 +45,7 @@ class SharedExpertMoE(SparseMoE):
     def _shared_in_kernel(self) -> bool:
         shared = self.shared_expert
         return (
-            shared.intermediate_size == self.experts.intermediate_size
+            self.fits_expert_kernel
             and shared.gate_up_proj.lora is None
             and shared.down_proj.lora is None
             and self.shared_expert_gate.lora is None
