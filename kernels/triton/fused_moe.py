@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.moe_route import interpreted_bf16, moe_align, round_to
+from ninfer_kernels.triton.moe_route import moe_align
+from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: columns per program of the final per-token sum
 SUM_BLOCK = 1024

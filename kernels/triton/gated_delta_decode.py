@@ -39,6 +39,7 @@ import triton.language as tl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
 from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.rounding import nearest_bf16
 
 #: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
 #: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
@@ -50,12 +51,10 @@ NUM_WARPS = 4
 def _round(x, dtype: tl.constexpr, BF16: tl.constexpr):
     """float32 ``x`` rounded to the model dtype (to nearest even), kept in float32.
 
-    bf16 is rounded on the bits: the GPU's cast rounds, but Triton's interpreter (where the
-    tests run) truncates fp32 -> bf16, which would hide every rounding point from them."""
+    bf16 is rounded on the bits (:mod:`.rounding`), so the interpreter's tests see every
+    rounding point too."""
     if BF16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return bits.to(tl.float32, bitcast=True)
+        return nearest_bf16(x)
     else:
         return x.to(dtype).to(tl.float32)
 

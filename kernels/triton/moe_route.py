@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.moe import max_padded_rows
+from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
 CHUNK = 128
@@ -38,22 +39,6 @@ BLOCK_CHUNK = 64
 #: A guess until scripts/gpu_moe_check.py's align timings place it: the kernel costs a
 #: chunk's comparisons per 128 pairs, the torch path a dozen launches whatever the count.
 KERNEL_MAX_PAIRS = 1024
-
-
-@triton.jit
-def round_to(v, dtype, ROUND: tl.constexpr):
-    """``v.to(dtype)``. Triton's interpreter truncates float32 to bf16 where the GPU rounds
-    to nearest even, so with ROUND (bf16 on CPU tensors) the rounding is done by hand."""
-    if ROUND:
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        v = bits.to(tl.float32, bitcast=True)
-    return v.to(dtype)
-
-
-def interpreted_bf16(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a bf16 tensor that Triton's interpreter (CPU tensors) will see."""
-    return t.device.type != "cuda" and t.dtype == torch.bfloat16
 
 
 @triton.jit
