@@ -50,13 +50,13 @@ class LLM:
             profile = load_profile(model_path_or_profile, overrides=overrides)
         else:
             profile = load_profile(None, model=model_path_or_profile, overrides=overrides)
-        self.profile = resolve(profile)
         if max_num_seqs is not None:
-            # offline use may batch beyond the server's admission range (engine.max_concurrency)
+            # offline use may batch beyond the server's admission range (engine.max_concurrency);
+            # set before resolving, so the defaults derived from it (state snapshot rows) follow
             if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
                 raise ValueError(f"max_num_seqs must be in 1..{MAX_NUM_SEQS}, got {max_num_seqs}")
-            engine = attrs.evolve(self.profile.engine, max_concurrency=max_num_seqs)
-            self.profile = attrs.evolve(self.profile, engine=engine)
+            profile = attrs.evolve(profile, engine=attrs.evolve(profile.engine, max_concurrency=max_num_seqs))
+        self.profile = resolve(profile)
         self.registry = load_registry(self.profile.plugins.allow)
         self.loaded: LoadedEngine = build_engine(self.profile, self.registry, weights)
         self.engine = self.loaded.engine

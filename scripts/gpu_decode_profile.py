@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer.bench.bandwidth import cuda_ms
-from ninfer.bench.random_model import SHAPES
+from ninfer.model.random_weights import SHAPES
 from ninfer.engine.cuda_graph import DecodeGraphs
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.plugins import load_registry

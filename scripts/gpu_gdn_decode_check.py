@@ -8,7 +8,8 @@ batch 8 with a graph padding row (negative slot), and one sequence verifying 4 t
 * relative error ||out - ref|| / ||ref|| of :func:`ninfer_kernels.triton.gated_delta_decode`
   against the torch reference (same dtype, the chain it is defined by), of the float32
   states, and whether the conv history matches exactly;
-* CUDA-graph replay times of the fused kernel at 4 / 8 / 16 warps and of the chain the
+* CUDA-graph replay times of the fused kernel at its default launch shape and at each
+  (warps, value splits) of ``VARIANTS``, and of the chain the
   layer ran before it (Triton conv, torch gate ops, the recurrent Triton delta rule,
   GatedRMSNorm's torch ops), with the bytes the step must move at least (float32 state
   read and written, conv history read and written, the projection rows, the output) and
@@ -48,7 +49,8 @@ CASES = {
     "decode b=8 pad": [((4095, 1), i) for i in range(7)] + [((0, 1), -1)],
     "verify b=1 x4": [((4095, 4), 0)],
 }
-WARPS = (4, 8, 16)
+#: (warps, programs per value head) timed beside the default launch shape
+VARIANTS = [(w, n) for n in (1, 2, 4) for w in (1, 2, 4, 8)]
 MAX_REL_ERR = 2e-2  # bf16 inputs and outputs, float32 state
 
 
@@ -83,10 +85,11 @@ def make_inputs(hk: int, hv: int, tokens: int, num_slots: int, gen: torch.Genera
     }
 
 
-def fused(x: dict, batch: ForwardBatch, num_warps: int | None = None):
+def fused(x: dict, batch: ForwardBatch, num_warps: int | None = None, value_splits: int | None = None):
     def run():
         return t_fused.gated_delta_decode(x["proj"], x["conv_weight"], x["conv_states"], x["ssm_states"], x["a_log"],
-                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], D, batch, num_warps=num_warps)
+                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], D, batch, num_warps=num_warps,
+                                          value_splits=value_splits)
     return run
 
 
@@ -149,6 +152,13 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
 
     want_x = with_fresh_states(x)
     want = reference(want_x, batch)()
+    for splits in (1, 4):  # both norm paths: in the program, and by the head's last program
+        split_x = with_fresh_states(x)
+        split = fused(split_x, batch, value_splits=splits)()
+        report.add({**base, "impl": f"fused s{splits}", "rel_err": rel_err(split, want),
+                    "state_rel_err": rel_err(split_x["ssm_states"][[s for _, s in case if s >= 0]],
+                                             want_x["ssm_states"][[s for _, s in case if s >= 0]]),
+                    "conv_exact": torch.equal(split_x["conv_states"], want_x["conv_states"])})
     got_x = with_fresh_states(x)
     got = fused(got_x, batch)()
     live = [s for _, s in case if s >= 0]
@@ -177,7 +187,9 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
         torch.equal(held["out"], got) and torch.equal(replay_x["ssm_states"], got_x["ssm_states"])
         and torch.equal(replay_x["conv_states"], got_x["conv_states"]))})
 
-    timed = {f"fused w{w}": fused(with_fresh_states(x), batch, w) for w in WARPS}
+    warps, splits = t_fused.launch_shape(len(case), hv, D, torch.device("cuda"))
+    timed = {f"default w{warps} s{splits}": fused(with_fresh_states(x), batch)}
+    timed.update({f"fused w{w} s{n}": fused(with_fresh_states(x), batch, w, n) for w, n in VARIANTS})
     if not padded:
         timed["old_chain"] = old_chain(with_fresh_states(x), batch)
     for name, fn in timed.items():
@@ -189,14 +201,14 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
 
 
 def table(report: Report) -> None:
-    print(f"\n{'shape':17} {'case':15} {'impl':12} {'rel_err':>9} {'us':>8} {'GB/s':>7}")
+    print(f"\n{'shape':17} {'case':15} {'impl':16} {'rel_err':>9} {'us':>8} {'GB/s':>7}")
     for r in report.rows:
         if "shape" not in r or "replay_equals_eager" in r:
             continue
         err = f"{r['rel_err']:.2e}" if "rel_err" in r else ""
         us = f"{r['us']:.2f}" if "us" in r else ("ERR" if "error" in r else "")
         bw = f"{r['gb_per_s']:.0f}" if "gb_per_s" in r else ""
-        print(f"{r['shape']:17} {r['case']:15} {r['impl']:12} {err:>9} {us:>8} {bw:>7}")
+        print(f"{r['shape']:17} {r['case']:15} {r['impl']:16} {err:>9} {us:>8} {bw:>7}")
     replays = [r for r in report.rows if "replay_equals_eager" in r]
     print(f"graph replay == eager: {sum(r['replay_equals_eager'] for r in replays)}/{len(replays)}")
 
@@ -210,7 +222,8 @@ def main() -> int:
     started = time.perf_counter()
     report = Report(args.out, judge)
     report.add({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "default_num_warps": t_fused.NUM_WARPS})
+                "default_num_warps": t_fused.NUM_WARPS, "target_programs": t_fused.TARGET_PROGRAMS,
+                "split_warps": t_fused.SPLIT_WARPS})
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for shape in SHAPES:

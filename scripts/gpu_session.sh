@@ -9,6 +9,10 @@
 #   scripts/gpu_session.sh rerun2   27B decode/prefill, 8B, prefix reuse (ours only)
 #   scripts/gpu_session.sh final    8B regression, prefix reuse on graphs, a 30B-A3B step profile
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
+#   scripts/gpu_session.sh tune     Gated DeltaNet decode splits and head-dim-256 decode attention sweeps,
+#                                   the 35B-A3B decode, ninfer-serve on the 27B shape (startup, HTTP speed)
+#   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
+#                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache
 stage=${1:-check}
@@ -61,6 +65,26 @@ final)
 dense)
     bench 200 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
+    ;;
+tune)
+    timeout 90 python3 -m pytest -q -x -m gpu tests/test_gated_delta_decode.py 2>&1 | tail -4 | tee "$OUT/pytest.txt"
+    timeout 150 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -80
+    for shape in qwen3.6-35b-a3b qwen3.6-27b; do
+        timeout 75 python3 scripts/gpu_decode_attention_sweep.py --shape $shape --cases 1x768,8x768 \
+            --max-context 1536 --warps 2,4,8 --stages 1 --block-n 16,32,64 --splits default,8,32 \
+            2>&1 | tee -a "$OUT/attention_sweep.jsonl" | tail -1
+    done
+    bench 110 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    timeout 170 python3 scripts/gpu_serve_speed.py random:qwen3.6-27b --requests 2 --max-tokens 256 \
+        --log "$OUT/serve_speed.log" 2>&1 | tee "$OUT/serve_speed.jsonl"
+    grep -E "building|loaded|captured|warmed|memory|ready|listening" "$OUT/serve_speed.log" | cut -c1-220 | head -20
+    ;;
+probe)
+    timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \
+        --top 30 2>&1 | tee "$OUT/profile_35b.jsonl" | tail -4
+    timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --concurrency 1,8 --steps 20 \
+        --top 30 2>&1 | tee "$OUT/profile_27b.jsonl" | tail -4
+    timeout 200 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tee "$OUT/prefix_reuse.txt" | tail -24
     ;;
 esac
 tail -5 "$OUT/bench.err" 2>/dev/null

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
 import time
 from collections import defaultdict
@@ -23,11 +24,35 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer import LLM
-from ninfer.bench.random_model import model_source
+from ninfer.model.random_weights import model_source
 from ninfer.bench.ninfer_runs import _submit
 from ninfer.bench.workload import fixed_workload
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+#: kernel kinds for the per-kind summary: (kind, pattern of the kernel name), first match wins
+KINDS = (
+    ("moe gate_up", r"_gate_up_kernel"),
+    ("moe down", r"_down_kernel"),
+    ("moe sum", r"_sum_pairs_kernel"),
+    ("moe route + align", r"_route_kernel|_align"),
+    ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
+    ("decode attention", r"_decode_kernel|_merge_partials|paged_attention"),
+    ("rmsnorm", r"_rms_norm_kernel|_gated_rms_norm_kernel"),
+    ("silu and mul", r"_silu_and_mul_kernel"),
+    ("matmul (cuBLAS)", r"gemm|nvjet|cutlass|sm90_|xmma|splitK|gemv"),
+    ("sampler / argmax", r"argmax|reduce_kernel|topk|sort|softmax"),
+    ("elementwise (torch)", r"elementwise|vectorized|unrolled|index|gather|scatter|copy|cat"),
+)
+
+
+def kind_of(cat: str, name: str) -> str:
+    if cat != "kernel":
+        return cat  # gpu_memcpy / gpu_memset
+    for kind, pattern in KINDS:
+        if re.search(pattern, name):
+            return kind
+    return "other"
 
 
 def device_intervals(trace_path: str) -> list[tuple[float, float, str, str]]:
@@ -113,11 +138,17 @@ def main() -> None:
             per_name[(cat, name[:80])][0] += e - s
             per_name[(cat, name[:80])][1] += 1
         rows = sorted(per_name.items(), key=lambda kv: -kv[1][0])
+        per_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for (cat, name), (us, n) in per_name.items():
+            per_kind[kind_of(cat, name)][0] += us
+            per_kind[kind_of(cat, name)][1] += n
         print(json.dumps({
             "concurrency": c, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
             "device_window_ms_per_step": round(window / 1000 / args.steps, 4),
             "device_busy_ms_per_step": round(busy_us(intervals) / 1000 / args.steps, 4),
             "activities_per_step": len(intervals) / args.steps,
+            "kinds": {kind: {"us_per_step": round(us / args.steps, 1), "launches_per_step": n / args.steps}
+                      for kind, (us, n) in sorted(per_kind.items(), key=lambda kv: -kv[1][0])},
             "top": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),
                      "per_step": n / args.steps} for (cat, name), (us, n) in rows[: args.top]],
             "small": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),

@@ -44,31 +44,60 @@ def test_random_shapes_are_built_in_memory_and_loaded_through_the_checkpoint_loa
     import torch
 
     from ninfer import LLM, SamplingParams
-    from ninfer.bench import random_model
+    from ninfer.model import random_weights
 
-    monkeypatch.setitem(random_model.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
     cpu = torch.device("cpu")
-    path, weights = random_model.model_source("random:tiny-hybrid-moe", torch.float32, cpu, seed=3)
+    path, weights = random_weights.model_source("random:tiny-hybrid-moe", torch.float32, cpu, seed=3)
     assert not list(__import__("pathlib").Path(path).glob("*.safetensors"))
     llm = LLM(path, device="cpu", dtype="fp32", weights=weights)
     prompt = [5, 17, 99, 3, 250, 42]
     ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].outputs[0]
 
-    hf = random_model.build_hf("tiny-hybrid-moe", torch.float32, cpu, seed=3)
+    hf = random_weights.build_hf("tiny-hybrid-moe", torch.float32, cpu, seed=3)
     with torch.no_grad():
         theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
                              pad_token_id=0)[0, len(prompt):].tolist()
     assert ours.token_ids == theirs
 
 
+def test_the_engine_builder_serves_a_random_shape_by_its_reference(monkeypatch):
+    """``ninfer-serve random:SHAPE`` and ``LLM("random:SHAPE")``: the same in-memory weights
+    (seed 0) without the benchmark's plumbing, under the reference as the model id."""
+    import torch
+
+    from ninfer import LLM, SamplingParams
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    llm = LLM("random:tiny-hybrid-moe", device="cpu", dtype="fp32")
+    assert llm.loaded.model_id == "random:tiny-hybrid-moe"
+    prompt = [7, 8, 9, 300]
+    ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0].outputs[0]
+    hf = random_weights.build_hf("tiny-hybrid-moe", torch.float32, torch.device("cpu"), seed=0)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours.token_ids == theirs
+
+
+def test_unknown_random_shapes_fail_the_profile_check():
+    import pytest
+
+    from ninfer.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError, match="model: unknown random shape 'qwen9-1t'"):
+        load_profile(None, model="random:qwen9-1t")
+
+
 def test_consumed_weights_are_freed_as_the_loader_takes_them(monkeypatch):
     import torch
 
-    from ninfer.bench import random_model
+    from ninfer.model import random_weights
 
-    monkeypatch.setitem(random_model.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
-    hf = random_model.build_hf("tiny-hybrid-moe", torch.float32, torch.device("cpu"))
-    names = [name for name, tensor in random_model.consume_weights(hf) if tensor.numel()]
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    hf = random_weights.build_hf("tiny-hybrid-moe", torch.float32, torch.device("cpu"))
+    names = [name for name, tensor in random_weights.consume_weights(hf) if tensor.numel()]
     assert "model.layers.0.mlp.experts.gate_up_proj" in names
     assert all(p.numel() == 0 for p in hf.parameters())
 

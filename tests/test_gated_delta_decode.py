@@ -149,9 +149,10 @@ CASES = {
 
 
 @cpu_only
+@pytest.mark.parametrize("splits", [1, 2], ids=["whole-heads", "split-heads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_triton_matches_reference(case, dtype):
+def test_triton_matches_reference(case, dtype, splits):
     pytest.importorskip("triton")
     from ninfer_kernels.triton import counters as counters_module
     from ninfer_kernels.triton import gated_delta_decode as tri
@@ -165,7 +166,7 @@ def test_triton_matches_reference(case, dtype):
     want, want_conv, want_ssm = call(ref.gated_delta_decode, inputs, batch)
     runs = 2 if dtype == torch.float32 else 1  # the same call twice: the counters were reset
     for _ in range(runs):
-        got, conv, ssm = call(tri.gated_delta_decode, inputs, batch)
+        got, conv, ssm = call(tri.gated_delta_decode, inputs, batch, value_splits=splits)
         assert got.dtype == dtype
         assert rel_err(got, want) <= INTERPRETER_TOL[dtype]
         assert torch.equal(got[-1], torch.zeros_like(got[-1])), "rows past the last sequence are zeros"
@@ -189,15 +190,19 @@ def test_triton_steps_chain_like_the_reference():
     first = mixer_inputs(2, 4, 8, 5, 3, torch.float32, gen)
     second = mixer_inputs(2, 4, 8, 2, 3, torch.float32, gen)
     states = {}
-    for impl in (ref, tri):
-        _, conv, ssm = call(impl.gated_delta_decode, first, state_batch([(6, 3), (0, 2)], [2, 0]))
-        out, conv, ssm = call(impl.gated_delta_decode, {**second, "conv_states": conv, "ssm_states": ssm},
-                              state_batch([(9, 1), (2, 1)], [2, 0]))
-        states[impl] = out, conv, ssm
-    (want, want_conv, want_ssm), (got, conv, ssm) = states[ref], states[tri]
-    assert rel_err(got, want) <= TOL[torch.float32]
-    assert torch.equal(conv, want_conv)
-    assert rel_err(ssm, want_ssm) <= TOL[torch.float32]
+    runs = {"ref": (ref.gated_delta_decode, {}), "whole": (tri.gated_delta_decode, {}),
+            "split": (tri.gated_delta_decode, {"value_splits": 4})}
+    for name, (fn, kwargs) in runs.items():
+        _, conv, ssm = call(fn, first, state_batch([(6, 3), (0, 2)], [2, 0]), **kwargs)
+        out, conv, ssm = call(fn, {**second, "conv_states": conv, "ssm_states": ssm},
+                              state_batch([(9, 1), (2, 1)], [2, 0]), **kwargs)
+        states[name] = out, conv, ssm
+    want, want_conv, want_ssm = states["ref"]
+    for name in ("whole", "split"):
+        got, conv, ssm = states[name]
+        assert rel_err(got, want) <= TOL[torch.float32], name
+        assert torch.equal(conv, want_conv), name
+        assert rel_err(ssm, want_ssm) <= TOL[torch.float32], name
 
 
 # -- CUDA: Qwen3.6-27B's shape (16 key heads, 48 value heads, head dims 128), bf16 ---------------
@@ -205,8 +210,14 @@ def test_triton_steps_chain_like_the_reference():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_real_shape_and_cuda_graph():
-    from ninfer_kernels.triton import gated_delta_decode as tri
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_real_shape_and_cuda_graph(splits):
+    import functools
+
+    from ninfer_kernels.triton import gated_delta_decode as module
+
+    class tri:  # the module's op at a fixed launch shape
+        gated_delta_decode = functools.partial(module.gated_delta_decode, value_splits=splits)
 
     gen = torch.Generator().manual_seed(5)
     specs = [(2047, 1)] * 6 + [(100, 4), (0, 1)]

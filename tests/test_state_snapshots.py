@@ -370,3 +370,11 @@ def test_decode_ahead_never_runs_past_a_snapshot(tiny_hybrid):
     first, second = turns(llm)
     assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == want
     assert second.num_cached_tokens == (len(first.prompt_token_ids) + 9) // 4 * 4
+
+
+def test_snapshot_rows_follow_max_num_seqs(tiny_hybrid):
+    # the derived default (one device snapshot row per concurrent sequence) must count the
+    # offline batch, or every decode step of a wide batch would spill snapshots to the host
+    llm = LLM(str(tiny_hybrid), dtype="fp32", device="cpu", max_concurrency=2, max_num_seqs=5)
+    assert llm.profile.engine.max_concurrency == 5
+    assert llm.engine.scheduler.snapshots.num_device == 5

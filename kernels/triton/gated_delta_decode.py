@@ -3,7 +3,8 @@
 See :mod:`ninfer_kernels.gated_delta_decode` for the contract. Op by op, a decode step is
 a conv launch, several elementwise gate ops, the delta-rule launch and the norm's ops,
 each a round trip through memory for a few kilobytes; here one program per (sequence,
-value head) does all of it for its sequence's tokens, in order:
+value head) does all of it for its sequence's tokens (or ``NV`` programs per value
+head, each owning ``Dv / NV`` columns of its state, see the end), in order:
 
 1. the conv (+ silu) of its key head's query and key channels and its own value
    channels: taps inside the chunk come from the projection rows, earlier ones from the
@@ -26,6 +27,14 @@ key head) counter once it has read the old history, and the one that sees the co
 reach the group size writes it and zeroes the counter for the next call (the counter
 trick of :mod:`.decode_attention`, with its never-freed buffer).
 
+Small batches leave most of the GPU idle with one program per head (the 35B-A3B shape
+at batch 1 launches 32), so :func:`launch_shape` splits each head's value columns over
+``NV`` programs. Every column of the delta rule is independent, but the gated norm needs
+the whole row: split programs store their rounded ``o`` and their share of its sum of
+squares, and the last of a head's ``NV`` programs (a second counter) sums the shares in
+order and normalises the row in place. The q/k history then waits for ``GROUP * NV``
+programs.
+
 Nothing here reads a device value on the host, so the launch can be captured in a CUDA
 graph once the counter buffer exists (the warm-up passes allocate it).
 """
@@ -45,6 +54,22 @@ from ninfer_kernels.triton.rounding import nearest_bf16
 #: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
 #: 22.0 / 31.4 us at batch 1 and 43.7 / 62.6 / 111.9 us at batch 8
 NUM_WARPS = 4
+#: a launch of fewer programs than this splits each value head's columns over 2, 4, ...
+#: programs (never under MIN_SPLIT_COLUMNS columns each), so small batches still keep
+#: enough state reads in flight; split programs use SPLIT_WARPS warps
+TARGET_PROGRAMS = 512
+MIN_SPLIT_COLUMNS = 32
+SPLIT_WARPS = 4
+
+
+def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> tuple[int, int]:
+    """(warps, value splits) for a launch; CPU (the interpreter) runs whole heads."""
+    if device.type != "cuda":
+        return NUM_WARPS, 1
+    splits = 1
+    while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
+        splits *= 2
+    return (NUM_WARPS if splits == 1 else SPLIT_WARPS), splits
 
 
 @triton.jit
@@ -103,24 +128,36 @@ def _store_history(hist_ptr, new, stride_hist, cols, col_ok, K: tl.constexpr, KP
 
 
 @triton.jit
+def _gated_norm(o, sumsq, z, nw, eps, DV: tl.constexpr, dtype: tl.constexpr, ROUND_SCALE: tl.constexpr,
+                BF16: tl.constexpr):
+    """The gated RMSNorm of one head's output row ``o`` (float32, rounded) given its sum of squares."""
+    normed = _round(o / tl.sqrt(sumsq / DV + eps), dtype, BF16)
+    scaled = nw * normed
+    if ROUND_SCALE:
+        scaled = _round(scaled, dtype, BF16)
+    return _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)
+
+
+@triton.jit
 def _gdn_decode_kernel(
     proj_ptr, cw_ptr, conv_ptr, ssm_ptr, a_log_ptr, dt_bias_ptr, nw_ptr, out_ptr,
-    starts_ptr, seq_lens_ptr, slots_ptr, count_ptr,
+    starts_ptr, seq_lens_ptr, slots_ptr, count_ptr, sumsq_ptr,
     num_seqs, num_rows, eps, l2_eps, scale,
     stride_p, stride_cw, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o,
     HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, ROUND_SCALE: tl.constexpr,
-    BF16: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    BH: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(1) // NV
+    part = tl.program_id(1) % NV  # which BV columns of the head's value dim this program owns
     k_head = head // GROUP
     HV: tl.constexpr = HK * GROUP
     KEY: tl.constexpr = HK * DK
     CONV: tl.constexpr = 2 * KEY + HV * DV
     dtype = out_ptr.dtype.element_ty
     dk = tl.arange(0, BK)
-    dv = tl.arange(0, BV)
+    dv = part * BV + tl.arange(0, BV)
     taps = tl.arange(0, KP)
     dk_ok = dk < DK
     dv_ok = dv < DV
@@ -175,13 +212,12 @@ def _gdn_decode_kernel(
         delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
         s = s + k[:, None] * delta[None, :]
         o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
-        # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
-        normed = _round(o / tl.sqrt(tl.sum(o * o) / DV + eps), dtype, BF16)
-        scaled = nw * normed
-        if ROUND_SCALE:
-            scaled = _round(scaled, dtype, BF16)
-        y = _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)
-        tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+        if NV == 1:  # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
+            y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
+            tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+        else:  # the head's last program to finish normalises (below): o and its share of the sum
+            tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
+            tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))
 
     if seq == num_seqs - 1:  # rows past the last sequence are zeros, as the chained ops give
         for t in range(end, num_rows):
@@ -194,15 +230,32 @@ def _gdn_decode_kernel(
         tl.debug_barrier()  # every thread's reads of the old history happen before any write
         tl.store(s_ptrs, s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
         _store_history(hist_ptr, new_v, stride_ch, v_cols, dv_ok, K, KP)
-        if GROUP == 1:
+        if GROUP * NV == 1:
             _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
             _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
         else:
             counter = count_ptr + seq * HK + k_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP - 1:
+            if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP * NV - 1:
                 _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
                 _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
                 tl.store(counter, 0)
+
+    if NV > 1:
+        tl.debug_barrier()  # every thread's o and share of the sum are stored before the counter moves
+        counter = count_ptr + num_seqs * HK + seq * HV + head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NV - 1:
+            cols = tl.arange(0, BH)
+            cols_ok = cols < DV
+            parts = tl.arange(0, NV)
+            nw_all = tl.load(nw_ptr + cols, mask=cols_ok, other=0.0).to(tl.float32)
+            for t in range(start, end):
+                row = out_ptr + t * stride_o + head * DV + cols
+                o_all = tl.load(row, mask=cols_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+                sq = tl.sum(tl.load(sumsq_ptr + (t * HV + head) * NV + parts, cache_modifier=".cg"))
+                z = tl.load(proj_ptr + t * stride_p + CONV + head * DV + cols, mask=cols_ok, other=0.0).to(tl.float32)
+                y = _gated_norm(o_all, sq, z, nw_all, eps, DV, dtype, ROUND_SCALE, BF16)
+                tl.store(row, y.to(dtype), mask=cols_ok)
+            tl.store(counter, 0)
 
 
 def gated_delta_decode(
@@ -218,8 +271,11 @@ def gated_delta_decode(
     head_k_dim: int,
     batch: ForwardBatch,
     num_warps: int | None = None,
+    value_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as the reference. ``num_warps`` overrides :data:`NUM_WARPS`."""
+    """Same contract as the reference. ``num_warps`` and ``value_splits`` (programs per
+    value head, each owning ``Dv / value_splits`` columns of its state) override
+    :func:`launch_shape`."""
     if batch.state_slots is None:
         raise ValueError("this model keeps recurrent state: the batch needs state_slots")
     num_v_heads, head_v_dim = a_log.shape[0], norm_weight.shape[0]
@@ -242,19 +298,26 @@ def gated_delta_decode(
     num_seqs = batch.num_seqs
     if num_seqs == 0:
         return out.zero_()
-    counters = counter_buffer("gated_delta_decode", proj.device, num_seqs * num_k_heads, minimum=1 << 12)
+    warps, splits = launch_shape(num_seqs, num_v_heads, head_v_dim, proj.device)
+    warps, splits = num_warps or warps, value_splits or splits
+    if splits & (splits - 1) or splits > triton.next_power_of_2(head_v_dim):
+        raise ValueError(f"value_splits must be a power of two no larger than the value head dim {head_v_dim}")
+    # the q/k history counters (one per sequence and key head), then the norm's (per value head)
+    counters = counter_buffer("gated_delta_decode", proj.device, num_seqs * (num_k_heads + num_v_heads),
+                              minimum=1 << 13)
+    sumsq = torch.empty(tokens, num_v_heads, splits, dtype=torch.float32, device=proj.device) if splits > 1 else out
     # torch's type promotion of ``weight * normed``: rounded unless one side is float32
     round_scale = torch.promote_types(norm_weight.dtype, proj.dtype) != torch.float32
-    _gdn_decode_kernel[(num_seqs, num_v_heads)](
+    _gdn_decode_kernel[(num_seqs, num_v_heads * splits)](
         proj, weight, conv_states, ssm_states, a_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous(),
-        out, batch.query_start, batch.seq_lens, batch.state_slots, counters,
+        out, batch.query_start, batch.seq_lens, batch.state_slots, counters, sumsq,
         num_seqs, tokens, eps, L2_EPS, head_k_dim**-0.5,
         proj.stride(0), weight.stride(0), conv_states.stride(0), conv_states.stride(1),
         ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), out.stride(0),
         HK=num_k_heads, GROUP=num_v_heads // num_k_heads, DK=head_k_dim, DV=head_v_dim,
         K=weight.shape[1], KP=triton.next_power_of_2(weight.shape[1]),
-        BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale,
-        BF16=proj.dtype == torch.bfloat16,
-        num_warps=num_warps or NUM_WARPS,
+        BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim) // splits, NV=splits,
+        BH=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale, BF16=proj.dtype == torch.bfloat16,
+        num_warps=warps,
     )
     return out

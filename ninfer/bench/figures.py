@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 
 from ninfer.bench import bandwidth as bw
-from ninfer.bench import hf_runs, ninfer_runs, random_model
+from ninfer.bench import hf_runs, ninfer_runs
+from ninfer.model import random_weights
 from ninfer.bench.prefill import hf_prefill, ninfer_prefill
 from ninfer.bench.workload import fixed_workload, random_workload
 
@@ -59,7 +60,7 @@ class Bench:
         device_arg = int(a.device) if a.device.isdigit() else a.device
         device = resolve_device(device_arg)
         dtype = resolve_dtype(a.dtype, device)
-        path, weights = random_model.model_source(model, dtype, device, a.seed)
+        path, weights = random_weights.model_source(model, dtype, device, a.seed)
         self.llm = LLM(path, device=device_arg, dtype=a.dtype,
                        max_num_seqs=max_seqs, max_context=longest, kv_capacity=kv, prefill_chunk=a.prefill_chunk,
                        cuda_graph=not a.no_cuda_graph, weights=weights)
@@ -139,9 +140,9 @@ class Bench:
         ``random:`` shapes), running the workloads our figures ran; frees our engine first."""
         a = self.args
         self.unload()
-        shape = random_model.shape_of(model)
+        shape = random_weights.shape_of(model)
         if shape is not None:
-            self.hf = random_model.build_hf(shape, self.dtype, self.device, a.seed)
+            self.hf = random_weights.build_hf(shape, self.dtype, self.device, a.seed)
         else:
             self.hf = hf_runs.load_hf(self.model_dir, self.dtype, self.device)
         # compiled runs last: transformers' compile captures graphs of its own

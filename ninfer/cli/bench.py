@@ -5,7 +5,7 @@ model); ``ninfer-bench --suite gpu`` (on CUDA: copy bandwidth, decode at concurr
 8, 32 and 64 with bandwidth utilisation, and 2k/8k prefill on a Qwen3-8B-shaped random
 checkpoint, transformers dynamic and static+compiled beside us; then nano-vllm's
 offline setup on a Qwen3-0.6B shape). ``random:SHAPE`` models get random weights built
-in device memory (:mod:`ninfer.bench.random_model`); no weight file is written.
+in device memory (:mod:`ninfer.model.random_weights`); no weight file is written.
 """
 
 from __future__ import annotations

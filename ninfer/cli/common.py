@@ -12,7 +12,7 @@ from ninfer.profile.flags import add_profile_flags
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """MODEL_PATH and --profile: the two ways to name what to load."""
     parser.add_argument("model", nargs="?", metavar="MODEL_PATH",
-                        help="checkpoint directory or tiny:FAMILY; overrides the profile's model")
+                        help="checkpoint directory, tiny:FAMILY or random:SHAPE; overrides the profile's model")
     parser.add_argument("--profile", metavar="FILE",
                         help="startup profile (YAML); without it and MODEL_PATH the packaged demo profile is used")
 

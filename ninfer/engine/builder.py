@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from loguru import logger
@@ -15,6 +16,7 @@ from ninfer.engine.guided_setup import build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snapshot_rows, state_pool_bytes
 from ninfer.engine.warmup import warm_up
+from ninfer.model import random_weights
 from ninfer.model.loader import load_model
 from ninfer.tiny.cache import resolve_model_path
 from ninfer.tokenizer import Tokenizer
@@ -101,8 +103,14 @@ def build_engine(profile, registry, weights=None) -> LoadedEngine:
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
     prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
-    model_dir = resolve_model_path(profile.model, registry)
     started = time.perf_counter()
+    if weights is None and random_weights.shape_of(profile.model):
+        logger.info("building {} in device memory: transformers initialises it, then it streams into our loader",
+                    profile.model)
+        path, weights = random_weights.model_source(profile.model, dtype, device)
+        model_dir = Path(path)
+    else:
+        model_dir = resolve_model_path(profile.model, registry)
     model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context,
                                        weights=weights)
     tokenizer = Tokenizer.from_pretrained(model_dir)
@@ -149,4 +157,4 @@ def _log_memory_ledger(engine, model, slots, device: torch.device) -> None:
 
 def default_model_id(model: str, model_dir) -> str:
     """The public id when --model-id is absent: the checkpoint folder's name."""
-    return model if model.startswith("tiny:") else model_dir.name
+    return model if model.startswith(("tiny:", random_weights.PREFIX)) else model_dir.name

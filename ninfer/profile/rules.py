@@ -13,10 +13,17 @@ def cross_checks(p: Profile) -> list[str]:
     """Every rule the profile breaks, as ``key.path: message`` lines."""
     errors: list[str] = []
     if p.model is None:
-        errors.append("model: required: a checkpoint directory or tiny:FAMILY (give MODEL_PATH or set it "
-                      "in the profile)")
+        errors.append("model: required: a checkpoint directory, tiny:FAMILY or random:SHAPE (give MODEL_PATH "
+                      "or set it in the profile)")
     elif p.model.startswith("tiny:") and not p.model[len("tiny:"):]:
         errors.append("model: tiny:FAMILY needs a family name, e.g. tiny:qwen3")
+    elif p.model.startswith("random:"):
+        from ninfer.model import random_weights  # (imports torch: only for random models)
+
+        try:
+            random_weights.shape_of(p.model)
+        except ValueError as e:
+            errors.append(f"model: {e}")
     if p.server.api_key == REDACTED:
         errors.append(f"server.api_key: {REDACTED!r} is what --check prints in place of the key; give the "
                       "real key, e.g. ${NINFER_API_KEY}")

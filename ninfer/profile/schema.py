@@ -185,7 +185,7 @@ class Plugins:
 class Profile:
     """A complete server configuration. Top-level keys first, then one key per section."""
 
-    model: str | None = opt(None, Optional(Str()), "checkpoint directory, or tiny:FAMILY", flag="")
+    model: str | None = opt(None, Optional(Str()), "checkpoint directory, tiny:FAMILY, or random:SHAPE", flag="")
     model_id: str | None = opt(None, Optional(Str()), "public model name clients must send",
                                metavar="ID", default_text="the checkpoint's own id")
     dtype: str = opt("auto", Str(DTYPES), "compute dtype; auto is bf16 on CUDA and fp32 on CPU",

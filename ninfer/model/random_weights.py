@@ -10,7 +10,9 @@ machine's disk holds beside anything else. The transformers baseline is built ag
 from the same config and seed after our engine is gone, so the two never share memory.
 
 Benchmarks feed token ids, so the tiny tokenizer only means the vocabulary rows past its
-512 tokens are never prompted.
+512 tokens are never prompted. ``ninfer-serve random:SHAPE`` serves one too (to measure
+the server path at a real shape): the output is noise, and tokens past the tokenizer's
+512 decode to nothing, so measure it by token counts (usage), not by text.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    # (callers: the benchmarks, and the engine builder for ``ninfer-serve random:SHAPE``)
     """What ``LLM`` needs for ``model``: ``(path, weights)``. For ``random:SHAPE`` the path
     holds only the config and tokenizer and ``weights`` streams a freshly built random
     model; anything else is passed through with ``weights`` None."""
