@@ -20,6 +20,9 @@ id ``E`` is the shared expert: the same tile loop reads its own tensor, laid out
 routed expert (the model keeps it so; any other layout is copied first), so the loads
 stay vectorised and the pipeline's shared memory is allocated once.
 
+Under PDL (:mod:`.pdl`) each kernel is launched while the one before it finishes and
+waits for it before reading anything, which hides its launch latency.
+
 Block shapes are chosen on the host from the token count alone (:func:`select_config`):
 a tuned table per device in ``moe_configs/<device name>.json`` (written by
 scripts/gpu_moe_tune.py), else a heuristic by pairs per expert.
@@ -36,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
@@ -238,8 +242,10 @@ def _gate_up_kernel(
     stride_xt, stride_xk, stride_we, stride_wn, stride_wk, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the routing (or the layout) comes from the kernel just before
+        tl.extra.cuda.gdc_wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
@@ -267,8 +273,10 @@ def _down_kernel(
     stride_at, stride_we, stride_wn, stride_wk, stride_ot,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
@@ -291,7 +299,10 @@ def _down_kernel(
 
 
 @triton.jit
-def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr):
+def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
+                      USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width
@@ -304,7 +315,9 @@ def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.c
 def _launch_options(x: torch.Tensor) -> dict:
     # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits, and
     # truncates where it should round: UPCAST works around both.
-    return {"IEEE": x.dtype == torch.float32, "UPCAST": interpreted_bf16(x)}
+    use_pdl = pdl.enabled(x.device)
+    return {"IEEE": x.dtype == torch.float32, "UPCAST": interpreted_bf16(x), "USE_PDL": use_pdl,
+            **pdl.launch_options(use_pdl)}
 
 
 def _fit(cfg: GemmConfig, n: int, k: int) -> GemmConfig:
@@ -374,8 +387,10 @@ def sum_pairs(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
     """[T * top_k, H] -> [T, H]: each token's rows summed in float32, rounded once."""
     width = rows.shape[1]
     out = torch.empty(num_tokens, width, dtype=rows.dtype, device=rows.device)
+    use_pdl = pdl.enabled(rows.device)
     _sum_pairs_kernel[(num_tokens, triton.cdiv(width, SUM_BLOCK))](
-        rows, out, width, TOP_K=top_k, BLOCK=SUM_BLOCK, ROUND=interpreted_bf16(rows))
+        rows, out, width, TOP_K=top_k, BLOCK=SUM_BLOCK, ROUND=interpreted_bf16(rows), USE_PDL=use_pdl,
+        **pdl.launch_options(use_pdl))
     return out
 
 

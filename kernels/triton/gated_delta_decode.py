@@ -35,6 +35,9 @@ squares, and the last of a head's ``NV`` programs (a second counter) sums the sh
 order and normalises the row in place. The q/k history then waits for ``GROUP * NV``
 programs.
 
+With PDL (:mod:`.pdl`) the state, the conv taps and the per-head constants are read
+before the kernel waits for the projection before it.
+
 Nothing here reads a device value on the host, so the launch can be captured in a CUDA
 graph once the counter buffer exists (the warm-up passes allocate it).
 """
@@ -47,6 +50,7 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
+from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.rounding import nearest_bf16
 
@@ -146,7 +150,7 @@ def _gdn_decode_kernel(
     stride_p, stride_cw, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o,
     HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
-    BH: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr,
+    BH: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1) // NV
@@ -191,6 +195,8 @@ def _gdn_decode_kernel(
     neg_a = -tl.exp(tl.load(a_log_ptr + head).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     nw = tl.load(nw_ptr + dv, mask=dv_ok, other=0.0).to(tl.float32)
+    if USE_PDL:  # all of the above was written before the projection; its rows come next
+        tl.extra.cuda.gdc_wait()
 
     for t in range(start, end):
         q = _conv_row(proj_ptr, hist_ptr, w_q, t, start, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
@@ -306,6 +312,7 @@ def gated_delta_decode(
     counters = counter_buffer("gated_delta_decode", proj.device, num_seqs * (num_k_heads + num_v_heads),
                               minimum=1 << 13)
     sumsq = torch.empty(tokens, num_v_heads, splits, dtype=torch.float32, device=proj.device) if splits > 1 else out
+    use_pdl = pdl.enabled(proj.device)
     # torch's type promotion of ``weight * normed``: rounded unless one side is float32
     round_scale = torch.promote_types(norm_weight.dtype, proj.dtype) != torch.float32
     _gdn_decode_kernel[(num_seqs, num_v_heads * splits)](
@@ -318,6 +325,6 @@ def gated_delta_decode(
         K=weight.shape[1], KP=triton.next_power_of_2(weight.shape[1]),
         BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim) // splits, NV=splits,
         BH=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale, BF16=proj.dtype == torch.bfloat16,
-        num_warps=warps,
+        USE_PDL=use_pdl, num_warps=warps, **pdl.launch_options(use_pdl),
     )
     return out

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.moe import max_padded_rows
+from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
@@ -47,8 +48,23 @@ def _route_kernel(
     num_experts, hidden, stride_lt, stride_xt,
     TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    # x was written before the router's matmul, which launches without PDL (cuBLAS): so
+    # under PDL this part may run before the wait, overlapping that matmul's end
+    if HAS_SHARED:
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            h_ok = offs_h < hidden
+            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            gv = tl.load(gate_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            acc += xv * gv
+        # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
+        g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the logits come from the matmul just before
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
@@ -68,15 +84,6 @@ def _route_kernel(
     if RENORM:
         weights = weights / tl.sum(weights, 0)  # unpicked columns hold 0
     if HAS_SHARED:
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for h0 in range(0, hidden, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            h_ok = offs_h < hidden
-            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-            gv = tl.load(gate_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-            acc += xv * gv
-        # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
-        g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
         weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g)), weights)
         ids = tl.where(cols == TOP_K, num_experts, ids)
     tl.store(w_ptr + t * K_OUT + cols, weights, mask=cols < K_OUT)
@@ -112,12 +119,13 @@ def moe_route(
     else:
         x = gate = logits  # unused
         hidden, stride_xt = 0, 0
+    use_pdl = pdl.enabled(logits.device)
     _route_kernel[(num_tokens,)](
         logits, x, gate, weights, ids, num_experts, hidden, logits.stride(0), stride_xt,
         TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
         BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
-        num_warps=4 if num_experts > 128 else 2,
+        USE_PDL=use_pdl, num_warps=4 if num_experts > 128 else 2, **pdl.launch_options(use_pdl),
     )
     return weights, ids
 
