@@ -58,7 +58,7 @@ def variant(name: str):
     """Swap in one op implementation or launch setting for the duration of a capture."""
     impls = ops.IMPLEMENTATIONS
     saved = {op: dict(v) for op, v in impls.items()}
-    saved_consts = (fused.NUM_WARPS, fused.NUM_STAGES, fused.BLOCK_N, fused.SMALL_BLOCK_N, fused.MAX_SPLITS)
+    saved_shapes, saved_splits = dict(fused.LAUNCH_SHAPES), fused.MAX_SPLITS
     saved_pdl = os.environ.get("NINFER_PDL")
     try:
         for part in filter(None, name.split("+")):
@@ -68,12 +68,11 @@ def variant(name: str):
             elif key == "splits":
                 impls["decode_attention"]["triton"] = functools.partial(fused.decode_attention,
                                                                         num_splits=int(value))
-            elif key == "warps":
-                fused.NUM_WARPS = int(value)
-            elif key == "stages":
-                fused.NUM_STAGES = int(value)
-            elif key == "block_n":  # one key tile, whatever the split count
-                fused.BLOCK_N = fused.SMALL_BLOCK_N = int(value)
+            elif key in ("warps", "stages", "block_n"):  # block_n: one key tile, whatever the split count
+                for dim, (warps, stages, block_n, small) in list(fused.LAUNCH_SHAPES.items()):
+                    warps, stages = (int(value) if key == "warps" else warps), (int(value) if key == "stages" else stages)
+                    block_n, small = (int(value), int(value)) if key == "block_n" else (block_n, small)
+                    fused.LAUNCH_SHAPES[dim] = (warps, stages, block_n, small)
             elif key == "max_splits":  # the split heuristic's cap
                 fused.MAX_SPLITS = int(value)
             elif key == "impl":  # impl:OP=FILE.py: OP from another copy of its kernel module
@@ -87,7 +86,9 @@ def variant(name: str):
     finally:
         for op, v in saved.items():
             impls[op].update(v)
-        fused.NUM_WARPS, fused.NUM_STAGES, fused.BLOCK_N, fused.SMALL_BLOCK_N, fused.MAX_SPLITS = saved_consts
+        fused.LAUNCH_SHAPES.clear()
+        fused.LAUNCH_SHAPES.update(saved_shapes)
+        fused.MAX_SPLITS = saved_splits
         if saved_pdl is None:
             os.environ.pop("NINFER_PDL", None)
         else:

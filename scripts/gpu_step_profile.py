@@ -8,6 +8,7 @@ intervals) and the busiest kernels and copies per step, so launch gaps and the w
 outside the graph show up next to the graph's kernels.
 
     python scripts/gpu_step_profile.py random:qwen3-8b --concurrency 1,8
+    python scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192     # one 8k prefill
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ KINDS = (
     ("moe gate_up", r"_gate_up_kernel"),
     ("moe down", r"_down_kernel"),
     ("moe sum", r"_sum_pairs_kernel"),
-    ("moe route + align", r"_route_kernel|_align"),
+    ("moe route", r"_route_kernel"),
     ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
-    ("decode attention", r"_decode_kernel|_merge_partials|paged_attention"),
+    ("gated deltanet chunked (fla)", r"chunk|solve_tril|recompute_w_u|kkt|l2norm|merge_16x16|wy_fast"),
+    ("causal conv", r"_causal_conv_kernel"),
+    ("decode attention", r"_decode_kernel|_merge_partials"),
+    ("prefill attention", r"_attend_kernel|_merge_kernel|_write_kv_kernel|_qk_norm_rope_kernel|_rope_kernel"),
     ("rmsnorm", r"_rms_norm_kernel|_gated_rms_norm_kernel"),
+    ("moe align", r"_align"),
     ("silu and mul", r"_silu_and_mul_kernel"),
     ("matmul (cuBLAS)", r"gemm|nvjet|cutlass|sm90_|xmma|splitK|gemv"),
     ("sampler / argmax", r"argmax|reduce_kernel|topk|sort|softmax"),
@@ -94,6 +99,52 @@ def profile_steps(engine, steps: int) -> tuple[float, list]:
         return wall, device_intervals(path)
 
 
+def summarise(intervals, steps: int, top: int) -> dict:
+    """Per kernel kind and the busiest kernels, per step."""
+    per_name: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for s, e, cat, name in intervals:
+        per_name[(cat, name[:80])][0] += e - s
+        per_name[(cat, name[:80])][1] += 1
+    per_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for (cat, name), (us, n) in per_name.items():
+        per_kind[kind_of(cat, name)][0] += us
+        per_kind[kind_of(cat, name)][1] += n
+    rows = sorted(per_name.items(), key=lambda kv: -kv[1][0])
+    return {
+        "device_busy_ms_per_step": round(busy_us(intervals) / 1000 / steps, 4),
+        "kinds": {kind: {"us_per_step": round(us / steps, 1), "launches_per_step": n / steps}
+                  for kind, (us, n) in sorted(per_kind.items(), key=lambda kv: -kv[1][0])},
+        "top": [{"cat": cat, "name": name, "us_per_step": round(us / steps, 2), "per_step": n / steps}
+                for (cat, name), (us, n) in rows[:top]],
+    }
+
+
+def profile_prefill(args) -> None:
+    """One prefill of ``args.prefill`` tokens in one chunk, profiled after an untimed one."""
+    from ninfer import SamplingParams
+
+    path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
+    n = args.prefill
+    llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=1, max_context=n + 8, kv_capacity=2 * (n + 8),
+              prefill_chunk=n, weights=weights)
+    vocab = llm.loaded.tokenizer.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [(7 * i + r) % vocab for i in range(n)]} for r in range(2)]
+    llm.generate(prompts[0], params)  # compiles and autotunes for this length
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompts[1], params)  # a different prompt: no prefix reuse
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1000
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        intervals = device_intervals(trace)
+    print(json.dumps({"prefill_tokens": n, "wall_ms": round(wall, 2), **summarise(intervals, 1, args.top)}),
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="random:qwen3-8b")
@@ -102,7 +153,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--host", action="store_true", help="also a cProfile of the host's side of the steps")
+    ap.add_argument("--prefill", type=int, default=0, metavar="LEN",
+                    help="instead: profile one prefill of LEN tokens (one chunk), after an untimed one")
     args = ap.parse_args()
+    if args.prefill:
+        return profile_prefill(args)
     levels = [int(c) for c in args.concurrency.split(",")]
     path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
     llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
@@ -133,27 +188,11 @@ def main() -> None:
             engine.step()
         # the window: first to last device activity of the profiled steps
         window = intervals[-1][1] - intervals[0][0]
-        per_name: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-        for s, e, cat, name in intervals:
-            per_name[(cat, name[:80])][0] += e - s
-            per_name[(cat, name[:80])][1] += 1
-        rows = sorted(per_name.items(), key=lambda kv: -kv[1][0])
-        per_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for (cat, name), (us, n) in per_name.items():
-            per_kind[kind_of(cat, name)][0] += us
-            per_kind[kind_of(cat, name)][1] += n
         print(json.dumps({
             "concurrency": c, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
             "device_window_ms_per_step": round(window / 1000 / args.steps, 4),
-            "device_busy_ms_per_step": round(busy_us(intervals) / 1000 / args.steps, 4),
             "activities_per_step": len(intervals) / args.steps,
-            "kinds": {kind: {"us_per_step": round(us / args.steps, 1), "launches_per_step": n / args.steps}
-                      for kind, (us, n) in sorted(per_kind.items(), key=lambda kv: -kv[1][0])},
-            "top": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),
-                     "per_step": n / args.steps} for (cat, name), (us, n) in rows[: args.top]],
-            "small": [{"cat": cat, "name": name, "us_per_step": round(us / args.steps, 2),
-                       "per_step": n / args.steps} for (cat, name), (us, n) in rows
-                      if n / args.steps <= 2],
+            **summarise(intervals, args.steps, args.top),
         }), flush=True)
 
 

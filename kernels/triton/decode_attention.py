@@ -34,13 +34,14 @@ from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
-#: launch shape, from the decode sweeps on an H200 (scripts/gpu_decode_attention_sweep.py,
-#: then scripts/gpu_decode_insitu.py inside whole replayed steps)
-NUM_WARPS, NUM_STAGES = 2, 1
-#: key tile; launches with at least SMALL_TILE_SPLITS splits (batch 1 or so) take the
-#: smaller one: their programs are bound by memory latency, and a small tile spreads short
-#: contexts over more of them (with fewer splits, long contexts ran faster on 64 keys)
-BLOCK_N, SMALL_BLOCK_N, SMALL_TILE_SPLITS = 64, 32, 32
+#: launch shape per head dim: (warps, stages, key tile, key tile of launches with at least
+#: SMALL_TILE_SPLITS splits), from the decode sweeps on an H200
+#: (scripts/gpu_decode_attention_sweep.py, then scripts/gpu_decode_insitu.py inside whole
+#: replayed steps). Batch-1 launches (many splits) are bound by memory latency, and a
+#: small tile spreads short contexts over more programs (with fewer splits, long contexts
+#: ran faster on 64 keys). A head dim without an entry takes the nearest smaller one.
+LAUNCH_SHAPES = {128: (2, 1, 64, 32), 256: (2, 1, 64, 32)}
+SMALL_TILE_SPLITS = 32
 #: at most this many key splits, of at least this many keys each (decode's own limits: more
 #: and shorter splits than the prefill kernel's, since at batch 1 memory latency, not work,
 #: bounds each program)
@@ -295,7 +296,8 @@ def decode_attention(
     group = num_heads // num_kv_heads
     splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device, MAX_SPLITS,
                                        MIN_KEYS_PER_SPLIT)
-    block_n = SMALL_BLOCK_N if splits >= SMALL_TILE_SPLITS else BLOCK_N
+    num_warps, num_stages, block_n, small_block_n = launch_shape(head_dim)
+    block_n = small_block_n if splits >= SMALL_TILE_SPLITS else block_n
     if splits > 1:
         part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
@@ -321,6 +323,12 @@ def decode_attention(
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, USE_PDL=use_pdl,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl.launch_options(use_pdl),
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     return out
+
+
+def launch_shape(head_dim: int) -> tuple[int, int, int, int]:
+    """:data:`LAUNCH_SHAPES`' entry for ``head_dim`` (the nearest smaller one without its own)."""
+    fits = [d for d in LAUNCH_SHAPES if d <= head_dim]
+    return LAUNCH_SHAPES[max(fits) if fits else min(LAUNCH_SHAPES)]
