@@ -68,7 +68,7 @@ def main() -> None:
             for stages in map(int, args.stages.split(",")):
                 for block_n in map(int, args.block_n.split(",")):
                     for splits in [int(x) if x != "default" else None for x in args.splits.split(",")]:
-                        da.LAUNCH_SHAPES[HEAD_D] = (warps, stages, block_n, block_n)
+                        da.LAUNCH_SHAPES[HEAD_D] = (warps, stages, block_n, block_n, 1)
 
                         def fused(s=splits):
                             return da.decode_attention(q, k, v, w, w, 1e-6, pos, table, ROT, k_cache, v_cache,

@@ -69,10 +69,10 @@ def variant(name: str):
                 impls["decode_attention"]["triton"] = functools.partial(fused.decode_attention,
                                                                         num_splits=int(value))
             elif key in ("warps", "stages", "block_n"):  # block_n: one key tile, whatever the split count
-                for dim, (warps, stages, block_n, small) in list(fused.LAUNCH_SHAPES.items()):
+                for dim, (warps, stages, block_n, small, small_splits) in list(fused.LAUNCH_SHAPES.items()):
                     warps, stages = (int(value) if key == "warps" else warps), (int(value) if key == "stages" else stages)
                     block_n, small = (int(value), int(value)) if key == "block_n" else (block_n, small)
-                    fused.LAUNCH_SHAPES[dim] = (warps, stages, block_n, small)
+                    fused.LAUNCH_SHAPES[dim] = (warps, stages, block_n, small, small_splits)
             elif key == "max_splits":  # the split heuristic's cap
                 fused.MAX_SPLITS = int(value)
             elif key == "impl":  # impl:OP=FILE.py: OP from another copy of its kernel module

@@ -223,7 +223,7 @@ def main() -> int:
     report = Report(args.out, judge)
     report.add({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "default_num_warps": t_fused.NUM_WARPS, "target_programs": t_fused.TARGET_PROGRAMS,
-                "split_warps": t_fused.SPLIT_WARPS})
+                "many_programs": t_fused.MANY_PROGRAMS})
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for shape in SHAPES:

@@ -11,6 +11,7 @@
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh tune     Gated DeltaNet decode splits and head-dim-256 decode attention sweeps,
 #                                   the 35B-A3B decode, ninfer-serve on the 27B shape (startup, HTTP speed)
+#   scripts/gpu_session.sh last     the 35B-A3B decode, then the 27B shape with transformers (decode, prefill)
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -78,6 +79,11 @@ tune)
     timeout 170 python3 scripts/gpu_serve_speed.py random:qwen3.6-27b --requests 2 --max-tokens 256 \
         --log "$OUT/serve_speed.log" 2>&1 | tee "$OUT/serve_speed.jsonl"
     grep -E "building|loaded|captured|warmed|memory|ready|listening" "$OUT/serve_speed.log" | cut -c1-220 | head -20
+    ;;
+last)
+    bench 105 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    bench 300 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
+        --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 48
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

@@ -34,14 +34,17 @@ from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
-#: launch shape per head dim: (warps, stages, key tile, key tile of launches with at least
-#: SMALL_TILE_SPLITS splits), from the decode sweeps on an H200
+#: launch shape per head dim: (warps, stages, key tile, the key tile of launches with at
+#: least ``small tile splits`` splits, small tile splits), from the decode sweeps on an H200
 #: (scripts/gpu_decode_attention_sweep.py, then scripts/gpu_decode_insitu.py inside whole
 #: replayed steps). Batch-1 launches (many splits) are bound by memory latency, and a
 #: small tile spreads short contexts over more programs (with fewer splits, long contexts
-#: ran faster on 64 keys). A head dim without an entry takes the nearest smaller one.
-LAUNCH_SHAPES = {128: (2, 1, 64, 32), 256: (2, 1, 64, 32)}
-SMALL_TILE_SPLITS = 32
+#: ran faster on 64 keys). Head dim 256 (the hybrids' gated attention, 6-8 query heads per
+#: KV head) needs twice the warps for its tiles: at batch 1 and 768 keys, 4 warps and
+#: 16-key tiles took 11.5 us a layer (35B-A3B) and 10.9 (27B) against 19.7 and 16.0 with
+#: the head-dim-128 shape; with 8 splits (the 27B at batch 8) 32-key tiles were faster.
+#: A head dim without an entry takes the nearest smaller one.
+LAUNCH_SHAPES = {128: (2, 1, 64, 32, 32), 256: (4, 1, 32, 16, 16)}
 #: at most this many key splits, of at least this many keys each (decode's own limits: more
 #: and shorter splits than the prefill kernel's, since at batch 1 memory latency, not work,
 #: bounds each program)
@@ -296,8 +299,8 @@ def decode_attention(
     group = num_heads // num_kv_heads
     splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device, MAX_SPLITS,
                                        MIN_KEYS_PER_SPLIT)
-    num_warps, num_stages, block_n, small_block_n = launch_shape(head_dim)
-    block_n = small_block_n if splits >= SMALL_TILE_SPLITS else block_n
+    num_warps, num_stages, block_n, small_block_n, small_tile_splits = launch_shape(head_dim)
+    block_n = small_block_n if splits >= small_tile_splits else block_n
     if splits > 1:
         part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
@@ -328,7 +331,7 @@ def decode_attention(
     return out
 
 
-def launch_shape(head_dim: int) -> tuple[int, int, int, int]:
+def launch_shape(head_dim: int) -> tuple[int, int, int, int, int]:
     """:data:`LAUNCH_SHAPES`' entry for ``head_dim`` (the nearest smaller one without its own)."""
     fits = [d for d in LAUNCH_SHAPES if d <= head_dim]
     return LAUNCH_SHAPES[max(fits) if fits else min(LAUNCH_SHAPES)]

@@ -60,10 +60,14 @@ from ninfer_kernels.triton.rounding import nearest_bf16
 NUM_WARPS = 4
 #: a launch of fewer programs than this splits each value head's columns over 2, 4, ...
 #: programs (never under MIN_SPLIT_COLUMNS columns each), so small batches still keep
-#: enough state reads in flight; split programs use SPLIT_WARPS warps
-TARGET_PROGRAMS = 512
+#: enough state reads in flight; split launches of MANY_PROGRAMS or more use 2 warps
+#: each, smaller ones 4. Measured (scripts/gpu_gdn_decode_check.py, H200, Dv = 128):
+#: 4 splits were fastest at batch 1 and 8 on both hybrid shapes; 27B batch 1 15.0 us
+#: (18.2 whole heads), batch 8 40.5 us at 2 warps (43.4 whole heads, 48.3 at 4 warps),
+#: 35B-A3B batch 1 14.1 us (18.1).
+TARGET_PROGRAMS = 2048
 MIN_SPLIT_COLUMNS = 32
-SPLIT_WARPS = 4
+MANY_PROGRAMS = 1024
 
 
 def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> tuple[int, int]:
@@ -73,7 +77,9 @@ def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch
     splits = 1
     while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
         splits *= 2
-    return (NUM_WARPS if splits == 1 else SPLIT_WARPS), splits
+    if splits == 1:
+        return NUM_WARPS, 1
+    return (2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4), splits
 
 
 @triton.jit
