@@ -1,0 +1,124 @@
+"""POST /tokenize and POST /detokenize (vLLM's shapes, OpenAI's error shape)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import msgspec
+from litestar import Request, Response, post
+
+from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer.frontend.chat_messages import parse_messages, template_messages
+from ninfer.frontend.prompt_options import resolve_prompt_options, template_kwargs
+from ninfer.frontend.template_caps import detect_caps
+from ninfer.server.openapi import error_responses, json_response
+from ninfer_plugins.protocols.tokenize.schema import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    encoder,
+)
+
+if TYPE_CHECKING:
+    from ninfer.server.state import ServerState
+
+JSON = "application/json"
+#: chat_template_kwargs the template renders with (the ones Chat Completions takes)
+TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
+
+
+def tokenize_routes(state: ServerState) -> list:
+    tokenizer = state.tokenizer
+
+    @post("/tokenize", summary="Tokenize a prompt or a chat", tags=["vLLM"], status_code=200,
+          description="vLLM's tokenizer endpoint: `prompt` is tokenized as given, `messages` through the chat "
+                      "template as Chat Completions renders them.",
+          responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(400, 404)})
+    async def tokenize(request: Request) -> Response:
+        body = await request.json()
+        req = _decode_tokenize(body)
+        _check_model(req.model, state.model_id)
+        ids = await state.run_blocking(_token_ids, req, tokenizer, state.profile)
+        strs = [tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
+        out = TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
+        return Response(encoder.encode(out), media_type=JSON)
+
+    @post("/detokenize", summary="Detokenize token ids", tags=["vLLM"], status_code=200,
+          description="The text of the token ids, special tokens included.",
+          responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(400, 404)})
+    async def detokenize(request: Request) -> Response:
+        req = msgspec.convert(await request.json(), DetokenizeRequest, strict=True)
+        _check_model(req.model, state.model_id)
+        vocab = tokenizer.vocab_size
+        for i, token in enumerate(req.tokens):
+            if not 0 <= token < vocab:
+                raise InvalidRequestError(f"token id {token} is outside the vocabulary (0..{vocab - 1})",
+                                          param=f"tokens[{i}]")
+        text = await state.run_blocking(tokenizer.decode, req.tokens, False)
+        return Response(encoder.encode(DetokenizeResponse(prompt=text)), media_type=JSON)
+
+    return [tokenize, detokenize]
+
+
+def _decode_tokenize(body: Any) -> TokenizeCompletionRequest | TokenizeChatRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the body must be a JSON object with `prompt` or `messages`")
+    if ("prompt" in body) == ("messages" in body):
+        raise InvalidRequestError("give exactly one of `prompt` (raw text) and `messages` (a chat)",
+                                  param="prompt" if "prompt" in body else "messages")
+    kind = TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest
+    return msgspec.convert(body, kind, strict=True)  # a wrong type is a 400 naming the field
+
+
+def _check_model(requested: str | None, model_id: str) -> None:
+    if requested and requested != model_id:
+        raise NotFoundError(f"the model {requested!r} does not exist; this server serves {model_id!r}",
+                            param="model", code="model_not_found")
+
+
+def _token_ids(req: TokenizeCompletionRequest | TokenizeChatRequest, tokenizer: Any, profile: Any) -> list[int]:
+    """Blocking (template rendering and tokenizing): runs off the event loop."""
+    if isinstance(req, TokenizeCompletionRequest):
+        return tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return tokenizer.encode(_render_chat(req, tokenizer, profile), add_special_tokens=req.add_special_tokens)
+
+
+def _render_chat(req: TokenizeChatRequest, tokenizer: Any, profile: Any) -> str:
+    if req.add_generation_prompt and req.continue_final_message:
+        raise InvalidRequestError("add_generation_prompt and continue_final_message cannot both be true: the "
+                                  "first opens a new assistant turn, the second continues the last message",
+                                  param="continue_final_message")
+    kwargs = req.chat_template_kwargs or {}
+    for key in kwargs:
+        if key not in TEMPLATE_KWARGS:
+            raise UnsupportedFeatureError(f"chat_template_kwargs.{key} is not supported (only "
+                                          f"{', '.join(TEMPLATE_KWARGS)})", param=f"chat_template_kwargs.{key}")
+        if not isinstance(kwargs[key], bool):
+            raise InvalidRequestError(f"{key} must be a boolean", param=f"chat_template_kwargs.{key}")
+    caps = detect_caps(tokenizer.chat_template_source)
+    options = resolve_prompt_options(caps, effort=None, enable=kwargs.get("enable_thinking"),
+                                     preserve=kwargs.get("preserve_thinking"),
+                                     thinking_default=profile.reasoning.thinking,
+                                     preserve_default=profile.reasoning.preserve_thinking)
+    turns = parse_messages(req.messages)
+    try:
+        return tokenizer.apply_chat_template(
+            template_messages(turns), tools=_tools(req.tools) or None, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, **template_kwargs(options, caps),
+        )
+    except jinja2.TemplateError as exc:
+        raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
+                                  code="invalid_prompt") from exc
+
+
+def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """OpenAI-shaped function tools, checked as far as the template relies on them."""
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequestError("each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                                      param=f"tools[{i}]")
+    return list(tools or [])
