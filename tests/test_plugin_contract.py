@@ -54,6 +54,19 @@ def test_builtin_plugins_load_through_entry_points():
     assert "qwen3_moe" in registry.names("model_family")
     assert "bf16" in registry.names("kv_dtype")
     assert registry.items["model_family"]["qwen3"].distribution == "ninfer"
+    assert "tokenize" in registry.names("protocol")
+
+
+def test_families_name_their_own_parsers_and_the_core_assumes_none():
+    """Markup formats are a family's (or the profile's) choice: a family that names no
+    parser gets none, rather than Qwen's."""
+    from ninfer.model.family import ModelFamily
+
+    bare = ModelFamily(name="x", architectures=("X",), model_types=("x",), build=lambda *a: None)
+    assert bare.reasoning_parser is None and bare.tool_parser is None
+    families = load_registry().items["model_family"]
+    assert families["qwen3_5"].obj.tool_parser == "qwen3_xml"
+    assert families["qwen3"].obj.tool_parser == "hermes_json"
 
 
 def test_example_third_party_plugin_is_loaded_from_its_own_distribution():

@@ -249,6 +249,38 @@ def test_hermes_parallel_calls_and_missing_arguments():
     assert events == [("call", "get_weather", '{"city": "A"}'), ("call", "write_file", "{}")]
 
 
+def test_the_state_machine_takes_other_markers_without_a_closing_one():
+    """A ``[TOOL_CALLS]``-style format (an opening marker only) is the base parser with
+    other markers: each call ends where its JSON object does."""
+
+    class Bracketed(hermes_json.HermesJsonToolParser):
+        open_marker, close_marker = "[TOOL_CALLS]", None
+
+    text = 'Let me look. [TOOL_CALLS]{"name": "get_weather", "arguments": {"city": "Oslo"}}' \
+           '[TOOL_CALLS]{"name": "write_file", "arguments": {"path": "a"}}'
+    for make in (lambda: Bracketed(TOOLS), lambda: Bracketed(TOOLS, tolerant=True)):
+        events, stats = parse(make, text)
+        assert events == [("text", "Let me look."), ("call", "get_weather", '{"city": "Oslo"}'),
+                          ("call", "write_file", '{"path": "a"}')]
+        assert stats.calls == 2
+        assert_stream_equals_oneshot(make, text)
+    # strict: text after a call still returns the region to text, every byte in place
+    events, stats = parse(lambda: Bracketed(TOOLS), text + " done")
+    assert events == [("text", text + " done")] and stats.fallback_reason == "trailing_content"
+    # markers may also be given per instance
+    parser = hermes_json.HermesJsonToolParser(TOOLS, open_marker="<|python_tag|>", close_marker=None)
+    deltas = parser.feed('<|python_tag|>{"name": "write_file", "arguments": {}}') + parser.finish()
+    assert timeline(deltas) == [("call", "write_file", "{}")]
+
+
+def test_a_parser_must_name_its_markers():
+    class Unnamed(hermes_json.HermesJsonToolParser):
+        open_marker = ""
+
+    with pytest.raises(TypeError, match="open_marker"):
+        Unnamed(TOOLS)
+
+
 @pytest.mark.parametrize(
     "text, reason",
     [

@@ -1,4 +1,9 @@
-"""Machinery shared by tool parsers whose calls sit between ``<tool_call>`` tags.
+"""Machinery shared by tool parsers whose calls follow an opening marker.
+
+A parser names its markers (Qwen's and Hermes' ``<tool_call>`` ... ``</tool_call>``;
+a format such as ``[TOOL_CALLS]`` or ``<|python_tag|>`` has an opening marker only, and
+then each call ends where its body does) and supplies a body parser; the state machine
+below is the same for all of them.
 
 Answer text streams out at once. Only two things are held back: a suffix that could
 still grow into the opening marker (plus the whitespace just before it, which separates
@@ -46,8 +51,6 @@ from ninfer.frontend.output_split import (
 )
 from ninfer.frontend.tool_schema import ToolSpec
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
 WHITESPACE = " \t\r\n"
 #: whitespace before an opening marker held back as a possible prose/call separator
 SEPARATOR_LIMIT = 32
@@ -125,9 +128,21 @@ _TEXT, _BODY, _CLOSE, _AFTER = range(4)
 
 
 class TaggedToolParser:
-    """Incremental parser base: subclasses supply :meth:`new_body` for their body syntax."""
+    """Incremental parser base: subclasses supply :meth:`new_body` for their body syntax
+    and their markers (``open_marker``; ``close_marker``, or None when a call ends with
+    its body), as class attributes or arguments."""
 
-    def __init__(self, tools: Iterable[ToolSpec], tolerant: bool = False):
+    open_marker: str
+    close_marker: str | None
+
+    def __init__(self, tools: Iterable[ToolSpec], tolerant: bool = False, *, open_marker: str | None = None,
+                 close_marker: str | None = "") -> None:
+        if open_marker is not None:
+            self.open_marker = open_marker
+        if close_marker != "":  # "" keeps the class's; None means no closing marker
+            self.close_marker = close_marker
+        if not getattr(self, "open_marker", None) or not hasattr(self, "close_marker"):
+            raise TypeError(f"{type(self).__name__} must name its open_marker and close_marker (None for none)")
         self.tools = {t.name: t for t in tools}
         self.tolerant = tolerant
         self.stats = ToolCallParseStats()
@@ -161,9 +176,9 @@ class TaggedToolParser:
         return coalesce(out)
 
     def _text(self, final: bool, out: list[Delta]) -> bool:
-        buf = self._buf
-        i = buf.find(OPEN)
-        end = i if i >= 0 else len(buf) - (0 if final else partial_suffix(buf, OPEN))
+        buf, marker = self._buf, self.open_marker
+        i = buf.find(marker)
+        end = i if i >= 0 else len(buf) - (0 if final else partial_suffix(buf, marker))
         sep = end
         while (i >= 0 or not final) and sep > 0 and buf[sep - 1] in WHITESPACE and end - sep < SEPARATOR_LIMIT:
             sep -= 1
@@ -172,7 +187,7 @@ class TaggedToolParser:
         if i < 0:
             return False
         self.stats.marker_seen = True
-        self._body = self.new_body(i - sep + len(OPEN))
+        self._body = self.new_body(i - sep + len(marker))
         self._mode = _BODY
         return True
 
@@ -209,15 +224,18 @@ class TaggedToolParser:
     def _closing(self, final: bool, out: list[Delta]) -> bool:
         call = self._call
         assert call is not None
-        p = skip_space(self._buf, self._pos)
-        found = expect(self._buf, p, (CLOSE,), final) if p - self._pos <= GAP_LIMIT else ""
-        if found is None:
-            return False
-        if not found and not self.tolerant:
-            self._fall_back("malformed_structure", min(p, self._pos + GAP_LIMIT), out)
-            return True
-        # without its closing tag (tolerant), what follows the body is scanned afresh
-        self._pos = p + len(CLOSE) if found else call.end
+        if self.close_marker is None:  # the format has none: the body's end ends the call
+            self._pos = call.end
+        else:
+            p = skip_space(self._buf, self._pos)
+            found = expect(self._buf, p, (self.close_marker,), final) if p - self._pos <= GAP_LIMIT else ""
+            if found is None:
+                return False
+            if not found and not self.tolerant:
+                self._fall_back("malformed_structure", min(p, self._pos + GAP_LIMIT), out)
+                return True
+            # without its closing tag (tolerant), what follows the body is scanned afresh
+            self._pos = p + len(self.close_marker) if found else call.end
         if self.tolerant:
             out.extend(self._release(call))
             self._buf, self._pos = self._buf[self._pos:], 0
@@ -228,12 +246,12 @@ class TaggedToolParser:
 
     def _after(self, final: bool, out: list[Delta]) -> bool:
         p = self._pos = skip_space(self._buf, self._pos, len(self._buf))
-        found = expect(self._buf, p, (OPEN,), final)
+        found = expect(self._buf, p, (self.open_marker,), final)
         if found is None:
             return False
         if found:
             self.stats.marker_seen = True
-            self._body, self._mode = self.new_body(p + len(OPEN)), _BODY
+            self._body, self._mode = self.new_body(p + len(self.open_marker)), _BODY
             return True
         if p < len(self._buf) and not self.tolerant:
             self._fall_back("trailing_content", p, out)

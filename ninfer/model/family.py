@@ -45,6 +45,8 @@ class ModelFamily:
     presets: Callable[[dict], SamplingPresets] | None = None
     tiny_config: Callable[[], dict] | None = None
     tiny_weights: Callable[[dict, torch.Generator], dict[str, torch.Tensor]] | None = None
-    reasoning_parser: str | None = "qwen3"
-    tool_parser: str | None = "hermes_json"
+    #: the plugins that parse this family's reasoning and tool-call markup (their registry
+    #: names); None when the family has none. Families name them: the core assumes no format
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
     description: str = ""

@@ -39,6 +39,7 @@ from ninfer.frontend.tool_regions import (
 from ninfer.frontend.tool_schema import DuplicateKeyError, dumps_json, loads_json
 from ninfer.hookspecs import hookimpl
 from ninfer_plugins.tool_parsers.hermes_json_grammar import hermes_grammar
+from ninfer_plugins.tool_parsers.markers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 #: characters JSON allows outside strings
 _OUTSIDE = frozenset(' \t\r\n{}[]:,-+.0123456789eE"truefalsn')
@@ -223,6 +224,8 @@ class _JsonBody:
 
 class HermesJsonToolParser(TaggedToolParser):
     """``HermesJsonToolParser(tools, tolerant=False)``: see :mod:`ninfer.frontend.tool_regions`."""
+
+    open_marker, close_marker = TOOL_CALL_OPEN, TOOL_CALL_CLOSE
 
     def new_body(self, start: int) -> CallBody:
         return _JsonBody(self, start)

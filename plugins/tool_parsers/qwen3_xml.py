@@ -31,7 +31,6 @@ from __future__ import annotations
 from ninfer.capabilities import ToolParser
 from ninfer.frontend.json_stream import WHITESPACE as JSON_WHITESPACE
 from ninfer.frontend.tool_regions import (
-    CLOSE,
     GAP_LIMIT,
     NAME_LIMIT,
     WHITESPACE,
@@ -44,6 +43,7 @@ from ninfer.frontend.tool_regions import (
 )
 from ninfer.frontend.tool_schema import Conversion, ToolSpec, convert_parameter, dumps_json
 from ninfer.hookspecs import hookimpl
+from ninfer_plugins.tool_parsers.markers import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from ninfer_plugins.tool_parsers.qwen3_xml_grammar import qwen3_xml_grammar
 
 FUNC = "<function="
@@ -146,7 +146,7 @@ class _XmlBody:
 
     def _params(self, buf: str, final: bool) -> object:
         # tolerant: a closing </tool_call> may stand in for a missing </function>
-        ends = (PARAM, FUNC_END, CLOSE) if self.parser.tolerant else (PARAM, FUNC_END)
+        ends = (PARAM, FUNC_END, TOOL_CALL_CLOSE) if self.parser.tolerant else (PARAM, FUNC_END)
         found, p = self._literal(buf, final, ends)
         if not found:
             return None if found is None else Malformed("malformed_structure", p)
@@ -249,6 +249,8 @@ class _XmlBody:
 
 class Qwen3XmlToolParser(TaggedToolParser):
     """``Qwen3XmlToolParser(tools, tolerant=False)``: see :mod:`ninfer.frontend.tool_regions`."""
+
+    open_marker, close_marker = TOOL_CALL_OPEN, TOOL_CALL_CLOSE
 
     def new_body(self, start: int) -> CallBody:
         return _XmlBody(self, start)
