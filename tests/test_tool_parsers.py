@@ -357,3 +357,27 @@ def test_parsers_register_as_plugins(module, name):
     parser = desc.factory(TOOLS, tolerant=False)
     call = xml_call("get_weather", ("city", "a")) if name == "qwen3_xml" else json_call("get_weather", '{"city": "a"}')
     assert timeline(run_chunks(lambda: parser, [call])) == [("call", "get_weather", '{"city": "a"}')]
+
+
+def test_a_marker_only_format_gets_its_grammar_from_the_shared_builder(tok):
+    """CONTRIBUTING.md's walk-through: the grammar for a ``[TOOL_CALLS]`` format, built by
+    ``build_grammar`` with its own markers, accepts what its parser reads as two calls."""
+    from ninfer_plugins.guided.llguidance_backend import LLGuidanceCompiler
+    from ninfer.frontend.tool_grammar import CallMarkers, build_grammar, embedded_json, json_call_schema
+
+    # the tiny tokenizer has no [TOOL_CALLS] token, so the marker is spelled out as text
+    markers = CallMarkers(open='"[TOOL_CALLS]"', close=None, spelled="[TOOL_CALLS]")
+    body = lambda tool, rule: f"{rule}: {embedded_json(json_call_schema(tool))}"  # noqa: E731
+    guide = build_grammar([WRITE], "required", body, markers=markers)
+    text = '[TOOL_CALLS]{"name": "write_file", "arguments": {"path": "a"}}' \
+           '[TOOL_CALLS]{"name": "write_file", "arguments": {}}'
+    matcher = LLGuidanceCompiler(tok, tok.vocab_size).matcher(guide)
+    ids = tok.encode(text)
+    assert matcher.try_consume_tokens(ids) == len(ids)
+    assert not matcher.try_consume_tokens(tok.encode(" and some prose"))  # calls only
+
+    class Bracketed(hermes_json.HermesJsonToolParser):
+        open_marker, close_marker = "[TOOL_CALLS]", None
+
+    events, _ = parse(lambda: Bracketed(TOOLS), text)
+    assert events == [("call", "write_file", '{"path": "a"}'), ("call", "write_file", "{}")]

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.tool_schema import ToolSpec, schema_types
 from ninfer.guided.spec import GuideSpec
-from ninfer_plugins.tool_parsers.grammar_common import (
+from ninfer.frontend.tool_grammar import (
     argument_schema,
     build_grammar,
     check_name,

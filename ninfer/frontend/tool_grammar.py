@@ -1,9 +1,12 @@
 """What the tool-call grammars of every format share: layout, JSON embedding, schema checks.
 
+Tool-parser plugins build their ``grammar`` (see :class:`ninfer.capabilities.ToolParser`)
+from these pieces.
+
 A tool-call grammar is llguidance lark text (:class:`ninfer.guided.spec.GuideSpec` kind
 ``lark``). Each format supplies one rule per tool (the call body between the tags);
-this module wraps the bodies in ``<tool_call>`` / ``</tool_call>`` and arranges the
-calls for a mode:
+this module wraps the bodies in the format's markers (:class:`CallMarkers`; by default
+``<tool_call>`` / ``</tool_call>``) and arranges the calls for a mode:
 
 * ``required``: the answer is one call (several when ``parallel``) and nothing else;
 * ``auto``: free text, then optionally calls; with an ``answer`` guide the non-call
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
@@ -116,8 +121,26 @@ def _answer_rule(answer: GuideSpec) -> str:
                                   "callable tools", param=answer.param)
 
 
+@dataclass(frozen=True)
+class CallMarkers:
+    """How a format's calls are delimited in the grammar, as lark expressions with their
+    layout: ``open`` before each call body, ``close`` after it (None: a call ends with its
+    body), ``separator`` between parallel calls (None: nothing). ``<tool_call>`` names a
+    special token (llguidance's syntax); a quoted string is text. ``spelled``: the
+    opening marker's text, which free text may not contain."""
+
+    open: str
+    close: Optional[str]
+    spelled: str
+    separator: Optional[str] = None
+
+
+#: Qwen's and Hermes' ``<tool_call>`` ... ``</tool_call>``, one call per line
+TOOL_CALL_TAGS = CallMarkers('<tool_call> "\\n"', '"\\n" </tool_call>', "<tool_call>", separator='"\\n"')
+
+
 def build_grammar(tools: Sequence[ToolSpec], mode: str, body: BodyRules, *, parallel: bool = True,
-                  answer: Optional[GuideSpec] = None) -> GuideSpec:
+                  answer: Optional[GuideSpec] = None, markers: CallMarkers = TOOL_CALL_TAGS) -> GuideSpec:
     """The lark grammar for ``mode`` whose calls are ``body`` rules of ``tools``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -125,17 +148,39 @@ def build_grammar(tools: Sequence[ToolSpec], mode: str, body: BodyRules, *, para
         raise ValueError("a tool grammar needs at least one tool")
     names = [f"tool_{i}" for i in range(len(tools))]
     rules = [body(tool, name) for tool, name in zip(tools, names)]
-    calls = 'call ("\\n" call)*' if parallel else "call"
+    calls = "call" if not parallel else f"call ({markers.separator} call)*" if markers.separator else "call+"
     if mode == "required":
         start = f"start: {calls}"
     elif answer is not None:
         start = f"start: answer | {calls}\nanswer: {_answer_rule(answer)}"
     else:
-        start = f"start: TEXT? ({calls})?\nTEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
+        start = f"start: TEXT? ({calls})?\nTEXT: /(?s:.+)/ & ~/(?s:.*){re.escape(markers.spelled)}(?s:.*)/"
+    close = f" {markers.close}" if markers.close is not None else ""
     lines = [
         "%llguidance {}",
         start,
-        f'call: <tool_call> "\\n" ({" | ".join(names)}) "\\n" </tool_call>',
+        f'call: {markers.open} ({" | ".join(names)}){close}',
         *rules,
     ]
     return GuideSpec("lark", "\n".join(lines) + "\n", param=GRAMMAR_PARAM)
+
+
+_DEFINITIONS = ("$defs", "definitions")
+
+
+def json_call_schema(tool: ToolSpec) -> dict[str, Any]:
+    """The JSON schema of one ``{"name": ..., "arguments": {...}}`` call object of ``tool``
+    (Hermes' body, and other JSON formats'). Definitions (``$defs`` / ``definitions``) of
+    the arguments schema move to the root, so ``$ref`` s into them still resolve."""
+    arguments = argument_schema(tool)
+    if tool.strict:
+        check_schema(arguments, tool.param)
+    hoisted = {key: arguments[key] for key in _DEFINITIONS if key in arguments}
+    arguments = {k: v for k, v in arguments.items() if k not in hoisted}
+    return {
+        **hoisted,
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
