@@ -381,3 +381,29 @@ def test_a_marker_only_format_gets_its_grammar_from_the_shared_builder(tok):
 
     events, _ = parse(lambda: Bracketed(TOOLS), text)
     assert events == [("call", "write_file", '{"path": "a"}'), ("call", "write_file", "{}")]
+
+
+def test_strict_tool_schemas_read_their_patterns_as_ecma_does(tok):
+    """Tool parameters' JSON Schema patterns are ECMA-262 like every other pattern: in a
+    forced call of a strict tool, ``\\s`` is ECMA's white space, not Unicode's."""
+    from ninfer.errors import InvalidRequestError
+    from ninfer_plugins.guided.llguidance_backend import LLGuidanceCompiler
+    from ninfer_plugins.tool_parsers.hermes_json_grammar import hermes_grammar
+
+    def tool(pattern: str) -> ToolSpec:
+        return ToolSpec("code", {"type": "object", "properties": {"c": {"type": "string", "pattern": pattern}},
+                                 "required": ["c"], "additionalProperties": False}, strict=True,
+                        param="tools[0].function.parameters")
+
+    compiler = LLGuidanceCompiler(tok, tok.vocab_size)
+
+    def accepts(guide, c: str) -> bool:
+        ids = tok.encode(f'<tool_call>\n{{"name": "code", "arguments": {{"c": "{c}"}}}}\n</tool_call>')
+        m = compiler.matcher(guide)
+        return m.try_consume_tokens(ids) == len(ids)
+
+    guide = hermes_grammar([tool(r"^\d\s\d$")], "required")
+    assert accepts(guide, "1\u00a02") and not accepts(guide, "1\u00852") and not accepts(guide, "١ 2")
+    with pytest.raises(InvalidRequestError) as err:
+        hermes_grammar([tool("[a-")], "required")
+    assert err.value.param == "tools[0].function.parameters"

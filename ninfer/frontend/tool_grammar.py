@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.tool_regions import valid_name
 from ninfer.frontend.tool_schema import ToolSpec, schema_types
+from ninfer.guided.schema_patterns import PatternError, schema_with_rust_patterns
 from ninfer.guided.spec import GuideSpec
 
 MODES = ("auto", "required")
@@ -51,14 +52,21 @@ def lark_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _with_layout(schema: Mapping[str, Any]) -> dict[str, Any]:
+def _compilable(schema: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """``schema`` as llguidance compiles it: ECMA-262 patterns in Rust syntax
+    (:mod:`ninfer.guided.schema_patterns`), laid out in :data:`JSON_LAYOUT` (the schema's
+    own x-guidance wins)."""
+    try:
+        schema = schema_with_rust_patterns(dict(schema))
+    except PatternError as exc:
+        raise InvalidRequestError(f"{param}: invalid JSON schema: {exc}", param=param) from exc
     own = schema.get("x-guidance")
     return {**schema, "x-guidance": {**JSON_LAYOUT, **(own if isinstance(own, dict) else {})}}
 
 
-def embedded_json(schema: Mapping[str, Any]) -> str:
-    """``%json {...}`` for ``schema`` in :data:`JSON_LAYOUT` (the schema's own x-guidance wins)."""
-    return "%json " + json.dumps(_with_layout(schema), ensure_ascii=False)
+def embedded_json(schema: Mapping[str, Any], param: str = GRAMMAR_PARAM) -> str:
+    """``%json {...}`` for ``schema`` (see :func:`_compilable`)."""
+    return "%json " + json.dumps(_compilable(schema, param), ensure_ascii=False)
 
 
 @functools.lru_cache(maxsize=256)  # agent loops send the same tool schemas every turn
@@ -77,7 +85,7 @@ def check_schema(schema: Mapping[str, Any], param: str) -> None:
     Pieces are checked one by one so the error names the field at fault; the combined
     grammar is compiled by the guided-decoding backend.
     """
-    error = _schema_error(json.dumps(_with_layout(schema), ensure_ascii=False))
+    error = _schema_error(json.dumps(_compilable(schema, param), ensure_ascii=False))
     if error:
         raise InvalidRequestError(f"{param}: the JSON schema cannot be enforced: {error}", param=param)
 

@@ -5,6 +5,9 @@ markers) as a special token that plain text never matches. Literal text we put i
 grammar (choices, structural-tag begin/end strings) is therefore split around those
 tokens, which are then referenced by id (``<[id]>``), so a guide can ask for the very
 token the model was trained to emit.
+
+User patterns (the regex guide, JSON Schema ``pattern``) are ECMA-262; they are rewritten
+into the Rust syntax llguidance reads (:mod:`ninfer.guided.ecma_regex`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
 from ninfer.errors import InvalidRequestError
+from ninfer.guided.ecma_regex import PatternError, ecma_to_rust
+from ninfer.guided.schema_patterns import schema_with_rust_patterns
 from ninfer.guided.spec import GuideSpec
 
 #: JSON layout the schema modes produce unless a schema's ``x-guidance`` says otherwise:
@@ -51,7 +56,11 @@ def grammar_for(spec: GuideSpec, special: SpecialTokens) -> str:
     if kind == "json_schema":
         return _json_grammar(_need(value, dict, "a JSON Schema object", spec.param), spec.param)
     if kind == "regex":
-        return LLMatcher.grammar_from_regex(_need(value, str, "a regular expression string", spec.param))
+        pattern = _need(value, str, "a regular expression string", spec.param)
+        try:
+            return LLMatcher.grammar_from_regex(ecma_to_rust(pattern))
+        except PatternError as e:
+            raise InvalidRequestError(f"invalid regex: {e}", param=spec.param) from None
     if kind in ("ebnf", "lark"):
         text = _need(value, str, "a grammar string", spec.param)
         if kind == "ebnf":
@@ -78,10 +87,19 @@ def _need(value: Any, kind: type, what: str, param: str) -> Any:
 
 
 def _json_grammar(schema: dict, param: str) -> str:
+    schema = _rust_patterns(schema, param)
     try:
         return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as e:
         raise InvalidRequestError(f"invalid JSON schema: {e}", param=param) from None
+
+
+def _rust_patterns(schema: dict, param: str) -> dict:
+    """``schema`` with its ECMA patterns in Rust syntax (llguidance would read ``\\s`` as Unicode)."""
+    try:
+        return schema_with_rust_patterns(schema)
+    except PatternError as e:
+        raise InvalidRequestError(f"invalid JSON schema: pattern at {e}", param=param) from None
 
 
 def _with_layout(schema: dict) -> dict:
@@ -115,7 +133,7 @@ def _structural_tag(value: dict, special: SpecialTokens, param: str) -> str:
         trigger = next((t for t in triggers if begin.startswith(t)), None)
         if trigger is None:
             raise InvalidRequestError(f"begin {begin!r} starts with none of the triggers", param=f"{where}.begin")
-        schema = json.dumps(_with_layout(s["schema"]))
+        schema = json.dumps(_with_layout(_rust_patterns(s["schema"], f"{where}.schema")))
         body = f"{special.literal(begin[len(trigger):])} %json {schema} {special.literal(end)}"
         token = special.single(trigger)
         if token is not None:  # the trigger is one added token: the segment starts at it
