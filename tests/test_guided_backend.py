@@ -178,9 +178,11 @@ def test_masks_add_the_reasoning_opener_while_it_may_come(compiler, tok):
     masks.track(10, GuidedState(compiler.matcher(GuideSpec("regex", "[ab]")), Phase.MAY_OPEN, markers))
     masks.track(11, GuidedState(compiler.matcher(GuideSpec("regex", "[ab]")), Phase.ACTIVE, markers))
     masks.track(12, GuidedState(compiler.matcher(GuideSpec("regex", "[ab]")), Phase.REASONING, markers))
-    assert masks.masks([12, 99]) is None  # reasoning and unguided rows are never masked
+    assert masks.masks([99]) is None  # unguided rows are never masked
+    reasoning = masks.masks([12, 99])  # reasoning rows are not masked; only their stops wait
+    assert reasoning.rows is None and reasoning.hold_stops == {0}
     mask = masks.masks([99, 11, 10, 12])  # more rows than the initial buffer holds
-    assert mask.rows.tolist() == [1, 2]
+    assert mask.rows.tolist() == [1, 2] and mask.hold_stops == {3}
     ab = {tok.encode("a")[0], tok.encode("b")[0]}
     assert allowed(mask.bitmask[0]) == ab and allowed(mask.bitmask[1]) == ab | {start}
     masks.forget(10)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+import torch
 
 from ninfer import LLM, SamplingParams
 from ninfer.capabilities import ReasoningParser
+from ninfer.engine.guided_masks import GuidedMasks
+from ninfer.engine.guided_state import GuidedState, Phase
 from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.thinking import thinking_budget
@@ -168,6 +172,67 @@ def test_with_thinking_on_the_model_may_open_reasoning_first(llm):
     # with thinking off the guide holds from the first token: the opener is never allowed
     off = run_engine(llm, [EngineRequest("off", prompt, params, thinking=False)])["off"]
     assert start_id not in off["ids"] and re.fullmatch(ANSWER, off["text"]), off
+
+
+# -- stopping while a guide is pending ----------------------------------------------------------
+CITY = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}
+
+
+def test_end_of_sequence_inside_reasoning_never_ends_a_guided_request(llm):
+    """Issue #20: an end-of-sequence sampled while thinking ended the request with "stop"
+    and no answer. Every request now ends with a valid answer, or runs out of tokens."""
+    conversation = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=32, guided=GuideSpec("json_schema", CITY))
+              for seed in range(12)]
+    outs = llm.chat([conversation] * len(params), params, chat_template_kwargs={"enable_thinking": True})
+    for o in outs:
+        c = o.outputs[0]
+        if c.finish_reason == "length":
+            continue
+        assert c.finish_reason == "stop", c
+        _, answer = split_answer(c.text)
+        assert set(json.loads(answer)) == {"city", "days"}, c.text
+
+
+def test_reasoning_cannot_stop_before_the_guided_answer(llm):
+    tok = llm.get_tokenizer()
+    prompt = chat_prompt(tok, open_reasoning=True)
+    # the model wants to end at once; it may do so only once the answer is complete
+    bias = {e: 100.0 for e in tok.eos_token_ids}
+    requests = []
+    for seed in range(3):
+        budget = thinking_budget(tok, PARSER, 6, 80, open_at_start=True)
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=80, logit_bias=bias,
+                                guided=GuideSpec("regex", ANSWER))
+        requests.append(EngineRequest(f"r{seed}", prompt, params, thinking=True, thinking_budget=budget))
+    for r in run_engine(llm, requests).values():
+        assert r["finish"] == "stop", r
+        reasoning, answer = split_answer(r["text"])
+        assert not set(r["ids"][:6]) & set(tok.eos_token_ids)  # the budget, not an EOS, closed reasoning
+        assert re.fullmatch(ANSWER, answer) and r["ids"][-1] in tok.eos_token_ids, r  # EOS once allowed
+
+
+def test_a_request_s_stop_token_waits_until_its_guide_can_end(llm):
+    tok = llm.get_tokenizer()
+    stop = tok.encode("a")[0]  # a token the guide allows from the start
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], logit_bias={stop: 100.0},
+                            guided=GuideSpec("regex", ANSWER))
+    c = llm.generate("go", params, thinking=False)[0].outputs[0]
+    assert c.finish_reason == "stop" and c.stop_reason == stop, c
+    assert re.fullmatch(ANSWER, c.text) and c.token_ids[:-1].count(stop) == 0, c
+
+
+def test_masks_hold_stops_until_the_guide_accepts(llm):
+    guided = llm.engine.guided
+    masks = GuidedMasks(guided.compiler, llm.engine.vocab_size, torch.device("cpu"))
+    state = GuidedState(guided.compiler.matcher(GuideSpec("regex", "ab")), Phase.ACTIVE, None, guided.end_ids)
+    masks.track(1, state)
+    assert masks.masks([1]).hold_stops == {0}
+    tok = llm.get_tokenizer()
+    for t in tok.encode("ab"):
+        state.on_token(t)
+    assert masks.masks([1]).hold_stops == frozenset()  # the guide may end: EOS is allowed again
 
 
 def test_a_rejected_token_fails_only_its_own_request(llm):

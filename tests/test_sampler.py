@@ -10,7 +10,7 @@ import torch
 
 from ninfer.engine.defaults import ResolvedSampling
 from ninfer.engine.sampler import Sampler, SamplerOutput, _apply_penalties, gumbel_noise, row_keys, uniform_noise
-from ninfer.engine.sampling_metadata import SamplingMetadata
+from ninfer.engine.sampling_metadata import SamplingMetadata, TokenMask
 
 torch.set_num_threads(2)
 V = 8
@@ -31,6 +31,7 @@ def build(
     outputs: Sequence[Sequence[int]] | None = None,
     prompts: Sequence[Sequence[int]] | None = None,
     device: str = "cpu",
+    token_mask: TokenMask | None = None,
 ) -> SamplingMetadata:
     n = len(rows)
     return SamplingMetadata.build(
@@ -40,6 +41,7 @@ def build(
         list(prompts) if prompts is not None else [[] for _ in range(n)],
         vocab,
         device,
+        token_mask=token_mask,
     )
 
 
@@ -176,6 +178,47 @@ def test_logit_bias_forces_and_forbids() -> None:
     assert greedy.tolist() == [1]
 
 
+def test_min_tokens_bans_stop_tokens_until_reached() -> None:
+    logits = LOGITS.clone()
+    logits[3] = 10.0  # a stop token, far likelier than anything else
+    stops = (0, 3)
+    kinds = [dict(temperature=0.0), dict(seed=1), dict(seed=2, top_k=2), dict(seed=3, top_p=0.5, min_p=0.1)]
+    rows = [row(min_tokens=4, stop_token_ids=stops, **kw) for kw in kinds]
+    batch = logits.expand(len(rows), -1).contiguous()
+    early = sample(batch, rows, positions=[3] * len(rows)).token_ids
+    assert not set(early.tolist()) & set(stops) and early[0] == 1  # greedy takes the best other token
+    # from output index min_tokens on, stop tokens are ordinary candidates again
+    assert sample(batch, rows, positions=[4] * len(rows)).token_ids.tolist() == [3] * len(rows)
+
+
+def test_banned_stop_tokens_leave_the_rest_of_the_distribution() -> None:
+    n = 4000
+    rows = [row(seed=s, min_tokens=1, stop_token_ids=(0, 1, 99)) for s in range(n)]  # 99: outside the vocabulary
+    tokens = sample(LOGITS.expand(n, -1).contiguous(), rows).token_ids
+    target = torch.zeros(V)
+    target[2:] = torch.softmax(LOGITS[2:], -1)
+    assert _chi2(tokens, target) < 30
+
+
+def test_rows_whose_guide_cannot_end_lose_their_stop_tokens() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
+    rows = [row(temperature=0.0, stop_token_ids=(1,), logprobs=1)] * 3
+    held = TokenMask(None, None, frozenset({0, 2}))
+    meta = build(rows, 3, token_mask=held)
+    assert meta.token_mask is None  # nothing to unpack: no row carries a guide's bitmask
+    out = Sampler()(logits, meta)
+    assert out.token_ids.tolist() == [2, 1, 2]
+    assert out.top_ids[:, 0].tolist() == [1, 1, 1]  # logprobs still describe the model's choice
+
+
+def test_stop_bans_cost_nothing_when_no_row_needs_them() -> None:
+    stops = dict(stop_token_ids=(0, 1))
+    assert build([row(**stops), row(min_tokens=2, **stops)], 10, positions=[0, 2]).banned_stops is None
+    assert build([row(min_tokens=5)], 10).banned_stops is None  # ignore_eos and no stop ids: nothing to ban
+    meta = build([row(**stops), row(min_tokens=3, **stops)], 10, positions=[0, 2])
+    assert meta.banned_stops.tolist() == [10, 11]  # flat (row, token) indices of the second row
+
+
 def test_penalties_match_hand_computed_reference() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0], [1.0, 1.0, -1.0, 0.0, 4.0]])
     rows = [
@@ -277,7 +320,7 @@ def test_mismatched_logits_are_rejected() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu_without_host_syncs() -> None:
     gen = torch.Generator().manual_seed(4)
-    logits = torch.randn(6, 4096, generator=gen) * 3
+    logits = torch.randn(7, 4096, generator=gen) * 3
     rows = [
         row(seed=1, top_k=20, top_p=0.95),
         row(seed=2, temperature=0.7, top_p=0.8, presence_penalty=1.5, logprobs=5),
@@ -285,8 +328,9 @@ def test_cuda_matches_cpu_without_host_syncs() -> None:
         row(seed=4, min_p=0.05, logit_bias={5: 2.0}),
         row(seed=5),
         row(seed=6, top_k=0, top_p=0.5, frequency_penalty=0.3),
+        row(seed=7, min_tokens=9, stop_token_ids=tuple(logits[6].topk(3).indices.tolist())),
     ]
-    kw = dict(positions=range(6), outputs=[[1, 2]] * 6, prompts=[[3, 4, 5]] * 6)
+    kw = dict(positions=range(7), outputs=[[1, 2]] * 7, prompts=[[3, 4, 5]] * 7)
     cpu = sample(logits, rows, **kw)
     on_device = logits.cuda()
     torch.cuda.synchronize()
@@ -298,3 +342,4 @@ def test_cuda_matches_cpu_without_host_syncs() -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(gpu.token_ids.cpu(), cpu.token_ids)
     assert torch.allclose(gpu.logprobs.cpu(), cpu.logprobs, atol=1e-5)
+    assert cpu.token_ids[6] not in rows[6].stop_token_ids

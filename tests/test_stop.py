@@ -1,4 +1,4 @@
-"""Stop-string matching with holdback over streamed chunks."""
+"""Stop-string matching with holdback over streamed chunks; stop tokens and min_tokens."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from ninfer import LLM, SamplingParams
+from ninfer.engine.defaults import stop_token_ids
 from ninfer.engine.stop import StopMatcher
 
 
@@ -111,3 +113,48 @@ def test_random_streams_match_reference(seed: int) -> None:
         matched = None
         emitted += m.flush()
     assert (emitted, matched) == (expected_text, expected_stop)
+
+
+# -- stop tokens and min_tokens --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny:qwen3", device="cpu", dtype="fp32", max_context=128, max_concurrency=4)
+
+
+def test_stop_token_ids_add_end_of_sequence_unless_ignored() -> None:
+    assert stop_token_ids(SamplingParams(stop_token_ids=[5, 7]), [7, 9]) == (5, 7, 9)
+    assert stop_token_ids(SamplingParams(stop_token_ids=[5], ignore_eos=True), [7, 9]) == (5,)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_min_tokens_masks_stop_tokens_instead_of_ignoring_them(llm, ahead):
+    """A stop token the model wants at once is never sampled before min_tokens outputs."""
+    eos = llm.get_tokenizer().eos_token_ids
+    llm.engine.decode_ahead = ahead  # the CUDA path's steps launched ahead, run synchronously here
+    try:
+        params = [SamplingParams(temperature=t, seed=3, max_tokens=20, min_tokens=5,
+                                 logit_bias={e: 100.0 for e in eos}) for t in (0.0, 1.0)]
+        outs = llm.generate(["hi", "hello"], params)
+    finally:
+        llm.engine.decode_ahead = False
+    for o in outs:
+        c = o.outputs[0]
+        assert c.finish_reason == "stop" and len(c.token_ids) == 6, c
+        assert not set(c.token_ids[:5]) & set(eos) and c.token_ids[5] in eos and c.stop_reason == c.token_ids[5]
+
+
+def test_min_tokens_masks_a_request_s_own_stop_token_ids(llm):
+    tok = llm.get_tokenizer()
+    stop = tok.encode("a")[0]
+    params = SamplingParams(temperature=0, max_tokens=20, min_tokens=3, stop_token_ids=[stop],
+                            logit_bias={stop: 100.0}, ignore_eos=True)
+    c = llm.generate("x", params)[0].outputs[0]
+    assert c.finish_reason == "stop" and c.stop_reason == stop and len(c.token_ids) == 4
+    assert stop not in c.token_ids[:3]
+
+
+def test_with_ignore_eos_min_tokens_leaves_end_of_sequence_alone(llm):
+    eos = llm.get_tokenizer().eos_token_ids
+    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=4, ignore_eos=True, logit_bias={eos[0]: 100.0})
+    c = llm.generate("x", params)[0].outputs[0]
+    assert c.finish_reason == "length" and c.token_ids == [eos[0]] * 6  # not a stop token here

@@ -8,7 +8,7 @@ last word and pins the temperature to zero.
 from __future__ import annotations
 
 import secrets
-from typing import Optional
+from typing import Optional, Sequence
 
 import attrs
 
@@ -57,6 +57,10 @@ class ResolvedSampling:
     seed: int
     logit_bias: dict[int, float] = attrs.field(factory=dict)
     logprobs: Optional[int] = None
+    #: the sampler bans ``stop_token_ids`` until this many output tokens exist
+    min_tokens: int = 0
+    #: the token ids that end the request (see :func:`stop_token_ids`)
+    stop_token_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -72,6 +76,7 @@ def resolve_sampling(
     presets: SamplingPresets | None,
     thinking: bool,
     process: ProcessSamplingOverrides,
+    eos_token_ids: Sequence[int] = (),
 ) -> ResolvedSampling:
     """Layer presets < process flags < request fields, then apply ``--greedy``."""
     if presets is None:
@@ -102,7 +107,15 @@ def resolve_sampling(
         seed=_pick_seed(params.seed, process.seed),
         logit_bias=dict(params.logit_bias),
         logprobs=params.logprobs,
+        min_tokens=params.min_tokens,
+        stop_token_ids=stop_token_ids(params, eos_token_ids),
     )
+
+
+def stop_token_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
+    """The ids that end a request: its own ``stop_token_ids``, plus end-of-sequence unless ``ignore_eos``."""
+    ids = list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_token_ids))
+    return tuple(dict.fromkeys(ids))
 
 
 def _pick_seed(request_seed: int | None, process_seed: int | None) -> int:

@@ -10,6 +10,11 @@ the logits are still running on the device while the host fills the masks, so th
 fill costs no device time. The filled rows travel to the device as they are; the
 sampler unpacks the bits there.
 
+A guided request may not stop while its guide is pending: rows still reasoning (the
+guide has not started) and rows whose mask does not yet allow end-of-sequence (the
+guide cannot end) are listed in the mask's ``hold_stops``, and the sampler bans their
+stop tokens, their own ``stop_token_ids`` included.
+
 Filling on a Python worker thread instead (to overlap a CPU forward pass as well) lost
 milliseconds per step in handoffs waiting for the GIL's switch interval, far more than
 a fill costs.
@@ -49,23 +54,33 @@ class GuidedMasks:
         return len(self._states)
 
     def masks(self, seq_ids: Iterable[int]) -> Optional[TokenMask]:
-        """The allowed tokens of the sampled rows (their sequence ids, in batch order);
-        None when no row is masked this step."""
-        rows = [(i, st) for i, sid in enumerate(seq_ids) if (st := self._states.get(sid)) is not None and st.masked]
+        """The allowed tokens of the sampled rows (their sequence ids, in batch order), and
+        the rows that may not stop yet; None when no row is guided this step."""
+        guided = [(i, st) for i, sid in enumerate(seq_ids) if (st := self._states.get(sid)) is not None]
+        # Reasoning rows are not masked, but ending there would leave the guide unstarted.
+        held = {i for i, st in guided if st.before_answer}
+        rows = [(i, st) for i, st in guided if st.masked]
         if not rows:
-            return None
+            return TokenMask(None, None, frozenset(held)) if held else None
         if len(rows) > self._bitmask.shape[0]:
             self._bitmask = self._allocate(len(rows))
         # The previous step's copy out of this buffer ended at that step's host sync.
         bitmask = self._bitmask[: len(rows)]
         self.compiler.fill_bitmask([st.matcher for _, st in rows], bitmask, parallel=self.device.type == "cuda")
-        extra = [(j, st.extra_token) for j, (_, st) in enumerate(rows) if st.extra_token is not None]
-        if extra:
-            words = bitmask.numpy().view(np.uint32)
-            for j, token in extra:
-                words[j, token // 32] |= np.uint32(1 << (token % 32))
+        words = bitmask.numpy().view(np.uint32)
+        # The backend allows end-of-sequence exactly once a guide may end; until then the
+        # request's other stop tokens wait as well.
+        held.update(i for j, (i, st) in enumerate(rows) if st.end_ids and not _allows_any(words[j], st.end_ids))
+        for j, (_, st) in enumerate(rows):
+            if st.extra_token is not None:
+                words[j, st.extra_token // 32] |= np.uint32(1 << (st.extra_token % 32))
         index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
         if self.device.type == "cuda":  # pinned host memory: copies without a host sync
             return TokenMask(index.pin_memory().to(self.device, non_blocking=True),
-                             bitmask.to(self.device, non_blocking=True))
-        return TokenMask(index, bitmask.clone())
+                             bitmask.to(self.device, non_blocking=True), frozenset(held))
+        return TokenMask(index, bitmask.clone(), frozenset(held))
+
+
+def _allows_any(words: np.ndarray, token_ids: Iterable[int]) -> bool:
+    """Whether one bitmask row allows any of ``token_ids``."""
+    return any(int(words[t // 32]) >> (t % 32) & 1 for t in token_ids)

@@ -22,12 +22,14 @@ class GuidedDecoding:
 
     compiler: GuideCompiler
     markers: Optional[ReasoningMarkers] = None
+    #: the tokenizer's end-of-sequence ids (the masks allow them once a guide may end)
+    end_ids: tuple[int, ...] = ()
 
     def start(self, spec: GuideSpec, prompt_ids: Sequence[int], thinking: bool) -> GuidedState:
         """A request's guided state; raises InvalidRequestError for a bad guide."""
         matcher = self.compiler.matcher(spec)
         phase = self.markers.initial_phase(prompt_ids, thinking) if self.markers else Phase.ACTIVE
-        return GuidedState(matcher, phase, self.markers)
+        return GuidedState(matcher, phase, self.markers, self.end_ids)
 
 
 def build_guided_decoding(profile, registry, tokenizer, family, vocab_size: int) -> Optional[GuidedDecoding]:
@@ -49,4 +51,4 @@ def build_guided_decoding(profile, registry, tokenizer, family, vocab_size: int)
     if parser is not None and markers is None:
         logger.warning("the reasoning close marker {!r} is not one token: guides apply from the first output token",
                        parser.end)
-    return GuidedDecoding(compiler, markers)
+    return GuidedDecoding(compiler, markers, tuple(tokenizer.eos_token_ids))

@@ -70,10 +70,17 @@ def _last_index(ids: Sequence[int], token: int) -> int:
 
 
 class GuidedState:
-    """Feeds committed tokens to the matcher once the guide is in effect."""
+    """Feeds committed tokens to the matcher once the guide is in effect.
 
-    def __init__(self, matcher: GuideMatcher, phase: Phase, markers: Optional[ReasoningMarkers]):
+    ``end_ids`` are the end-of-sequence ids the backend's masks allow once the guide may
+    end; none given, the masks alone decide when a guided row may stop.
+    """
+
+    def __init__(
+        self, matcher: GuideMatcher, phase: Phase, markers: Optional[ReasoningMarkers], end_ids: Sequence[int] = ()
+    ):
         self.matcher, self.phase, self.markers = matcher, phase, markers
+        self.end_ids = tuple(end_ids)
         self._separator_pos = 0
         self.finished = False  # the guide is complete: the request ends with "stop"
 
@@ -81,6 +88,12 @@ class GuidedState:
     def masked(self) -> bool:
         """Whether the next sampled token is masked by the guide."""
         return self.phase in (Phase.ACTIVE, Phase.MAY_OPEN)
+
+    @property
+    def before_answer(self) -> bool:
+        """Reasoning (or its separator) still runs: the guide has not started, so the
+        request may not stop; the answer begins only through the close marker."""
+        return self.phase in (Phase.REASONING, Phase.SEPARATOR)
 
     @property
     def extra_token(self) -> Optional[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ninfer.engine.defaults import stop_token_ids
 from ninfer.engine.detokenizer import IncrementalDetokenizer
 from ninfer.engine.stop import StopMatcher
 from ninfer.outputs import PositionLogprobs, TokenLogprob
@@ -22,9 +23,7 @@ class RequestOutputState:
         self.max_tokens = max_tokens
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
         self.stops = StopMatcher(list(params.stop), include_stop_str=params.include_stop_str_in_output)
-        self.stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            self.stop_ids.update(eos_token_ids)
+        self.stop_ids = set(stop_token_ids(params, eos_token_ids))
         self.num_output_tokens = 0
         self.finish_reason: Optional[str] = None
         self.stop_reason: Optional[object] = None
@@ -33,6 +32,8 @@ class RequestOutputState:
         """Account one committed token; returns newly releasable text."""
         self.num_output_tokens += 1
         text = ""
+        # The sampler bans stop ids before min_tokens, so this count only matters for a
+        # token committed unsampled; it is then ordinary output.
         if token_id in self.stop_ids and self.num_output_tokens > self.params.min_tokens:
             # The stop token counts as output but its text is withheld.
             self.finish_reason, self.stop_reason = "stop", token_id

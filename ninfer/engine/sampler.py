@@ -11,11 +11,12 @@ a counter-based integer hash on the device. A seeded request therefore draws the
 tokens whatever shares its batch, and the token a row draws does not depend on whether
 the filters ran over the whole vocabulary or over a ranked top-k slice.
 
-Guided rows then lose every token their guide forbids (after the penalties, so greedy
-and random rows alike choose among the allowed tokens only).
+Rows that may not end yet (fewer than ``min_tokens`` outputs, or a guide that cannot
+end) lose their stop tokens, and guided rows every token their guide forbids (after the
+penalties, so greedy and random rows alike choose among the allowed tokens only).
 
 Log probabilities describe the model's distribution with the logit bias applied, before
-penalties, temperature, filters and guide masks: ``log_softmax(logits + bias)``.
+penalties, temperature, filters, stop bans and guide masks: ``log_softmax(logits + bias)``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Sampler:
             logits = logits.index_put((meta.bias_rows, meta.bias_token_ids), meta.bias_values, accumulate=True)
         base_logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         logits = _apply_penalties(logits, meta)
+        if meta.banned_stops is not None:
+            # one flat index per (row, stop token): a scatter, whatever the vocabulary size
+            logits = logits.reshape(-1).index_fill(0, meta.banned_stops, -torch.inf).view_as(logits)
         if meta.token_mask is not None:
             logits = apply_token_mask(logits, meta.token_mask)
         if meta.all_greedy:

@@ -21,12 +21,16 @@ TOP_P_OFF = 2.0
 
 @attrs.frozen(eq=False)
 class TokenMask:
-    """The tokens guided rows may take this step (see :mod:`ninfer.engine.guided_masks`)."""
+    """The tokens guided rows may take this step, and the rows that may not stop yet
+    (see :mod:`ninfer.engine.guided_masks`)."""
 
-    #: int64 [G]: which rows of the batch are guided
-    rows: torch.Tensor
+    #: int64 [G]: which rows of the batch are masked by their guide (None: no row is)
+    rows: Optional[torch.Tensor]
     #: int32 [G, ceil(V / 32)]: bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed
-    bitmask: torch.Tensor
+    bitmask: Optional[torch.Tensor]
+    #: batch rows whose guide cannot end yet (still in reasoning, or not accepting):
+    #: their stop tokens are banned
+    hold_stops: frozenset[int] = frozenset()
 
 
 @attrs.frozen(eq=False)
@@ -69,8 +73,11 @@ class SamplingMetadata:
     bias_values: Optional[torch.Tensor] = None
     #: the most top log probabilities any row asked for; None when no row wants logprobs
     max_num_logprobs: Optional[int] = None
-    #: guided decoding's allowed tokens; None when no row is guided this step
+    #: guided decoding's allowed tokens; None when no row is masked by its guide this step
     token_mask: Optional[TokenMask] = None
+    #: int64 [N] flat indices (row * V + token) of stop tokens no row may take yet: before
+    #: its min_tokens, or while its guide cannot end; None when there are none
+    banned_stops: Optional[torch.Tensor] = None
 
     @classmethod
     def build(
@@ -97,13 +104,15 @@ class SamplingMetadata:
             fields.update(_random_fields(rows, greedy, output_positions, vocab_size, device))
         fields.update(_penalty_fields(rows, output_token_ids, prompt_token_ids, vocab_size, device))
         fields.update(_bias_fields(rows, device))
+        held = token_mask.hold_stops if token_mask is not None else frozenset()
+        fields.update(_stop_ban_fields(rows, output_positions, held, vocab_size, device))
         wanted = [r.logprobs for r in rows if r.logprobs is not None]
         return cls(
             num_rows=n,
             vocab_size=vocab_size,
             all_greedy=all_greedy,
             max_num_logprobs=max(wanted) if wanted else None,
-            token_mask=token_mask,
+            token_mask=token_mask if token_mask is not None and token_mask.rows is not None else None,
             **fields,
         )
 
@@ -168,6 +177,24 @@ def _bias_fields(rows: Sequence[ResolvedSampling], device: torch.device) -> dict
         "bias_token_ids": to_device(list(token_ids), torch.int64, device),
         "bias_values": to_device(list(values), torch.float32, device),
     }
+
+
+def _stop_ban_fields(
+    rows: Sequence[ResolvedSampling],
+    positions: Sequence[int],
+    held: frozenset[int],
+    vocab_size: int,
+    device: torch.device,
+) -> dict:
+    """The stop tokens each row may not sample now: the request would end too early."""
+    flat = [
+        i * vocab_size + t
+        for i, (r, pos) in enumerate(zip(rows, positions))
+        if r.stop_token_ids and (pos < r.min_tokens or i in held)
+        for t in r.stop_token_ids
+        if 0 <= t < vocab_size  # an id outside the vocabulary is never sampled anyway
+    ]
+    return {"banned_stops": to_device(flat, torch.int64, device)} if flat else {}
 
 
 def _token_counts(token_lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
