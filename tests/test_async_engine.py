@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
+from loguru import logger
 
 from ninfer import LLM, SamplingParams
 from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.output_processor import RequestOutputState
 from ninfer.engine.request import EngineRequest
+from ninfer.engine.stats import ContextCacheCounters
 from ninfer.errors import InvalidRequestError
 
 
@@ -85,3 +88,34 @@ def test_one_failing_request_does_not_disturb_others(llm, monkeypatch):
     assert finals["bad"].finish_reason == "error" and finals["bad"].error is not None
     assert finals["good"].finish_reason == "length" and finals["good"].num_output_tokens == 5
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_throughput_line_averages_decode_steps_and_counts_prefix_hits_per_interval(llm):
+    engine = AsyncEngine(llm.engine, stats_interval_s=0)  # not started: this thread steps the engine
+    tok = llm.get_tokenizer()
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO", format="{message}")
+
+    def run(name: str, text: str) -> None:
+        ids = tok.encode(text)
+        assert len(ids) > 2 * 8  # several prefill-only steps at prefill_chunk 8
+        llm.engine.add_request(EngineRequest(name, ids, SamplingParams(max_tokens=4, ignore_eos=True)))
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+
+    try:
+        llm.engine.stats.take_interval()  # what earlier tests left behind
+        engine._last_cache = ContextCacheCounters.of(llm.engine.scheduler)
+        prompt = "zebra quartz lantern " * 6
+        run("cold", prompt)  # one sequence at a time: prefill steps, then decode steps of one
+        run("warm", prompt)  # the same prompt again: its full pages come from the prefix cache
+        engine._log_stats()
+        run("other", "violet mango harbor " * 6)  # nothing cached for it
+        engine._log_stats()
+    finally:
+        logger.remove(sink)
+    first, second = [line for line in lines if line.startswith("throughput:")]
+    assert "avg batch 1.0," in first and "avg batch 1.0," in second, (first, second)
+    hit = int(re.search(r"prefix hit (\d+)%", first).group(1))
+    assert 0 < hit < 100, first
+    assert second.endswith("prefix hit 0%"), second  # this interval's lookups only

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -30,6 +33,17 @@ def tokenizer() -> Tokenizer:
 
 def complete(client, **kw):
     return client.completions.create(**{"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "seed": 5, **kw})
+
+
+def test_registering_the_plugin_does_not_import_litestar():
+    """The route module (and with it the web stack) loads only when a server builds its app."""
+    code = ("import sys\nfrom ninfer.plugins import load_registry\n"
+            "registry = load_registry(None)\nprotocol = registry.get('protocol', 'openai_completions')\n"
+            "assert 'litestar' not in sys.modules, 'litestar was imported'\n"
+            "assert callable(protocol.routes)\n")
+    env = {**os.environ, "NINFER_PLUGINS": "openai_completions"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
 
 
 def test_string_and_token_id_prompts_agree(client, tokenizer):

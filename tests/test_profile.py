@@ -309,3 +309,36 @@ def test_flag_text_converts_to_the_option_type_and_null_clears():
     }
     assert errors_of(model="m", overrides=overrides_from_args(args)) == [
         "engine.max_context: expected an integer >= 1, got 'abc'"]
+
+
+@pytest.mark.parametrize("given,canonical", [
+    ("auto", "auto"), ("Auto", "auto"), ("bf16", "bf16"), ("bfloat16", "bf16"), ("BF16", "bf16"),
+    ("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), ("fp32", "fp32"), ("float32", "fp32"),
+    ("float", "fp32"), ("FP32", "fp32"),
+])
+def test_dtype_accepts_vllm_names_and_keeps_ours(tmp_path, given, canonical):
+    flag = overrides_from_args(build_parser().parse_args(["--dtype", given]))
+    assert load_profile(model="m", overrides=flag).dtype == canonical
+    assert load_profile(model="m", overrides={"dtype": given}).dtype == canonical  # as LLM(..., dtype=) passes it
+    path = tmp_path / "p.yaml"
+    path.write_text(f"model: m\ndtype: {given}\n")
+    assert yaml.safe_load(to_yaml(load_profile(str(path))))["dtype"] == canonical
+
+
+def test_unknown_dtype_names_ours_and_the_other_spellings():
+    (error,) = errors_of(model="m", overrides={"dtype": "int4"})
+    assert error.startswith("dtype: expected one of auto, bf16, fp16, fp32 (or bfloat16, float16, half")
+    assert errors_of(model="m", overrides={"dtype": 16})[0].startswith("dtype: expected")
+
+
+def test_engine_dtype_resolution_takes_either_spelling(tiny_qwen3):
+    import torch
+
+    from ninfer import LLM
+    from ninfer.engine.builder import resolve_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_dtype("bfloat16", cpu) is resolve_dtype("bf16", cpu) is torch.bfloat16
+    assert resolve_dtype("half", cpu) is torch.float16 and resolve_dtype("auto", cpu) is torch.float32
+    llm = LLM(str(tiny_qwen3), dtype="float32", device="cpu", max_context=64, kv_capacity=64)
+    assert (llm.profile.dtype, llm.loaded.dtype) == ("fp32", torch.float32)

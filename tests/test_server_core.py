@@ -20,11 +20,12 @@ from litestar.params import JSONBody
 from loguru import logger
 
 from ninfer.capabilities import Protocol
-from ninfer.errors import NinferError, ServerShuttingDownError
+from ninfer.errors import EngineDeadError, NinferError, ServerOverloadedError, ServerShuttingDownError
 from ninfer.server.admission import AdmissionGate, Ticket
 from ninfer.server.app import build_app
 from ninfer.server.middleware import request_id
 from ninfer.server.run import ServerApp, listen_socket
+from ninfer.server.sse import sse_response
 from ninfer.server.state import ServerState
 from server_harness import server_fixture, start_server, stop_server
 
@@ -181,6 +182,40 @@ def test_overload_is_429_and_a_missed_deadline_503(busy_server):
     assert "openai_chat POST /v1/chat/completions 503" in busy_server.logs()
 
 
+# One generation request per protocol route, and the Retry-After each refusal carries: a
+# full server (OpenAI 429, Anthropic 529) frees a slot soonest, a missed admission
+# deadline (OpenAI 503, Anthropic 504) means the engine stays busy a little longer.
+GENERATIONS = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+    "/v1/completions": {"prompt": "hello", "max_tokens": 4},
+    "/v1/responses": {"input": "hello", "max_output_tokens": 16},  # model: the served one, filled in below
+    "/v1/messages": {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+}
+RETRY_AFTER = {429: "1", 529: "1", 503: "2", 504: "2"}
+
+
+def test_refusals_carry_retry_after_in_every_protocol(busy_server):
+    routes = [path for path in GENERATIONS if path in _paths(busy_server)]
+    if not routes:
+        pytest.skip("no generation route installed")
+    (card,) = httpx.get(f"{busy_server}/v1/models", timeout=10).json()["data"]
+
+    async def fire(path: str, body: dict) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*[client.post(f"{busy_server}{path}", json={**body, "stream": i % 2 == 1})
+                                          for i in range(6)])
+
+    for path in routes:
+        for r in asyncio.run(fire(path, {"model": card["id"], **GENERATIONS[path]})):
+            assert r.status_code in RETRY_AFTER, (path, r.status_code, r.text)
+            assert r.headers.get("retry-after") == RETRY_AFTER[r.status_code], (path, r.status_code)
+    # The request log names why each one failed.
+    logs = busy_server.logs()
+    for path in routes:
+        assert re.search(rf" POST {path} (429|529|503|504), error (server_overloaded|request_queue_timeout), ",
+                         logs), path
+
+
 def test_sigterm_lets_a_running_stream_finish_then_exits_0():
     url = start_server("--log-stats-interval-ms", "0")
     try:
@@ -256,13 +291,16 @@ async def _get(app, method: str, path: str, **kw) -> httpx.Response:
 
 def test_health_is_503_after_an_engine_failure_or_while_draining():
     async def main():
-        assert (await _get(build_app(_state(alive=False)), "GET", "/health")).status_code == 503
+        failed = await _get(build_app(_state(alive=False)), "GET", "/health")
+        assert (failed.status_code, failed.headers["retry-after"]) == (503, "30")  # only a restart helps
         state = _state()
         app = build_app(state)
-        assert (await _get(app, "GET", "/health")).json() == {"status": "ok"}
+        ok = await _get(app, "GET", "/health")
+        assert ok.json() == {"status": "ok"} and "retry-after" not in ok.headers
         state.gate.draining = True
         response = await _get(app, "GET", "/health")
         assert (response.status_code, response.json()) == (503, {"status": "unavailable"})
+        assert response.headers["retry-after"] == "5"
 
     asyncio.run(main())
 
@@ -306,7 +344,9 @@ def test_protocol_routes_are_tagged_and_failures_never_leak():
         logger.remove(sink)
     text = "".join(records)
     assert "unhandled RuntimeError" in text and "prompt-text" not in text
-    assert re.search(r"INFO req_[0-9a-f]{32} boom POST /v1/boom 500, [0-9.]+ s", text), text
+    assert re.search(r"INFO req_[0-9a-f]{32} boom POST /v1/boom 500, error internal_error, [0-9.]+ s", text), text
+    assert re.search(r"boom POST /v1/strict 400, error invalid_request, ", text), text
+    assert re.search(r"boom POST /v1/strict 201, [0-9.]+ s", text), text  # no error, no code
 
 
 def test_a_missing_key_is_answered_in_the_routes_own_error_shape():
@@ -338,7 +378,45 @@ def test_a_missing_key_is_answered_in_the_routes_own_error_shape():
         asyncio.run(main())
     finally:
         logger.remove(sink)
-    assert re.search(r"INFO req_[0-9a-f]{32} own GET /v1/own 401, [0-9.]+ s", "".join(records))
+    assert re.search(r"INFO req_[0-9a-f]{32} own GET /v1/own 401, error invalid_api_key, [0-9.]+ s",
+                     "".join(records))
+
+
+def test_retry_after_whatever_renders_the_refusal_and_late_stream_errors_are_logged():
+    def own_shape(_: Request, exc: NinferError) -> Response:  # Anthropic-like: overload is a 529
+        return Response({"own": exc.code}, status_code=529 if exc.status == 429 else exc.status)
+
+    @get("/v1/full", exception_handlers={NinferError: own_shape}, sync_to_thread=False)
+    def full() -> dict:
+        raise ServerOverloadedError("full")
+
+    @get("/v1/late")
+    async def late() -> Response:
+        async def frames():
+            yield "data: 1\n\n"
+            raise EngineDeadError("gone")
+
+        return sse_response(frames())
+
+    records: list[str] = []
+    sink = logger.add(records.append, level="DEBUG", format="{level} {message}")
+    try:
+        app = build_app(_state(Protocol("own", routes=lambda state: [full, late])))
+
+        async def main():
+            refused = await _get(app, "GET", "/v1/full")
+            assert (refused.status_code, refused.json()) == (529, {"own": "server_overloaded"})
+            assert refused.headers["retry-after"] == "1"
+            streamed = await _get(app, "GET", "/v1/late")  # the error arrives as a last frame
+            assert streamed.status_code == 200 and "engine_unavailable" in streamed.text
+            assert "retry-after" not in streamed.headers
+
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    text = "".join(records)
+    assert re.search(r"own GET /v1/full 529, error server_overloaded, [0-9.]+ s", text), text
+    assert re.search(r"own GET /v1/late 200, error engine_unavailable, [0-9.]+ s", text), text
 
 
 # -- startup placeholder and draining ------------------------------------------------------------
@@ -350,8 +428,10 @@ def test_while_loading_health_is_503_and_other_paths_model_loading():
     async def main():
         health = await _get(app, "GET", "/health")
         assert (health.status_code, health.json()) == (503, {"status": "unavailable"})
-        assert RID.match(health.headers["x-request-id"])
-        _error(await _get(app, "POST", "/v1/chat/completions", json={}), 503, "model_loading")
+        assert RID.match(health.headers["x-request-id"]) and health.headers["retry-after"] == "5"
+        loading = await _get(app, "POST", "/v1/chat/completions", json={})
+        _error(loading, 503, "model_loading")
+        assert loading.headers["retry-after"] == "5"
 
     asyncio.run(main())
 

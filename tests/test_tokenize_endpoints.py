@@ -48,6 +48,12 @@ def test_chat_messages_count_what_chat_completions_bills(server):
     assert r.json()["tokens"][: shorter["count"]] == shorter["tokens"]
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+def test_malformed_json_is_a_400(server, path):
+    r = httpx.post(f"{server}{path}", content=b'{"tokens": [1,', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
 @pytest.mark.parametrize("path, body, param, status", [
     ("/tokenize", {"prompt": "a", "messages": []}, "prompt", 400),
     ("/tokenize", {}, "messages", 400),

@@ -28,6 +28,16 @@ def _range(text: str) -> tuple[int, int]:
     return int(lo), int(hi or lo)
 
 
+def _dtype(text: str) -> str:
+    """bf16 and vLLM's spellings of it (bfloat16), as the profile accepts them."""
+    from ninfer.profile.schema import canonical_dtype
+
+    try:
+        return canonical_dtype(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _ints(text: str) -> list[int]:
     return [int(c) for c in text.split(",") if c]
 
@@ -39,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "qwen3.6-35b-a3b); default tiny:qwen3")
     p.add_argument("--suite", choices=["gpu"], help="preset figure set (see above); explicit flags still apply")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--dtype", default="auto", type=_dtype, help="auto, bf16, fp16 or fp32 (or vLLM's names)")
     p.add_argument("--only", default="offline,decode", help="figures: bandwidth, decode, prefill, offline, guided")
     p.add_argument("--num-requests", type=int, default=64, help="offline run: number of requests")
     p.add_argument("--input-len", type=_range, default=(100, 1024), help="offline prompt lengths LO,HI (uniform)")

@@ -1,8 +1,10 @@
 """``ninfer-serve``: validate a startup profile, then hand it to the HTTP server.
 
 Everything up to the server start (flags, profile, plugin choices) is checked before
-any model loads, and failures exit with status 2. ``--help``, ``--check`` and
-``--list-plugins`` never import torch themselves.
+any model loads, and failures exit with status 2. ``--check`` runs the same checks
+(plugin choices included; only the device is left to startup), so a profile it passes
+gets as far as loading the model. ``--help``, ``--check`` and ``--list-plugins`` never
+import torch themselves.
 """
 
 from __future__ import annotations
@@ -180,17 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     if not (args.check or args.list_plugins):
         return _serve(profile)
-    if args.check:
-        print(to_yaml(profile), end="")
     try:
         registry = _registry(profile)
     except Exception as e:  # see _serve
-        _report([f"cannot load plugins: {type(e).__name__}: {e}"], "warning" if args.check else "error")
-        return 0 if args.check else 1
+        _report([f"cannot load plugins: {type(e).__name__}: {e}"])
+        return 1
     if args.list_plugins:
         print(registry.describe())
         print("\n".join(_selected(profile, registry)))
     if args.check:
-        # A profile may name plugins this machine lacks; it stays valid, so only warn.
-        _report(check_selections(profile, registry), "warning")
+        # --check answers "would this start here?": the plugin choices fail it as they fail startup
+        errors = check_selections(profile, registry)
+        if errors:
+            _report(errors)
+            return USAGE_ERROR
+        print(to_yaml(profile), end="")
     return 0

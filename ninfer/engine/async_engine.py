@@ -17,7 +17,7 @@ from loguru import logger
 
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.request import EngineRequest, GenerationEvent
-from ninfer.engine.stats import ContextCacheCounters
+from ninfer.engine.stats import ContextCacheCounters, IntervalStats
 from ninfer.errors import EngineDeadError
 
 
@@ -26,6 +26,8 @@ class AsyncEngine:
         self.engine = engine
         self.stats_interval_s = stats_interval_s
         self._last_cache_summary = ""
+        #: the prefix cache's cumulative counters at the last throughput line, for per-interval rates
+        self._last_cache = ContextCacheCounters.of(engine.scheduler)
         self._inbox: "queue.Queue[Callable[[], None]]" = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread: Optional[threading.Thread] = None
@@ -137,24 +139,32 @@ class AsyncEngine:
 
     def _log_stats(self) -> None:
         s = self.engine.stats.take_interval()
+        cache = ContextCacheCounters.of(self.engine.scheduler)
+        before, self._last_cache = self._last_cache, cache
         if s.steps == 0 and self.engine.scheduler.num_waiting == 0:
             return  # fully idle intervals are omitted
-        bm = self.engine.block_manager
-        logger.info(
-            "throughput: prefill {:.1f} tok/s, decode {:.1f} tok/s, running {}, waiting {}, "
-            "avg batch {:.1f}, KV {:.0%} used, prefix hit {:.0%}",
-            s.prefill_tps,
-            s.decode_tps,
-            self.engine.scheduler.num_running,
-            self.engine.scheduler.num_waiting,
-            s.avg_decode_batch,
-            bm.usage(),
-            self.engine.stats.prefix_hit_rate,
-        )
-        cache = ContextCacheCounters.of(self.engine.scheduler).summary()
-        if cache != self._last_cache_summary:  # only when the cache did something
-            self._last_cache_summary = cache
-            logger.info(cache)
+        logger.info(throughput_line(s, self.engine.scheduler, self.engine.block_manager.usage(), before, cache))
+        summary = cache.summary()
+        if summary != self._last_cache_summary:  # only when the cache did something
+            self._last_cache_summary = summary
+            logger.info(summary)
+
+
+def throughput_line(s: IntervalStats, scheduler, kv_usage: float, before: ContextCacheCounters,
+                    now: ContextCacheCounters) -> str:
+    """The periodic line: rates and the decode batch over the interval, gauges at its end.
+
+    ``prefix hit`` is the share of prompt tokens found cached by the lookups made during
+    the interval (between the counters ``before`` and ``now``); it is left out when the
+    interval made none.
+    """
+    line = (f"throughput: prefill {s.prefill_tps:.1f} tok/s, decode {s.decode_tps:.1f} tok/s, "
+            f"running {scheduler.num_running}, waiting {scheduler.num_waiting}, "
+            f"avg batch {s.avg_decode_batch:.1f}, KV {kv_usage:.0%} used")
+    looked_up = now.lookup_tokens - before.lookup_tokens
+    if looked_up > 0:
+        line += f", prefix hit {(now.hit_tokens - before.hit_tokens) / looked_up:.0%}"
+    return line
 
 
 def _settle(future: asyncio.Future, exc: Optional[BaseException]) -> None:

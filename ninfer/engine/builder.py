@@ -18,6 +18,7 @@ from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snap
 from ninfer.engine.warmup import warm_up
 from ninfer.model import random_weights
 from ninfer.model.loader import load_model
+from ninfer.profile.schema import canonical_dtype
 from ninfer.tiny.cache import resolve_model_path
 from ninfer.tokenizer import Tokenizer
 
@@ -46,6 +47,8 @@ def resolve_device(value) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Profile ``dtype`` (or another spelling of one, such as bfloat16) on ``device``."""
+    name = canonical_dtype(name)  # callers outside the profile (ninfer-bench) may pass vLLM's names
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]

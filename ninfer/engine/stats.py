@@ -14,6 +14,8 @@ class IntervalStats:
     prefill_tokens: int
     decode_tokens: int
     steps: int
+    #: steps that decoded at least one sequence (mixed prefill + decode steps count)
+    decode_steps: int
     decode_rows: int
     busy_seconds: float
     finished: int
@@ -28,7 +30,8 @@ class IntervalStats:
 
     @property
     def avg_decode_batch(self) -> float:
-        return self.decode_rows / self.steps if self.steps else 0.0
+        """Sequences per decode step; prefill-only steps would dilute it (0.5 at concurrency 1)."""
+        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
 
 
 @dataclass
@@ -38,6 +41,7 @@ class EngineStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     steps: int = 0
+    decode_steps: int = 0
     decode_rows: int = 0
     busy_seconds: float = 0.0
     finished: int = 0
@@ -55,6 +59,7 @@ class EngineStats:
         self.total_prefill_tokens += prefill
         self.total_decode_tokens += decode
         self.steps += 1
+        self.decode_steps += decode > 0
         self.decode_rows += decode
         self.busy_seconds += seconds
 
@@ -70,18 +75,16 @@ class EngineStats:
             prefill_tokens=self.prefill_tokens,
             decode_tokens=self.decode_tokens,
             steps=self.steps,
+            decode_steps=self.decode_steps,
             decode_rows=self.decode_rows,
             busy_seconds=self.busy_seconds,
             finished=self.finished,
         )
-        self.prefill_tokens = self.decode_tokens = self.steps = self.decode_rows = self.finished = 0
+        self.prefill_tokens = self.decode_tokens = self.steps = self.decode_steps = self.decode_rows = 0
+        self.finished = 0
         self.busy_seconds = 0.0
         self._since = now
         return out
-
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.total_cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens else 0.0
 
 
 @dataclass(frozen=True)

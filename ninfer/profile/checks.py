@@ -1,7 +1,8 @@
 """Value parsers for profile fields.
 
-Each parser takes a raw YAML/CLI value and returns it unchanged when it is allowed, or
-raises ``ValueError`` saying what is allowed. They are deliberately strict (no
+Each parser takes a raw YAML/CLI value and returns it unchanged when it is allowed (a
+:class:`Choice` returns its canonical spelling), or raises ``ValueError`` saying what is
+allowed. They are deliberately strict (no
 ``"4" -> 4``, no ``True -> 1``, no ``4.5 -> 4``) so that a typo in a profile fails
 loudly instead of changing meaning; the CLI converts flag text before it gets here.
 ``allowed()`` feeds both error messages and ``--help``.
@@ -100,6 +101,33 @@ class Str:
 
 
 @attrs.frozen
+class Choice:
+    """One of ``choices``, any letter case, or another spelling of one (``aliases``); returns the choice.
+
+    For names users bring from other tools (``--dtype bfloat16``), which the rest of
+    ninfer then only ever sees in one spelling.
+    """
+
+    choices: tuple[str, ...]
+    #: (other spelling, choice) pairs; a tuple so the parser stays hashable
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def allowed(self) -> str:
+        also = f" (or {', '.join(a for a, _ in self.aliases)})" if self.aliases else ""
+        return "one of " + ", ".join(self.choices) + also
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            word = value.lower()
+            if word in self.choices:
+                return word
+            for alias, choice in self.aliases:
+                if word == alias:
+                    return choice
+        raise _reject(self.allowed(), value)
+
+
+@attrs.frozen
 class Names:
     """A non-empty list of non-empty names (plugin or protocol names)."""
 
@@ -117,7 +145,7 @@ class Names:
 class Optional:
     """``inner`` or null."""
 
-    inner: Int | Float | Bool | Str | Names
+    inner: Int | Float | Bool | Str | Choice | Names
 
     def allowed(self) -> str:
         return f"{self.inner.allowed()} or null"
@@ -131,4 +159,4 @@ class Optional:
             raise _reject(self.allowed(), value) from None
 
 
-Parser = Int | Float | Bool | Str | Names | Optional
+Parser = Int | Float | Bool | Str | Choice | Names | Optional

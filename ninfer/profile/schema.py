@@ -13,11 +13,15 @@ from typing import Any, Iterator
 
 import attrs
 
-from ninfer.profile.checks import Bool, Float, Int, Names, Optional, Parser, Str
+from ninfer.profile.checks import Bool, Choice, Float, Int, Names, Optional, Parser, Str
 
 METADATA_KEY = "ninfer"
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
+#: the dtype names vLLM and PyTorch users type, and which of ours each one means
+DTYPE_ALIASES = (("bfloat16", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("float32", "fp32"),
+                 ("float", "fp32"))
+DTYPE = Choice(DTYPES, DTYPE_ALIASES)
 #: draft-token ranges the serving contract fixes for the backends it names; other
 #: backends are checked against their plugin's declared range at startup
 SPEC_DRAFT_RANGES: dict[str, tuple[int, int]] = {"mtp": (1, 5), "dflash": (1, 15), "dflash2": (1, 15)}
@@ -188,8 +192,8 @@ class Profile:
     model: str | None = opt(None, Optional(Str()), "checkpoint directory, tiny:FAMILY, or random:SHAPE", flag="")
     model_id: str | None = opt(None, Optional(Str()), "public model name clients must send",
                                metavar="ID", default_text="the checkpoint's own id")
-    dtype: str = opt("auto", Str(DTYPES), "compute dtype; auto is bf16 on CUDA and fp32 on CPU",
-                     metavar="|".join(DTYPES))
+    dtype: str = opt("auto", DTYPE, "compute dtype; auto is bf16 on CUDA and fp32 on CPU (vLLM's names, "
+                     "such as bfloat16 or half, work too)", metavar="|".join(DTYPES))
     server: Server = attrs.field(factory=Server)
     engine: Engine = attrs.field(factory=Engine)
     cache: Cache = attrs.field(factory=Cache)
@@ -216,6 +220,11 @@ def options() -> Iterator[tuple[str, attrs.Attribute, Opt]]:
     for section, cls in SECTIONS.items():
         for f in attrs.fields(cls):
             yield f"{section}.{f.name}", f, f.metadata[METADATA_KEY]
+
+
+def canonical_dtype(name: str) -> str:
+    """``name`` in our spelling (bfloat16 -> bf16); raises ``ValueError`` for an unknown dtype."""
+    return DTYPE(name)
 
 
 def flag_name(key: str, o: Opt) -> str | None:

@@ -31,7 +31,7 @@ def new_request_id() -> str:
 
 @dataclass(eq=False)
 class Ticket:
-    """One HTTP request: its id, arrival time, capacity slot and token counts for the log."""
+    """One HTTP request: its id, arrival time, capacity slot, and token counts and error for the log."""
 
     request_id: str = field(default_factory=new_request_id)
     started: float = field(default_factory=time.monotonic)
@@ -41,6 +41,8 @@ class Ticket:
     generated: bool = False
     #: the client hung up before the response was complete (the work was cancelled)
     disconnected: bool = False
+    #: the machine-readable code of the error the request ended with (see ninfer.server.errors)
+    error_code: Optional[str] = None
     _gate: Optional[AdmissionGate] = None  # set while the ticket holds a slot
 
     @property

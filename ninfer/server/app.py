@@ -9,7 +9,14 @@ from litestar.openapi import OpenAPIConfig
 from ninfer import __version__
 from ninfer.server.core_routes import core_routes
 from ninfer.server.errors import EXCEPTION_HANDLERS, MIB
-from ninfer.server.middleware import CORE_PROTOCOL, OPEN_PATHS, PROTOCOL_OPT, RequestMiddleware, api_key_guard
+from ninfer.server.middleware import (
+    CORE_PROTOCOL,
+    OPEN_PATHS,
+    PROTOCOL_OPT,
+    RequestMiddleware,
+    api_key_guard,
+    record_error,
+)
 from ninfer.server.openapi import error_responses
 from ninfer.server.state import ServerState
 
@@ -48,6 +55,7 @@ def build_app(state: ServerState) -> Litestar:
         # 401 is rendered by the route's own exception handlers (Anthropic's shape on /v1/messages).
         guards=[api_key_guard(server.api_key)] if server.api_key else None,
         exception_handlers=EXCEPTION_HANDLERS,
+        after_exception=[record_error],  # for Retry-After and the request log, in every protocol
         cors_config=cors,
         openapi_config=OpenAPIConfig(title="ninfer", version=__version__,
                                      description=f"Serving {state.model_id} over OpenAI- and Anthropic-style APIs."),

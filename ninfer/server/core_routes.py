@@ -12,6 +12,7 @@ from litestar.params import Parameter
 from ninfer import __version__
 from ninfer.errors import NotFoundError
 from ninfer.server.openapi import error_responses, json_response
+from ninfer.server.retry_after import HEADER as RETRY_AFTER, retry_after
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -64,7 +65,8 @@ def core_routes(state: ServerState) -> list:
     def health() -> Response[Health]:
         if state.engine.alive and not state.gate.draining:
             return Response(Health("ok"))
-        return Response(Health("unavailable"), status_code=503)
+        why = "engine_unavailable" if not state.engine.alive else "server_shutting_down"
+        return Response(Health("unavailable"), status_code=503, headers={RETRY_AFTER: str(retry_after(503, why))})
 
     @get("/v1/models", summary="The served model", tags=["models"], sync_to_thread=False)
     def list_models() -> ModelList:

@@ -21,6 +21,7 @@ from litestar.types import Send
 from loguru import logger
 
 from ninfer.errors import AuthenticationError, NinferError
+from ninfer.server.retry_after import HEADER as RETRY_AFTER, retry_after
 
 #: HTTP status -> machine-readable code for Litestar's own exceptions
 _HTTP_CODES = {
@@ -102,6 +103,17 @@ def handle_unexpected(request: Request, exc: Exception) -> Response:
     return Response(error_body(500, INTERNAL_MESSAGE, "internal_error"), status_code=500)
 
 
+def error_code(exc: Exception) -> str:
+    """The machine-readable code the handlers above answer ``exc`` with (for the request log)."""
+    if isinstance(exc, NinferError):
+        return exc.code
+    if isinstance(exc, HTTPException) and exc.status_code < 500:
+        return _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    if isinstance(exc, (msgspec.DecodeError, msgspec.ValidationError)):
+        return "invalid_request"
+    return "internal_error"
+
+
 EXCEPTION_HANDLERS = {
     NinferError: handle_ninfer_error,
     HTTPException: handle_http_exception,
@@ -120,4 +132,7 @@ async def send_json(send: Send, status: int, body: Any, headers: Sequence[tuple[
 
 
 async def send_error(send: Send, exc: NinferError, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    seconds = retry_after(exc.status, exc.code)
+    if seconds is not None:
+        headers = [*headers, (RETRY_AFTER.encode(), str(seconds).encode())]
     await send_json(send, exc.status, ninfer_error_body(exc), headers)

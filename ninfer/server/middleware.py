@@ -1,9 +1,12 @@
-"""The outermost layer of every request (id, slot release, request log) and the API-key guard.
+"""The outermost layer of every request (id, Retry-After, slot release, request log) and the API-key guard.
 
 The middleware wraps Litestar's whole ASGI handler (not a per-route middleware), so
 unknown paths, CORS preflights and errors raised while routing get an ``x-request-id``
 too. The key is checked by a guard instead, after routing: its 401 is then rendered by
 the matched route's exception handlers, in that route's protocol's error shape.
+Which error a request ended with is recorded on its ticket by :func:`record_error`
+(an app-wide exception hook, so it sees every protocol's errors), which lets this layer
+add ``Retry-After`` to refusals and the error code to the request log.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from loguru import logger
 
 from ninfer.errors import AuthenticationError
 from ninfer.server.admission import Ticket, reset_current_ticket, set_current_ticket
+from ninfer.server.errors import error_code
+from ninfer.server.retry_after import HEADER as RETRY_AFTER, retry_after
 
 REQUEST_ID_HEADER = b"x-request-id"
+RETRY_AFTER_HEADER = RETRY_AFTER.encode()
 #: scope key holding the request's :class:`Ticket`
 TICKET_KEY = "ninfer.ticket"
 #: route-handler ``opt`` key naming the protocol plugin that contributed the route
@@ -56,8 +62,12 @@ class RequestMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = list(message.get("headers", ()))
-                if not any(name.lower() == REQUEST_ID_HEADER for name, _ in headers):
+                names = {name.lower() for name, _ in headers}
+                if REQUEST_ID_HEADER not in names:
                     headers.append(rid)
+                seconds = retry_after(status, ticket.error_code)
+                if seconds is not None and RETRY_AFTER_HEADER not in names:
+                    headers.append((RETRY_AFTER_HEADER, str(seconds).encode()))
                 message = {**message, "headers": headers}  # type: ignore[assignment]
             await send(message)
 
@@ -68,6 +78,16 @@ class RequestMiddleware:
             reset_current_ticket(token)
             ticket.release()
             _log_request(scope, ticket, status)
+
+
+async def record_error(exc: Exception, scope: Scope) -> None:
+    """Litestar's ``after_exception`` hook: note the error's code on the request's ticket.
+
+    It runs before the route's own handler renders the error, whatever its protocol.
+    """
+    ticket = scope.get(TICKET_KEY)  # type: ignore[call-overload]
+    if ticket is not None:
+        ticket.error_code = error_code(exc)
 
 
 def api_key_guard(api_key: str) -> Guard:
@@ -101,11 +121,14 @@ def _carries_key(headers: list[tuple[bytes, bytes]], expected: bytes) -> bool:
 def _log_request(scope: Scope, ticket: Ticket, status: int) -> None:
     """One line per request: protocol routes at INFO, the server's own routes at DEBUG.
 
-    Only the method, path, status, token counts and time: never bodies or headers.
+    Only the method, path, status, error code, token counts and time: never bodies,
+    headers or error messages (which may quote the request).
     """
     handler: Any = scope.get("route_handler")
     protocol = handler.opt.get(PROTOCOL_OPT, CORE_PROTOCOL) if handler is not None else CORE_PROTOCOL
     line = f"{ticket.request_id} {protocol} {scope['method']} {scope['path']} {status or 'no response'}"
+    if ticket.error_code is not None:
+        line += f", error {ticket.error_code}"
     if ticket.generated:
         line += (f", prompt {ticket.prompt_tokens} (cached {ticket.cached_tokens}), "
                  f"completion {ticket.completion_tokens} tokens")

@@ -30,7 +30,8 @@ from ninfer.server.admission import AdmissionGate, new_request_id
 from ninfer.server.app import build_app
 from ninfer.server.core_routes import HEALTH_UNAVAILABLE
 from ninfer.server.errors import send_error, send_json
-from ninfer.server.middleware import REQUEST_ID_HEADER
+from ninfer.server.middleware import REQUEST_ID_HEADER, RETRY_AFTER_HEADER
+from ninfer.server.retry_after import retry_after
 from ninfer.server.state import ServerState
 
 DRAIN_TIMEOUT_S = 30.0
@@ -110,7 +111,8 @@ class ServerApp:
         elif scope["type"] == "http":
             headers = [(REQUEST_ID_HEADER, new_request_id().encode())]
             if scope["path"] == "/health":
-                await send_json(send, 503, HEALTH_UNAVAILABLE, headers)
+                wait = str(retry_after(503, ModelLoadingError.code)).encode()
+                await send_json(send, 503, HEALTH_UNAVAILABLE, [*headers, (RETRY_AFTER_HEADER, wait)])
             else:
                 await send_error(send, ModelLoadingError("the model is still loading; retry shortly"), headers)
 

@@ -28,8 +28,9 @@ from litestar.types import Receive, Scope, Send
 from loguru import logger
 
 from ninfer.errors import NinferError
+from ninfer.server.admission import current_ticket
 from ninfer.server.disconnect import wait_for_disconnect
-from ninfer.server.errors import INTERNAL_MESSAGE, ninfer_error_body
+from ninfer.server.errors import INTERNAL_MESSAGE, error_code, ninfer_error_body
 
 Frame = Union[str, bytes]
 ErrorRenderer = Callable[[NinferError], Frame]
@@ -154,6 +155,9 @@ class _SSEStream(ASGIResponse):
             await self._close(pending)
 
     def _error_frame(self, exc: Exception) -> Frame:
+        ticket = current_ticket()
+        if ticket is not None:  # the status already went out as 200: the log line names the failure
+            ticket.error_code = error_code(exc)
         if not isinstance(exc, NinferError):
             logger.opt(exception=exc).error("stream failed: unhandled {}", type(exc).__name__)
             exc = NinferError(INTERNAL_MESSAGE)

@@ -38,8 +38,7 @@ def tokenize_routes(state: ServerState) -> list:
                       "template as Chat Completions renders them.",
           responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(400, 404)})
     async def tokenize(request: Request) -> Response:
-        body = await request.json()
-        req = _decode_tokenize(body)
+        req = _decode_tokenize(msgspec.json.decode(await request.body()))  # malformed JSON: a 400
         _check_model(req.model, state.model_id)
         ids = await state.run_blocking(_token_ids, req, tokenizer, state.profile)
         strs = [tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
@@ -50,7 +49,7 @@ def tokenize_routes(state: ServerState) -> list:
           description="The text of the token ids, special tokens included.",
           responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(400, 404)})
     async def detokenize(request: Request) -> Response:
-        req = msgspec.convert(await request.json(), DetokenizeRequest, strict=True)
+        req = msgspec.json.decode(await request.body(), type=DetokenizeRequest, strict=True)
         _check_model(req.model, state.model_id)
         vocab = tokenizer.vocab_size
         for i, token in enumerate(req.tokens):
