@@ -137,6 +137,11 @@ def _uses_byte_level(backend: Backend) -> bool:
 # -- the tokenizer ----------------------------------------------------------------------
 
 
+#: texts longer than this are tokenized without holding the GIL (below it the single
+#: call's lower overhead wins, and it takes well under a millisecond)
+GIL_FREE_CHARS = 16_384
+
+
 class Tokenizer:
     """A checkpoint's tokenizer plus chat template."""
 
@@ -182,6 +187,11 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if len(text) > GIL_FREE_CHARS:
+            # tokenizers' single encode holds the GIL throughout (seconds for megabytes), so
+            # even from a worker thread it would stall the server's event loop; the batch
+            # call releases it and gives the same ids
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

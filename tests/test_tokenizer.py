@@ -331,3 +331,35 @@ def test_template_is_sandboxed(tok_dir: Path, tmp_path: Path) -> None:
     _copy_without_template(tok_dir, tmp_path, "{{ messages.append(1) }}")
     with pytest.raises(jinja2.exceptions.SecurityError):
         Tokenizer.from_pretrained(tmp_path).apply_chat_template([])
+
+
+def test_long_texts_tokenize_without_holding_the_gil(tok: Tokenizer) -> None:
+    """A multi-megabyte prompt tokenized on a worker thread must not freeze the event loop:
+    another Python thread keeps running while it is encoded (with the GIL held, it would
+    get no turn at all until the call returned), and the ids are the short path's."""
+    import threading
+    import time
+
+    from ninfer.tokenizer import GIL_FREE_CHARS
+
+    text = "Hello <think> world, and more text. " * 15_000  # ~0.5 MB
+    assert len(text) > GIL_FREE_CHARS
+    ticks, done = [], threading.Event()
+
+    def ticker() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    time.sleep(0.01)
+    started = len(ticks)
+    ids = tok.encode(text)
+    during = len(ticks) - started
+    done.set()
+    thread.join()
+    assert during >= 3, f"the other thread ran {during} times while the text was encoded"
+    assert ids == tok.backend.encode(text, add_special_tokens=False).ids
+    short = text[:100]
+    assert tok.encode(short) == tok.backend.encode_batch([short], add_special_tokens=False)[0].ids
