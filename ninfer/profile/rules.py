@@ -28,12 +28,30 @@ def cross_checks(p: Profile) -> list[str]:
         errors.append(f"server.api_key: {REDACTED!r} is what --check prints in place of the key; give the "
                       "real key, e.g. ${NINFER_API_KEY}")
     errors += _speculative(p)
+    errors += _lora_modules(p.server.lora_modules or [])
     if not p.engine.prefix_reuse:
         # Root-only mode has no context cache, so sizing one is a contradiction even at zero.
         for f in attrs.fields(type(p.cache)):
             if getattr(p.cache, f.name) is not None:
                 errors.append(f"cache.{f.name}: not allowed when engine.prefix_reuse is false "
                               "(--no-prefix-reuse runs without a context cache)")
+    return errors
+
+
+def lora_modules(items: list[str]) -> dict[str, str]:
+    """``server.lora_modules`` ("NAME=PATH" items) as {name: path}; assumes they passed the checks."""
+    return dict(item.split("=", 1) for item in items)
+
+
+def _lora_modules(items: list[str]) -> list[str]:
+    errors, seen = [], set()
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not (sep and name.strip() and path.strip()) or name != name.strip():
+            errors.append(f"server.lora_modules: {item!r} must be NAME=PATH (an adapter name, then its directory)")
+        elif name in seen:
+            errors.append(f"server.lora_modules: the adapter name {name!r} is given twice")
+        seen.add(name)
     return errors
 
 

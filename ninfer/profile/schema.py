@@ -64,6 +64,9 @@ class Server:
     response_store_max_mib: int = opt(256, _POS, "memory budget of stored Responses, in MiB", metavar="N")
     protocols: list[str] | None = opt(None, Optional(Names()), "protocol adapters to serve (comma-separated)",
                                       metavar="NAME,...", default_text="every installed protocol")
+    lora_modules: list[str] | None = opt(None, Optional(Names()), "PEFT LoRA adapters to serve, NAME=PATH "
+                                         "(comma-separated); a request's model picks one by NAME",
+                                         metavar="NAME=PATH,...", default_text="none")
 
 
 @attrs.frozen

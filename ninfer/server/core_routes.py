@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import msgspec
 from litestar import Response, get, head
@@ -33,6 +33,8 @@ class ModelCard(msgspec.Struct):
     max_model_len: int
     object: str = "model"
     owned_by: str = "ninfer"
+    #: a LoRA adapter's base model (vLLM's field); None for the base model itself
+    parent: Optional[str] = None
 
 
 class LegacyModel(msgspec.Struct):
@@ -57,8 +59,11 @@ class ServerInfo(msgspec.Struct):
 
 def core_routes(state: ServerState) -> list:
     created = int(time.time())
-    card = ModelCard(id=state.model_id, created=created, max_model_len=state.max_model_len)
-    listing = ModelList(data=[card], models=[LegacyModel(name=state.model_id, model=state.model_id)])
+    cards = {state.model_id: ModelCard(id=state.model_id, created=created, max_model_len=state.max_model_len)}
+    for name in state.loras:  # a request's model picks an adapter by name
+        cards[name] = ModelCard(id=name, created=created, max_model_len=state.max_model_len, parent=state.model_id)
+    listing = ModelList(data=list(cards.values()),
+                        models=[LegacyModel(name=model_id, model=model_id) for model_id in cards])
 
     @get("/health", summary="Engine readiness", tags=["server"], sync_to_thread=False,
          responses={503: json_response(Health, "the engine cannot take work, or the server is shutting down")})
@@ -76,10 +81,10 @@ def core_routes(state: ServerState) -> list:
          responses=error_responses(400, 404))
     def get_model(model_id: Annotated[str, Parameter(description="public model id")]) -> ModelCard:
         model_id = model_id.lstrip("/")  # a :path parameter keeps its leading slash
-        if model_id != state.model_id:
-            raise NotFoundError(f"the model {model_id!r} does not exist; this server serves {state.model_id!r}",
-                                param="model", code="model_not_found")
-        return card
+        if model_id not in cards:
+            raise NotFoundError(f"the model {model_id!r} does not exist; this server serves "
+                                f"{', '.join(map(repr, cards))}", param="model", code="model_not_found")
+        return cards[model_id]
 
     @get("/", summary="Server name and version", tags=["server"], sync_to_thread=False)
     def root() -> ServerInfo:

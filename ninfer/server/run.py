@@ -26,6 +26,8 @@ from loguru import logger
 from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.builder import build_engine
 from ninfer.errors import ModelLoadingError
+from ninfer.lora.config import LoraAdapterError
+from ninfer.profile.rules import lora_modules
 from ninfer.server.admission import AdmissionGate, new_request_id
 from ninfer.server.app import build_app
 from ninfer.server.core_routes import HEALTH_UNAVAILABLE
@@ -216,13 +218,19 @@ class _Server(uvicorn.Server):
 def build_state(profile: Any, registry: Any) -> ServerState:
     """Load the model and start the engine thread: everything protocol routes need."""
     loaded = build_engine(profile, registry)
+    loras = lora_modules(profile.server.lora_modules or [])
+    for name, path in loras.items():
+        if name == loaded.model_id:
+            raise LoraAdapterError(f"the LoRA adapter name {name!r} is the base model's id; choose another")
+        loaded.engine.loras.load(name, path)  # raises LoraAdapterError naming the adapter and why
+        logger.info("serving LoRA adapter {} from {}", name, path)
     engine = AsyncEngine(loaded.engine, stats_interval_s=profile.logging.stats_interval_ms / 1000)
     engine.start()
     gate = AdmissionGate(capacity=profile.engine.max_concurrency + profile.server.max_pending_requests,
                          pending_timeout_s=profile.server.pending_timeout_ms / 1000)
     return ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
                        family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
-                       gate=gate)
+                       gate=gate, loras=tuple(loras))
 
 
 def run(profile: Any, registry: Any) -> None:

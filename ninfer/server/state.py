@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.errors import InvalidRequestError, NotFoundError
 
 T = TypeVar("T")
 
@@ -27,6 +28,30 @@ class ServerState:
     max_model_len: int
     gate: Any  # ninfer.server.admission.AdmissionGate
     extras: dict[str, Any] = field(default_factory=dict)  # per-protocol shared objects
+    #: the LoRA adapters served beside the base model (``--lora-modules``), by name
+    loras: tuple[str, ...] = ()
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Every id a request's ``model`` may name: the base model's, then the adapters'."""
+        return (self.model_id, *self.loras)
+
+    def check_model(self, requested: str | None, required: bool = False) -> None:
+        """An omitted or empty ``model`` means the base model (unless ``required``); any
+        other name must be one this server serves: a 404 ``model_not_found`` otherwise."""
+        if not requested:
+            if required:
+                raise InvalidRequestError("model is required", param="model")
+            return
+        if requested not in self.model_ids:
+            adapters = f" (and the LoRA adapters {', '.join(map(repr, self.loras))})" if self.loras else ""
+            raise NotFoundError(f"the model {requested!r} does not exist; this server serves {self.model_id!r}"
+                                f"{adapters}", param="model", code="model_not_found")
+
+    def lora_for(self, requested: str | None) -> str | None:
+        """The adapter a request's ``model`` names, or None (the base model, or a name
+        the protocol checks on its own)."""
+        return requested if requested in self.loras else None
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Tokenizing and template rendering run off the event loop."""

@@ -32,7 +32,7 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     encoder,
 )
 from ninfer_plugins.protocols.openai_chat.translate import sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
+from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length, validate_request
 
 MAX_LOGPROBS = 5
 #: more than chat's four: evaluation harnesses send a task's stop list plus the EOS text
@@ -262,7 +262,7 @@ def completion_routes(state: Any) -> list:
           operation_class=event_stream_operation(Completion, ErrorResponse))
     async def create_completion(request: Request, data: CompletionRequest) -> Response:
         data = await strict_body(request, CompletionRequest)  # strict types: see ninfer.server.body
-        check_model(data.model, state.model_id)
+        state.check_model(data.model)
         prompts = _prompts(data.prompt, vocab_size)
         _validate(data)
         params = _params(data, vocab_size)
@@ -273,7 +273,8 @@ def completion_routes(state: Any) -> list:
             check_prompt_length(len(ids), state.max_model_len, param="prompt")
         texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p, False) for p in prompts]
         rid = request_id()
-        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, p, prompt=texts[i])
+        lora = state.lora_for(data.model)
+        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, p, prompt=texts[i], lora_name=lora)
                     for i, ids in enumerate(encoded) for j, p in enumerate(choice_params(params, n))]
         run = _Run(state, f"cmpl-{rid}", data.model or state.model_id, requests,
                    [ChoiceState(k, tokenizer) for k in range(len(requests))], n,

@@ -52,6 +52,7 @@ def messages_routes(state: ServerState) -> list:
         params.guided = prepared.guide
         rid = request_id()
         engine_request = EngineRequest(rid, prepared.prompt_ids, params, prompt=prepared.prompt,
+                                       lora_name=state.lora_for(req.model),
                                        thinking=prepared.thinking, thinking_budget=prepared.budget)
         message = MessageState(make_splitter(state, prepared.prompt, prepared.tools), req.max_tokens or default_max)
         answer = _Answer(state, engine_request, message, "msg_" + rid.removeprefix("req_"), req.model or "")

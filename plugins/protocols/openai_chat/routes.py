@@ -32,7 +32,7 @@ from ninfer_plugins.protocols.openai_chat.schema import (
 )
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
 from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_model, check_prompt_length, validate_request
+from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length, validate_request
 from ninfer_plugins.protocols.tool_guide import tool_parser
 
 if TYPE_CHECKING:
@@ -77,10 +77,10 @@ def default_thinking_budget(state: ServerState, req: ChatCompletionRequest, prep
 
 
 def engine_requests(rid: str, prepared: Prepared, params: SamplingParams, n: int,
-                    budget: ThinkingBudget | None = None) -> list[EngineRequest]:
+                    budget: ThinkingBudget | None = None, lora: str | None = None) -> list[EngineRequest]:
     return [
         EngineRequest(f"{rid}-{i}", prepared.prompt_ids, p, prompt=prepared.prompt, thinking=prepared.options.thinking,
-                      thinking_budget=budget)
+                      thinking_budget=budget, lora_name=lora)
         for i, p in enumerate(choice_params(params, n))
     ]
 
@@ -102,7 +102,7 @@ def chat_routes(state: ServerState) -> list:
     )
     async def create_chat_completion(request: Request, data: ChatCompletionRequest) -> Response:
         data = await strict_body(request, ChatCompletionRequest)  # strict types: see ninfer.server.body
-        check_model(data.model, state.model_id)
+        state.check_model(data.model)
         validate_request(data)
         params = sampling_params(data, vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
@@ -111,7 +111,7 @@ def chat_routes(state: ServerState) -> list:
         check_prompt_length(len(prepared.prompt_ids), state.max_model_len)
         budget = default_thinking_budget(state, data, prepared, params)
         rid = request_id()
-        requests = engine_requests(rid, prepared, params, data.n or 1, budget)
+        requests = engine_requests(rid, prepared, params, data.n or 1, budget, state.lora_for(data.model))
         states = [ChoiceState(i, tokenizer, make_splitter(state, prepared.prompt, prepared.tools))
                   for i in range(len(requests))]
         answer = _Answer(state, f"chatcmpl-{rid}", int(time.time()), data.model or state.model_id, requests, states)

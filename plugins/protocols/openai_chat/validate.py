@@ -10,23 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
 MAX_TOP_K = 20
 MAX_N = 16
-
-
-def check_model(requested: str | None, model_id: str) -> None:
-    """An omitted or empty model means the loaded one; any other name must match it."""
-    if requested and requested != model_id:
-        raise NotFoundError(
-            f"the model {requested!r} does not exist; this server serves {model_id!r}",
-            param="model",
-            code="model_not_found",
-        )
 
 
 def check_prompt_length(prompt_tokens: int, max_context: int, param: str = "messages") -> None:

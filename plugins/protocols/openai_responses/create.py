@@ -81,7 +81,8 @@ class Creation:
 
     async def __call__(self, request: Request, req: CreateRequest) -> Response:
         state = self.state
-        check_create(req, state.model_id)
+        state.check_model(req.model, required=True)
+        check_create(req)
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_output_tokens)
         params.validate(state.engine.engine.vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
@@ -96,7 +97,7 @@ class Creation:
                     make_splitter(state, prepared.prompt, prepared.tools.definitions),
                     prepared.tools.identities, req.include)
         engine_request = EngineRequest(rid, prepared.prompt_ids, params, prompt=prepared.prompt,
-                                       thinking=prepared.options.thinking,
+                                       thinking=prepared.options.thinking, lora_name=state.lora_for(req.model),
                                        thinking_budget=default_thinking_budget(state, prepared, params.max_tokens))
 
         async def finalize() -> dict[str, Any]:

@@ -106,7 +106,8 @@ def responses_routes(state: ServerState) -> list:
           operation_class=body_operation(CountRequest))
     async def count_input_tokens(request: Request) -> Response:
         req = decode(await request.body(), CountRequest)
-        check_count(req, state.model_id)
+        state.check_model(req.model)
+        check_count(req)
         prepared, _ = await prepare_prompt(state, ctx, store, req, keep=False)
         return _json({"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)})
 

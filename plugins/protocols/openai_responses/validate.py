@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields
 
@@ -38,16 +38,6 @@ def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(f"{param}: {what}", param=param)
 
 
-def check_model(requested: Optional[str], model_id: str, required: bool) -> None:
-    if requested is None or requested == "":
-        if required:
-            raise InvalidRequestError("model is required", param="model")
-        return
-    if requested != model_id:
-        raise NotFoundError(f"the model {requested!r} does not exist; this server serves {model_id!r}",
-                            param="model", code="model_not_found")
-
-
 def check_prompt_fields(req: PromptFields) -> None:
     """Checks shared by Create and the input-token count."""
     for name, what in _REFUSED.items():
@@ -73,13 +63,11 @@ def check_prompt_fields(req: PromptFields) -> None:
                                       param=f"reasoning.{key}")
 
 
-def check_count(req: CountRequest, model_id: str) -> None:
-    check_model(req.model, model_id, required=False)
+def check_count(req: CountRequest) -> None:
     check_prompt_fields(req)
 
 
-def check_create(req: CreateRequest, model_id: str) -> None:
-    check_model(req.model, model_id, required=True)
+def check_create(req: CreateRequest) -> None:
     check_prompt_fields(req)
     if req.max_output_tokens is not None and req.max_output_tokens < 0:
         raise InvalidRequestError("max_output_tokens must be >= 0", param="max_output_tokens")

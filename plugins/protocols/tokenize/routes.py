@@ -8,7 +8,7 @@ import jinja2
 import msgspec
 from litestar import Request, Response, post
 
-from ninfer.errors import InvalidRequestError, NotFoundError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.chat_messages import parse_messages, template_messages
 from ninfer.frontend.prompt_options import resolve_prompt_options, template_kwargs
 from ninfer.frontend.template_caps import detect_caps
@@ -39,7 +39,7 @@ def tokenize_routes(state: ServerState) -> list:
           responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(400, 404)})
     async def tokenize(request: Request) -> Response:
         req = _decode_tokenize(msgspec.json.decode(await request.body()))  # malformed JSON: a 400
-        _check_model(req.model, state.model_id)
+        state.check_model(req.model)
         ids = await state.run_blocking(_token_ids, req, tokenizer, state.profile)
         strs = [tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
         out = TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
@@ -50,7 +50,7 @@ def tokenize_routes(state: ServerState) -> list:
           responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(400, 404)})
     async def detokenize(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=DetokenizeRequest, strict=True)
-        _check_model(req.model, state.model_id)
+        state.check_model(req.model)
         vocab = tokenizer.vocab_size
         for i, token in enumerate(req.tokens):
             if not 0 <= token < vocab:
@@ -70,12 +70,6 @@ def _decode_tokenize(body: Any) -> TokenizeCompletionRequest | TokenizeChatReque
                                   param="prompt" if "prompt" in body else "messages")
     kind = TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest
     return msgspec.convert(body, kind, strict=True)  # a wrong type is a 400 naming the field
-
-
-def _check_model(requested: str | None, model_id: str) -> None:
-    if requested and requested != model_id:
-        raise NotFoundError(f"the model {requested!r} does not exist; this server serves {model_id!r}",
-                            param="model", code="model_not_found")
 
 
 def _token_ids(req: TokenizeCompletionRequest | TokenizeChatRequest, tokenizer: Any, profile: Any) -> list[int]:
