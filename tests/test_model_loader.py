@@ -81,3 +81,15 @@ def test_unknown_or_missing_tensors_are_errors(tiny_qwen3, registry):
         model.load_weights((n, t) for n, t in weights.items() if n != "model.layers.2.self_attn.v_proj.weight")
     with pytest.raises(ValueError, match="shape"):
         model.load_weights([("model.norm.weight", torch.ones(3))])
+
+
+def test_the_production_build_path_imports_neither_checkpoint_maker():
+    """The demo/test checkpoint maker and the random-shape builder load only when a model
+    reference names them (``tiny:``, ``random:``), never with the engine builder or server."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ninfer.engine.builder, ninfer.server.run; "
+            "print(sorted(m for m in sys.modules if m.startswith('ninfer.tiny') or m.endswith('random_weights')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

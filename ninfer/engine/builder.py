@@ -16,10 +16,9 @@ from ninfer.engine.guided_setup import build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snapshot_rows, state_pool_bytes
 from ninfer.engine.warmup import warm_up
-from ninfer.model import random_weights
 from ninfer.model.loader import load_model
+from ninfer.model.sources import public_id, resolve_source
 from ninfer.profile.schema import canonical_dtype
-from ninfer.tiny.cache import resolve_model_path
 from ninfer.tokenizer import Tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -107,13 +106,10 @@ def build_engine(profile, registry, weights=None) -> LoadedEngine:
     dtype = resolve_dtype(profile.dtype, device)
     prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
     started = time.perf_counter()
-    if weights is None and random_weights.shape_of(profile.model):
-        logger.info("building {} in device memory: transformers initialises it, then it streams into our loader",
-                    profile.model)
-        path, weights = random_weights.model_source(profile.model, dtype, device)
-        model_dir = Path(path)
-    else:
-        model_dir = resolve_model_path(profile.model, registry)
+    if weights is None:
+        model_dir, weights = resolve_source(profile.model, registry, dtype, device)
+    else:  # the caller brings the tensors; the reference is then the directory of the config
+        model_dir = Path(profile.model)
     model, config, family = load_model(model_dir, registry, dtype, device, max_context=profile.engine.max_context,
                                        weights=weights)
     tokenizer = Tokenizer.from_pretrained(model_dir)
@@ -159,5 +155,5 @@ def _log_memory_ledger(engine, model, slots, device: torch.device) -> None:
 
 
 def default_model_id(model: str, model_dir) -> str:
-    """The public id when --model-id is absent: the checkpoint folder's name."""
-    return model if model.startswith(("tiny:", random_weights.PREFIX)) else model_dir.name
+    """The public id when --model-id is absent (see :func:`ninfer.model.sources.public_id`)."""
+    return public_id(model, Path(model_dir))

@@ -1,0 +1,42 @@
+"""Where a model reference's checkpoint comes from: a directory, ``tiny:FAMILY`` or ``random:SHAPE``.
+
+The engine builder asks this module and nothing else, so the demo/test checkpoint maker
+(:mod:`ninfer.tiny`) and the random-shape builder (:mod:`ninfer.model.random_weights`,
+which needs transformers) are imported only when a reference names them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+from loguru import logger
+
+TINY_PREFIX = "tiny:"
+RANDOM_PREFIX = "random:"
+
+Weights = Optional[Iterable[tuple[str, torch.Tensor]]]
+
+
+def resolve_source(reference: str, registry, dtype: torch.dtype, device: torch.device) -> tuple[Path, Weights]:
+    """The checkpoint directory for ``reference`` and, for random shapes, the weights that
+    stand in for its files (None: the loader reads the directory's safetensors)."""
+    if reference.startswith(RANDOM_PREFIX):
+        from ninfer.model import random_weights
+
+        logger.info("building {} in device memory: transformers initialises it, then it streams into our loader",
+                    reference)
+        path, weights = random_weights.model_source(reference, dtype, device)
+        return Path(path), weights
+    if reference.startswith(TINY_PREFIX):
+        from ninfer.tiny.cache import resolve_model_path
+
+        return resolve_model_path(reference, registry), None
+    return Path(reference), None
+
+
+def public_id(reference: str, model_dir: Path) -> str:
+    """The id a server reports when ``--model-id`` is absent: the reference for built
+    models, else the checkpoint folder's name."""
+    return reference if reference.startswith((TINY_PREFIX, RANDOM_PREFIX)) else model_dir.name
