@@ -23,9 +23,10 @@ from typing import Iterator
 
 import torch
 
+from ninfer.model.sources import RANDOM_PREFIX
 from ninfer.tiny.tokenizer_files import write_tokenizer_files
 
-PREFIX = "random:"
+PREFIX = RANDOM_PREFIX
 
 _QWEN3 = {
     "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "head_dim": 128,
@@ -119,7 +120,6 @@ def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    # (callers: the benchmarks, and the engine builder for ``ninfer-serve random:SHAPE``)
     """What ``LLM`` needs for ``model``: ``(path, weights)``. For ``random:SHAPE`` the path
     holds only the config and tokenizer and ``weights`` streams a freshly built random
     model; anything else is passed through with ``weights`` None."""

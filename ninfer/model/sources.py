@@ -8,18 +8,21 @@ which needs transformers) are imported only when a reference names them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-import torch
 from loguru import logger
 
+if TYPE_CHECKING:
+    import torch
+
+#: the reference prefixes (light to import: profile checks read them without torch)
 TINY_PREFIX = "tiny:"
 RANDOM_PREFIX = "random:"
 
-Weights = Optional[Iterable[tuple[str, torch.Tensor]]]
+Weights = Optional[Iterable[tuple[str, Any]]]
 
 
-def resolve_source(reference: str, registry, dtype: torch.dtype, device: torch.device) -> tuple[Path, Weights]:
+def resolve_source(reference: str, registry, dtype: "torch.dtype", device: "torch.device") -> tuple[Path, Weights]:
     """The checkpoint directory for ``reference`` and, for random shapes, the weights that
     stand in for its files (None: the loader reads the directory's safetensors)."""
     if reference.startswith(RANDOM_PREFIX):

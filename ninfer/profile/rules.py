@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from ninfer.model.sources import RANDOM_PREFIX, TINY_PREFIX
 from ninfer.profile.schema import SPEC_DRAFT_RANGES, Profile
 
 REDACTED = "<redacted>"
@@ -15,9 +16,9 @@ def cross_checks(p: Profile) -> list[str]:
     if p.model is None:
         errors.append("model: required: a checkpoint directory, tiny:FAMILY or random:SHAPE (give MODEL_PATH "
                       "or set it in the profile)")
-    elif p.model.startswith("tiny:") and not p.model[len("tiny:"):]:
+    elif p.model.startswith(TINY_PREFIX) and not p.model[len(TINY_PREFIX):]:
         errors.append("model: tiny:FAMILY needs a family name, e.g. tiny:qwen3")
-    elif p.model.startswith("random:"):
+    elif p.model.startswith(RANDOM_PREFIX):
         from ninfer.model import random_weights  # (imports torch: only for random models)
 
         try:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from loguru import logger
 
-PREFIX = "tiny:"
+from ninfer.model.sources import TINY_PREFIX
+
+PREFIX = TINY_PREFIX
 
 
 def cache_root() -> Path:

@@ -1,0 +1,225 @@
+"""The server app in-process (no server process): states a live process rarely shows
+(engine failure, loading, drain), error mapping and protocol routes. The wire contract
+of real ``ninfer-serve`` processes is in test_server_core.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import types
+
+import httpx
+import msgspec
+import pytest
+from litestar import Request, Response, get, post
+from litestar.params import JSONBody
+from loguru import logger
+
+from ninfer.capabilities import Protocol
+from ninfer.errors import EngineDeadError, NinferError, ServerOverloadedError, ServerShuttingDownError
+from ninfer.server.admission import AdmissionGate, Ticket
+from ninfer.server.app import build_app
+from ninfer.server.middleware import request_id
+from ninfer.server.run import ServerApp
+from ninfer.server.sse import sse_response
+from ninfer.server.state import ServerState
+from test_server_core import KEY, RID, _error
+
+
+# -- the app in-process: health states, error mapping, protocol routes ------------------------
+
+
+def _state(*protocols: Protocol, alive: bool = True, api_key: str | None = None) -> ServerState:
+    server = types.SimpleNamespace(protocols=[p.name for p in protocols], cors=False, api_key=api_key,
+                                   max_request_mib=1)
+    by_name = {p.name: p for p in protocols}
+    registry = types.SimpleNamespace(get=lambda kind, name, key=None: by_name[name])
+    return ServerState(profile=types.SimpleNamespace(server=server), registry=registry,
+                       engine=types.SimpleNamespace(alive=alive), tokenizer=None, family=None, model_id="m",
+                       max_model_len=64, gate=AdmissionGate(1, 1.0))
+
+
+async def _get(app, method: str, path: str, **kw) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        return await client.request(method, path, **kw)
+
+
+def test_health_is_503_after_an_engine_failure_or_while_draining():
+    async def main():
+        failed = await _get(build_app(_state(alive=False)), "GET", "/health")
+        assert (failed.status_code, failed.headers["retry-after"]) == (503, "30")  # only a restart helps
+        state = _state()
+        app = build_app(state)
+        ok = await _get(app, "GET", "/health")
+        assert ok.json() == {"status": "ok"} and "retry-after" not in ok.headers
+        state.gate.draining = True
+        response = await _get(app, "GET", "/health")
+        assert (response.status_code, response.json()) == (503, {"status": "unavailable"})
+        assert response.headers["retry-after"] == "5"
+
+    asyncio.run(main())
+
+
+class Counted(msgspec.Struct):
+    n: int
+
+
+def test_protocol_routes_are_tagged_and_failures_never_leak():
+    @post("/v1/boom")
+    async def boom(data: JSONBody[Counted]) -> dict:
+        raise RuntimeError("kaboom")
+
+    @post("/v1/strict")
+    async def strict(request: Request) -> dict:
+        return {"n": msgspec.json.decode(await request.body(), type=Counted).n, "id": request_id(request)}
+
+    records: list[str] = []
+    # As ninfer.log configures the served sink: no variable values, no frames above the catch.
+    sink = logger.add(records.append, level="DEBUG", format="{level} {message}", diagnose=False, backtrace=False)
+    secret = {"n": 1, "secret": "prompt-" + "text"}
+    try:
+        app = build_app(_state(Protocol("boom", routes=lambda state: [boom, strict])))
+
+        async def main():
+            crashed = await _get(app, "POST", "/v1/boom", json=secret)
+            error = _error(crashed, 500, "internal_error")
+            assert error["type"] == "server_error" and "kaboom" not in error["message"]
+            for bad in ({"n": "x"}, {}):  # Litestar's validation names the field
+                invalid = await _get(app, "POST", "/v1/boom", json=bad)
+                assert _error(invalid, 400, "invalid_request")["param"] == "n"
+            for raw in (b'{"n": "x"}', b"{}"):  # so does a protocol's own msgspec decoding
+                invalid = await _get(app, "POST", "/v1/strict", content=raw)
+                assert _error(invalid, 400, "invalid_request")["param"] == "n"
+            assert (await _get(app, "POST", "/v1/strict", content=b"{")).status_code == 400
+            ok = await _get(app, "POST", "/v1/strict", content=b'{"n": 2}')
+            assert ok.json() == {"n": 2, "id": ok.headers["x-request-id"]}  # handlers see the header's id
+
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    text = "".join(records)
+    assert "unhandled RuntimeError" in text and "prompt-text" not in text
+    assert re.search(r"INFO req_[0-9a-f]{32} boom POST /v1/boom 500, error internal_error, [0-9.]+ s", text), text
+    assert re.search(r"boom POST /v1/strict 400, error invalid_request, ", text), text
+    assert re.search(r"boom POST /v1/strict 201, [0-9.]+ s", text), text  # no error, no code
+
+
+def test_a_missing_key_is_answered_in_the_routes_own_error_shape():
+    def own_shape(_: Request, exc: NinferError) -> Response:  # a protocol with an error shape of its own
+        return Response({"own": type(exc).__name__}, status_code=401)
+
+    @get("/v1/own", exception_handlers={NinferError: own_shape}, sync_to_thread=False)
+    def own() -> dict:
+        return {}
+
+    records: list[str] = []
+    sink = logger.add(records.append, level="DEBUG", format="{level} {message}")
+    try:
+        app = build_app(_state(Protocol("own", routes=lambda state: [own]), api_key=KEY))
+
+        async def main():
+            refused = await _get(app, "GET", "/v1/own")
+            assert (refused.status_code, refused.json()) == (401, {"own": "AuthenticationError"})
+            assert RID.match(refused.headers["x-request-id"])
+            assert (await _get(app, "GET", "/v1/own", headers={"x-api-key": KEY})).status_code == 200
+            core = await _get(app, "GET", "/v1/models")
+            assert _error(core, 401, "invalid_api_key")["type"] == "authentication_error"
+            assert core.headers["www-authenticate"] == "Bearer"
+            # Without --cors an OPTIONS is not a preflight, yet it stays open; so do the probes.
+            for method, path in (("OPTIONS", "/v1/own"), ("OPTIONS", "/v1/models"), ("GET", "/health"),
+                                 ("GET", "/"), ("HEAD", "/")):
+                assert (await _get(app, method, path)).status_code in (200, 204), (method, path)
+
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    assert re.search(r"INFO req_[0-9a-f]{32} own GET /v1/own 401, error invalid_api_key, [0-9.]+ s",
+                     "".join(records))
+
+
+def test_retry_after_whatever_renders_the_refusal_and_late_stream_errors_are_logged():
+    def own_shape(_: Request, exc: NinferError) -> Response:  # Anthropic-like: overload is a 529
+        return Response({"own": exc.code}, status_code=529 if exc.status == 429 else exc.status)
+
+    @get("/v1/full", exception_handlers={NinferError: own_shape}, sync_to_thread=False)
+    def full() -> dict:
+        raise ServerOverloadedError("full")
+
+    @get("/v1/late")
+    async def late() -> Response:
+        async def frames():
+            yield "data: 1\n\n"
+            raise EngineDeadError("gone")
+
+        return sse_response(frames())
+
+    records: list[str] = []
+    sink = logger.add(records.append, level="DEBUG", format="{level} {message}")
+    try:
+        app = build_app(_state(Protocol("own", routes=lambda state: [full, late])))
+
+        async def main():
+            refused = await _get(app, "GET", "/v1/full")
+            assert (refused.status_code, refused.json()) == (529, {"own": "server_overloaded"})
+            assert refused.headers["retry-after"] == "1"
+            streamed = await _get(app, "GET", "/v1/late")  # the error arrives as a last frame
+            assert streamed.status_code == 200 and "engine_unavailable" in streamed.text
+            assert "retry-after" not in streamed.headers
+
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    text = "".join(records)
+    assert re.search(r"own GET /v1/full 529, error server_overloaded, [0-9.]+ s", text), text
+    assert re.search(r"own GET /v1/late 200, error engine_unavailable, [0-9.]+ s", text), text
+
+
+# -- startup placeholder and draining ------------------------------------------------------------
+
+
+def test_while_loading_health_is_503_and_other_paths_model_loading():
+    app = ServerApp(profile=None, registry=None, url="http://127.0.0.1:1")  # no engine yet
+
+    async def main():
+        health = await _get(app, "GET", "/health")
+        assert (health.status_code, health.json()) == (503, {"status": "unavailable"})
+        assert RID.match(health.headers["x-request-id"]) and health.headers["retry-after"] == "5"
+        loading = await _get(app, "POST", "/v1/chat/completions", json={})
+        _error(loading, 503, "model_loading")
+        assert loading.headers["retry-after"] == "5"
+
+    asyncio.run(main())
+
+
+async def _exits(app: ServerApp, within: float) -> bool:
+    for _ in range(int(within / 0.05)):
+        if app.server.should_exit:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("finishes", [True, False])
+def test_drain_waits_for_requests_in_flight_then_exits(monkeypatch, finishes):
+    monkeypatch.setattr("ninfer.server.run.DRAIN_TIMEOUT_S", 1.0)
+    gate = AdmissionGate(capacity=2, pending_timeout_s=1.0)
+    app = ServerApp(profile=None, registry=None, url="http://127.0.0.1:1")
+    app.server = types.SimpleNamespace(should_exit=False)
+    app.state = types.SimpleNamespace(gate=gate)
+    ticket = gate.reserve(Ticket())
+
+    async def main():
+        app.loop = asyncio.get_running_loop()
+        app.on_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert gate.draining and not app.server.should_exit
+        with pytest.raises(ServerShuttingDownError):
+            gate.reserve(Ticket())
+        if finishes:
+            ticket.release()
+            assert await _exits(app, 0.5)
+        else:  # stuck past the bound: exit anyway (uvicorn then cancels what still runs)
+            assert await _exits(app, 3.0) and gate.in_flight == 1
+
+    asyncio.run(main())
