@@ -23,6 +23,7 @@ FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "refer
 
 #: op name -> {"reference": fn, "triton": fn or None}
 IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
+    "linear": {"reference": torch.nn.functional.linear, "triton": None},
     "rms_norm": {"reference": norm.rms_norm, "triton": None},
     "apply_rope": {"reference": rope.apply_rope, "triton": None},
     "silu_and_mul": {"reference": activation.silu_and_mul, "triton": None},
@@ -53,6 +54,11 @@ def choose(op: str, device_type: str) -> Callable:
     if device_type == "cuda" and triton_fn is not None and not FORCE_REFERENCE:
         return triton_fn
     return impls["reference"]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; on CUDA a few-row product may take a Triton kernel (see skinny_linear)."""
+    return choose("linear", x.device.type)(x, weight, bias)
 
 
 def rms_norm(

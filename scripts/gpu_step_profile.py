@@ -33,8 +33,8 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 #: kernel kinds for the per-kind summary: (kind, pattern of the kernel name), first match wins
 KINDS = (
-    ("moe gate_up", r"_gate_up_kernel"),
-    ("moe down", r"_down_kernel"),
+    ("moe gate_up", r"_gate_up_kernel|_gate_up_one_kernel"),
+    ("moe down", r"_down_kernel|_down_sum_one_kernel"),
     ("moe sum", r"_sum_pairs_kernel"),
     ("moe route", r"_route_kernel"),
     ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
@@ -45,6 +45,7 @@ KINDS = (
     ("rmsnorm", r"_rms_norm_kernel|_gated_rms_norm_kernel"),
     ("moe align", r"_align"),
     ("silu and mul", r"_silu_and_mul_kernel"),
+    ("skinny linear (Triton)", r"_skinny_kernel"),
     ("matmul (cuBLAS)", r"gemm|nvjet|cutlass|sm90_|xmma|splitK|gemv"),
     ("sampler / argmax", r"argmax|reduce_kernel|topk|sort|softmax"),
     ("elementwise (torch)", r"elementwise|vectorized|unrolled|index|gather|scatter|copy|cat"),

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
 from ninfer_kernels.triton import moe_route as t_route  # noqa: E402
+from ninfer_kernels.triton import moe_single_token as t_one  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 gpu = pytest.mark.gpu
@@ -215,6 +216,47 @@ def test_triton_fused_moe_ragged_shapes(config):
     weights, ids = moe.moe_route(torch.randn(t, e, generator=gen), k, False, x, torch.randn(h, generator=gen))
     want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
     assert rel_err(t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2, config=config), want) <= 1e-5
+
+
+#: several column blocks and K steps in both single-token kernels, ragged tails
+ONE_SMALL = t_one.SingleTokenConfig(gate_up_n=4, gate_up_k=16, gate_up_warps=1, down_n=8, down_k=16, down_warps=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("config", [ONE_SMALL, t_one.DEFAULT_CONFIG], ids=["small", "default"])
+def test_single_token_kernels_equal_reference(config, shared, dtype):
+    """One token's matrix-vector kernels (ragged widths, the shared expert's strides
+    copied as the dispatcher does) against the reference, rounding points included."""
+    gen = torch.Generator().manual_seed(11 + shared)
+    e, h, i, k = 7, 40, 24, 3
+    x = torch.randn(1, 2 * h, generator=gen)[:, ::2].to(dtype)
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, dtype, shared)
+    gate = torch.randn(h, generator=gen).to(dtype) if shared else None
+    weights, ids = moe.moe_route(torch.randn(1, e, generator=gen), k, True, x, gate)
+    want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
+    if shared:
+        s13, s2 = s13.contiguous(), s2.contiguous()
+    got = t_one.fused_moe_one_token(x, w13, w2, weights, ids, s13, s2, config)
+    assert got.dtype == dtype and got.shape == (1, h)
+    assert rel_err(got, want) <= TOL[dtype]
+
+
+def test_one_token_takes_the_single_token_kernels_unless_switched_off(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    e, h, i, k = 6, 32, 16, 2
+    x = torch.randn(1, h, generator=gen)
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, shared=True)
+    weights, ids = moe.moe_route(torch.randn(1, e, generator=gen), k, False, x, torch.randn(h, generator=gen))
+    calls = []
+    real = t_fused.fused_moe_one_token
+    monkeypatch.setattr(t_fused, "fused_moe_one_token", lambda *a: calls.append(1) or real(*a))
+    want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
+    assert rel_err(t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2), want) <= 1e-5
+    assert calls == [1]
+    monkeypatch.setenv("NINFER_MOE_ONE_TOKEN", "0")
+    assert rel_err(t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2), want) <= 1e-5
+    assert calls == [1]
 
 
 # -- config selection --------------------------------------------------------------

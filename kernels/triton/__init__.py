@@ -13,9 +13,10 @@ if importlib.util.find_spec("triton") is not None:
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
-        moe_route, norm, paged_attention, qk_norm_rope, rope,
+        moe_route, norm, paged_attention, qk_norm_rope, rope, skinny_linear,
     )
 
+    ops.register_triton("linear", skinny_linear.linear)
     ops.register_triton("rms_norm", norm.rms_norm)
     ops.register_triton("apply_rope", rope.apply_rope)
     ops.register_triton("silu_and_mul", activation.silu_and_mul)

@@ -15,7 +15,8 @@ one expert. Then (the design of vLLM's fused_moe, in our own code):
 Grids are sized from the pair count (the most blocks the layout can have); programs
 whose block lies past the runs (read on the device) return at once, so nothing syncs
 and the whole op can be captured in a CUDA graph. A single token skips the sorting: its
-pairs name distinct experts, so each pair is a block of its own (``PER_PAIR``). Expert
+pairs name distinct experts, so each pair is a block of its own (``PER_PAIR``); by
+default one token takes the matrix-vector kernels of :mod:`.moe_single_token` instead. Expert
 id ``E`` is the shared expert: the same tile loop reads its own tensor, laid out like one
 routed expert (the model keeps it so; any other layout is copied first), so the loads
 stay vectorised and the pipeline's shared memory is allocated once.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,6 +43,7 @@ import triton.language as tl
 
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_route import moe_align
+from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, SingleTokenConfig, fused_moe_one_token
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: columns per program of the final per-token sum
@@ -68,18 +71,25 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """One call's shapes: ``block_m`` (the alignment of the runs) and each GEMM's."""
+    """One call's shapes: ``block_m`` (the alignment of the runs) and each GEMM's; for one
+    token, optionally the single-token kernels' (their defaults when absent)."""
 
     block_m: int
     gate_up: GemmConfig
     down: GemmConfig
+    one_token: SingleTokenConfig | None = None
 
     @classmethod
     def from_json(cls, entry: dict) -> MoeConfig:
-        return cls(int(entry["block_m"]), GemmConfig(**entry["gate_up"]), GemmConfig(**entry["down"]))
+        one = entry.get("one_token")
+        return cls(int(entry["block_m"]), GemmConfig(**entry["gate_up"]), GemmConfig(**entry["down"]),
+                   SingleTokenConfig(**one) if one else None)
 
     def to_json(self) -> dict:
-        return {"block_m": self.block_m, "gate_up": asdict(self.gate_up), "down": asdict(self.down)}
+        out = {"block_m": self.block_m, "gate_up": asdict(self.gate_up), "down": asdict(self.down)}
+        if self.one_token is not None:
+            out["one_token"] = asdict(self.one_token)
+        return out
 
 
 def shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
@@ -312,6 +322,12 @@ def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.c
     tl.store(out_ptr + t * width + cols, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=ok)
 
 
+def single_token_kernels() -> bool:
+    """Whether one token takes :mod:`.moe_single_token`'s kernels (``NINFER_MOE_ONE_TOKEN=0``
+    keeps it on the grouped GEMMs; read per call, so a benchmark can compare the two)."""
+    return os.environ.get("NINFER_MOE_ONE_TOKEN", "1") != "0"
+
+
 def _launch_options(x: torch.Tensor) -> dict:
     # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits, and
     # truncates where it should round: UPCAST works around both.
@@ -417,10 +433,16 @@ def fused_moe(
                          f"the experts' {tuple(w13.shape[1:])}, {tuple(w2.shape[1:])}")
     if num_tokens == 0:
         return torch.empty_like(x)
-    if config is None:
-        config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k, x.dtype, num_tokens)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     weights = weights.float().contiguous()
+    chosen = config is None
+    if chosen:
+        config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k, x.dtype, num_tokens)
+    # one token: the matrix-vector kernels, unless a caller forces grouped-GEMM shapes
+    if num_tokens == 1 and single_token_kernels() and (chosen or config.one_token is not None):
+        s13 = _row_major(shared13, w13[0]) if has_shared else None
+        s2 = _row_major(shared2, w2[0]) if has_shared else None
+        return fused_moe_one_token(x, w13, w2, weights, ids, s13, s2, config.one_token or DEFAULT_CONFIG)
     # one token's pairs name distinct experts: each pair is its own block, no sorting
     align = moe_align(ids, num_experts + has_shared, config.block_m) if num_tokens > 1 else None
     inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up, pair_ids=ids)

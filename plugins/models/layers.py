@@ -46,7 +46,7 @@ class Linear(nn.Module):
         self.keep_row_major = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = ops.linear(x, self.weight, self.bias)
         return y if self.lora is None else self.lora.apply(x, y)
 
 

@@ -1,0 +1,155 @@
+"""Mixture-of-experts for one token (batch-1 decode): two matrix-vector kernels.
+
+With one token the expert GEMMs are matrix-vector products: the work is reading the k'
+chosen experts' weights once, at the copy bandwidth if the reads are spread evenly over
+the SMs. The grouped GEMM of :mod:`.fused_moe` pads the token to a 16-row ``tl.dot`` tile
+with at least 16 columns a program, so 9 experts x 512 columns made 144 programs for
+132 SMs: a dozen SMs ran two while the rest idled, and the kernel read at about 60% of
+the bandwidth. Here the products are sums of elementwise products in float32 (no
+``tl.dot``, so a program may own as few as 4 weight rows), which lets the grid hold
+many more, smaller programs:
+
+1. gate_up: program ``(pair j, column block)`` reads its ``BLOCK_N`` gate rows and up
+   rows of expert ``ids[j]`` and stores ``silu(gate) * up`` for them;
+2. down: program ``column block`` of the hidden size loops over the token's k' pairs,
+   reads each expert's ``BLOCK_N`` down rows, scales by the pair's weight and sums the
+   pairs in float32, so the per-pair rows of the grouped path and its separate sum
+   kernel disappear. The rounding points are the reference's (each pair's row rounded
+   to the activation dtype, the sum rounded once).
+
+Both launch with PDL where available (the ids come from the routing kernel before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
+
+
+@dataclass(frozen=True)
+class SingleTokenConfig:
+    """Launch shapes of the two kernels (rows of weight per program, K tile, warps)."""
+
+    gate_up_n: int = 4
+    gate_up_k: int = 512
+    gate_up_warps: int = 4
+    down_n: int = 8
+    down_k: int = 512
+    down_warps: int = 4
+
+
+#: picked on the H200 by scripts/gpu_skinny_sweep.py (see docs/performance.md)
+DEFAULT_CONFIG = SingleTokenConfig()
+
+
+@triton.jit
+def _row_dots(w_ptrs, x_ptr, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 [BLOCK_N]: rows of a weight (``w_ptrs`` at column 0) dotted with ``x``."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        xv = tl.load(x_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        wv = tl.load(w_ptrs + (k0 + offs_k)[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += wv.to(tl.float32) * xv[None, :]
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _gate_up_one_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, shared_id, N, K,
+    stride_we, stride_wn, stride_wk,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    if USE_PDL:  # the ids come from the routing kernel just before
+        tl.extra.cuda.gdc_wait()
+    expert = tl.load(ids_ptr + pair)
+    w = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:  # the shared expert: same layout, its own tensor
+        if expert == shared_id:
+            w = s_ptr
+    rows = w + offs_n[:, None].to(tl.int64) * stride_wn
+    gate = _row_dots(rows, x_ptr, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    up = _row_dots(rows + N * stride_wn, x_ptr, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + pair * N + offs_n, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
+
+
+@triton.jit
+def _down_sum_one_kernel(
+    h_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, ids_ptr, shared_id, N, K,
+    stride_we, stride_wn, stride_wk,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
+    ROUND: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    if USE_PDL:  # the intermediate comes from the gate_up kernel just before
+        tl.extra.cuda.gdc_wait()
+    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = tl.load(ids_ptr + j)
+        w = w_ptr + expert.to(tl.int64) * stride_we
+        if HAS_SHARED:
+            if expert == shared_id:
+                w = s_ptr
+        rows = w + offs_n[:, None].to(tl.int64) * stride_wn
+        acc = _row_dots(rows, h_ptr + j * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+        # each pair's row rounded to the output dtype, as the per-pair rows were
+        scaled = round_to(acc * tl.load(weights_ptr + j), out_ptr.dtype.element_ty, ROUND)
+        total += scaled.to(tl.float32)
+    tl.store(out_ptr + offs_n, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
+
+
+def _tile(wanted: int, width: int) -> int:
+    """The configured tile, shrunk to the (power-of-two rounded) width it covers."""
+    return min(wanted, triton.next_power_of_2(max(width, 1)))
+
+
+def fused_moe_one_token(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    shared13: torch.Tensor | None,
+    shared2: torch.Tensor | None,
+    config: SingleTokenConfig = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """:func:`ninfer_kernels.moe.fused_moe` for ``x`` [1, H]; ``ids`` int32 and
+    ``weights`` float32, both contiguous [1, k']. The shared weights, when given, have
+    their routed siblings' strides (the caller copies them otherwise)."""
+    _, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = ids.shape[1]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    has_shared = shared13 is not None
+    s13 = shared13 if has_shared else w13[0]
+    s2 = shared2 if has_shared else w2[0]
+    use_pdl = pdl.enabled(x.device)
+    options = {"HAS_SHARED": has_shared, "ROUND": interpreted_bf16(x), "USE_PDL": use_pdl,
+               **pdl.launch_options(use_pdl)}
+    h = torch.empty(top_k, inter, dtype=x.dtype, device=x.device)
+    block_n = _tile(config.gate_up_n, inter)
+    _gate_up_one_kernel[(top_k, triton.cdiv(inter, block_n))](
+        x, w13, s13, h, ids, num_experts, inter, hidden, w13.stride(0), w13.stride(1), w13.stride(2),
+        BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), num_warps=config.gate_up_warps,
+        **options)
+    out = torch.empty(1, hidden, dtype=x.dtype, device=x.device)
+    block_n = _tile(config.down_n, hidden)
+    _down_sum_one_kernel[(triton.cdiv(hidden, block_n),)](
+        h, w2, s2, out, weights, ids, num_experts, hidden, inter, w2.stride(0), w2.stride(1), w2.stride(2),
+        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), num_warps=config.down_warps,
+        **options)
+    return out

@@ -1,0 +1,179 @@
+"""``y = x W^T (+ b)`` for a few rows of ``x`` (decode batches), where cuBLAS reads slowly.
+
+At batch 1-8 a projection only streams its weight. For the hybrid MoE shapes, whose
+projections are 2048 wide (Qwen3.6-35B-A3B's in_proj 2048 -> 12352, out_proj
+4096 -> 2048), cuBLAS read the weights at about 55% of the copy bandwidth in whole
+decode steps, against about 95% for the 5120-wide 27B ones (docs/performance.md).
+This kernel spreads the read evenly: a program takes ``BLOCK_N`` output columns and
+one of ``SPLITS`` equal parts of the inner dimension, all of ``x``'s rows at once (a
+16-row ``tl.dot`` tile, rows past M masked, so the weight is read once whatever M is).
+With several parts, each program stores its float32 partial sums and the part that
+finishes last for a column block (an arrival counter, reset after) adds them in part
+order, so results do not depend on timing.
+
+:func:`choose` decides per call from the shapes alone (so a CUDA graph replays the same
+choice): an entry of the tuned table ``linear_configs/<device>.json`` (written by
+scripts/gpu_skinny_sweep.py, one per (N, K, dtype) and row count that measured faster
+than cuBLAS) or None, meaning cuBLAS.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
+
+CONFIG_DIR = Path(__file__).parent / "linear_configs"
+#: most rows of x this kernel takes (one tl.dot tile)
+MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLITS: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def table_key(n: int, k: int, dtype: torch.dtype) -> str:
+    return f"N={n},K={k},{str(dtype).removeprefix('torch.')}"
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else device.type
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(name: str) -> dict[str, dict[int, SkinnyConfig]]:
+    """``linear_configs/<name>.json`` as {key: {rows: config}} (keys starting "_" are comments)."""
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    return {key: {int(m): SkinnyConfig(**c) for m, c in per_m.items()}
+            for key, per_m in raw.items() if not key.startswith("_")}
+
+
+def choose(x: torch.Tensor, weight: torch.Tensor) -> SkinnyConfig | None:
+    """This call's tuned config, or None for cuBLAS: the entry for the nearest row count at
+    or above x's, when the table has this shape. Host-side, from shapes only."""
+    if x.device.type != "cuda" or x.dim() != 2 or x.shape[0] > MAX_ROWS or not enabled():
+        return None
+    rows = x.shape[0]
+    per_rows = load_table(_device_name(x.device)).get(table_key(weight.shape[0], weight.shape[1], x.dtype))
+    if not per_rows:
+        return None
+    at_or_above = [m for m in per_rows if m >= rows]
+    return per_rows[min(at_or_above)] if at_or_above else None
+
+
+def enabled() -> bool:
+    """``NINFER_SKINNY_LINEAR=0`` keeps every matmul on cuBLAS (read per call, for benchmarks)."""
+    return os.environ.get("NINFER_SKINNY_LINEAR", "1") != "0"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The CUDA ``linear`` op: this kernel where the table says it is faster, else cuBLAS."""
+    config = choose(x, weight)
+    if config is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    return skinny_linear(x, weight, bias, config)
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    a_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
+    b_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_begin + offs_k)[:, None].to(tl.int64) * stride_wk
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        k_ok = offs_k < k_end - k0
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:  # the interpreter multiplies bf16 dot operands as raw bits
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_xk
+        b_ptrs += BLOCK_K * stride_wk
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    dest = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLITS == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(dest, round_to(acc, out_ptr.dtype.element_ty, UPCAST), mask=out_mask)
+    else:
+        parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(parts + split * M * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partials are stored before the counter moves
+        counter = count_ptr + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLITS):  # part order: the same sum every time
+                total += tl.load(parts + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(dest, round_to(total, out_ptr.dtype.element_ty, UPCAST), mask=out_mask)
+            tl.store(counter, 0)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  config: SkinnyConfig) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``x`` [M <= 16, K] and ``weight`` [N, K] of any
+    strides; the product accumulates in float32 and is rounded once to x's dtype."""
+    rows, inner = x.shape
+    if rows > MAX_ROWS:
+        raise ValueError(f"skinny_linear takes at most {MAX_ROWS} rows, got {rows}")
+    n = weight.shape[0]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    block_n = min(config.BLOCK_N, max(16, triton.next_power_of_2(n)))
+    block_k = min(config.BLOCK_K, max(16, triton.next_power_of_2(inner)))
+    col_blocks = triton.cdiv(n, block_n)
+    # each part a whole number of K tiles, and no empty part
+    k_per_split = triton.cdiv(triton.cdiv(inner, config.SPLITS), block_k) * block_k
+    splits = triton.cdiv(inner, k_per_split)
+    if splits > 1:
+        parts = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+        counters = counter_buffer("skinny_linear", x.device, col_blocks, 4096)
+    else:
+        parts = counters = out  # unused
+    _skinny_kernel[(col_blocks, splits)](
+        x, weight, bias if bias is not None else out, out, parts, counters, rows, n, inner, k_per_split,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

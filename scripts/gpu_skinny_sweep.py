@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Tune the batch-1..16 kernels against what they replace, and write the tables.
+
+1. ``linear``: every projection shape of the MoE models (Qwen3.6-35B-A3B, Qwen3-30B-A3B;
+   from the models built on the meta device), each row count 1..16: cuBLAS on the
+   weight as the engine stores it (column-major) against the candidates of
+   :mod:`ninfer_kernels.triton.skinny_linear`. A shape and row count gets a table entry
+   when its best candidate is at least ``--margin`` faster than cuBLAS and matches it.
+2. ``moe``: one token through :mod:`ninfer_kernels.triton.moe_single_token` (gate_up
+   shapes, then down shapes on the best gate_up) against the grouped GEMMs and their
+   sum (the tuned table's M=1 entry). The winner goes into the MoE table's M=1 entry
+   as ``one_token`` when faster.
+
+Timings are triton.testing.do_bench medians with the L2 cache flushed before each run (a
+decode step never finds a layer's weights in L2). ``--write`` updates the tables in the
+source tree; they are also copied to ``--out-dir``. JSON lines on stdout.
+
+    python3 scripts/gpu_skinny_sweep.py --write --out-dir "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from ninfer_kernels.triton import fused_moe as t_fused
+from ninfer_kernels.triton import moe_single_token as t_one
+from ninfer_kernels.triton import skinny_linear as sk
+
+DTYPE = torch.bfloat16
+MODEL_SHAPES = ("qwen3.6-35b-a3b", "qwen3-30b-a3b")
+#: name -> (routed experts, hidden, expert intermediate, top_k, shared expert)
+MOE_SHAPES = {"qwen3.6-35b-a3b": (256, 2048, 512, 8, True), "qwen3-30b-a3b": (128, 2048, 768, 8, False)}
+ROWS = (1, 2, 4, 8, 16)
+LINEAR_CANDIDATES = [sk.SkinnyConfig(n, k, s, w, st) for n, k, s, (w, st) in itertools.product(
+    (32, 64, 128), (128, 256), (1, 2, 4), ((4, 3), (4, 4)))]
+GATE_UP_CANDIDATES = list(itertools.product((2, 4, 8, 16), (512, 1024), (2, 4)))
+DOWN_CANDIDATES = list(itertools.product((4, 8, 16), (256, 512), (2, 4)))
+
+
+def time_us(fn) -> float:
+    return do_bench(fn, warmup=3, rep=15, return_mode="median") * 1e3
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def linear_shapes(shape: str) -> dict[tuple[int, int], str]:
+    """{(N, K): first module name} of the model's Linear layers, LM head and 1-row gates aside."""
+    from ninfer.model import random_weights as rw
+    from ninfer.model.loader import find_family, read_config
+    from ninfer.plugins import load_registry
+    from ninfer_plugins.models.layers import Linear
+
+    cfg = read_config(rw.config_dir(shape, Path(tempfile.mkdtemp())))
+    model = find_family(load_registry(), cfg).build(cfg, DTYPE, torch.device("meta"))
+    found: dict[tuple[int, int], str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and not module.keep_row_major and "lm_head" not in name:
+            n, k = module.weight.shape
+            if n > 1:
+                found.setdefault((n, k), name)
+    return found
+
+
+def rel_err(got, want) -> float:
+    want = want.double()
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def sweep_linear(margin: float) -> dict:
+    table: dict = {"_comment": "Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny "
+                               "kernel's launch shape, where it measured faster than cuBLAS; absent: cuBLAS."}
+    shapes: dict[tuple[int, int], str] = {}
+    for model in MODEL_SHAPES:
+        for key, name in linear_shapes(model).items():
+            shapes.setdefault(key, f"{model}:{name}")
+    for (n, k), name in shapes.items():
+        w = (torch.randn(n, k, device="cuda", dtype=DTYPE) * k**-0.5).t().contiguous().t()  # as stored
+        w_rows = w.contiguous()
+        entry = {}
+        for rows in ROWS:
+            x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
+            want = F.linear(x, w)
+            cublas = time_us(lambda: F.linear(x, w))
+            cublas_rows = time_us(lambda: F.linear(x, w_rows))
+            best = None
+            for cfg in LINEAR_CANDIDATES:
+                try:
+                    us = time_us(lambda cfg=cfg: sk.skinny_linear(x, w, None, cfg))
+                except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
+                    emit({"linear": name, "rows": rows, "config": cfg.to_json(), "error": str(exc)[:100]})
+                    continue
+                if best is None or us < best[0]:
+                    best = (us, cfg)
+            err = rel_err(sk.skinny_linear(x, w, None, best[1]), want)
+            bytes_read = w.numel() * 2
+            take = best[0] < cublas * (1 - margin) and err < 1e-2
+            emit({"linear": name, "n": n, "k": k, "rows": rows, "cublas_us": round(cublas, 2),
+                  "cublas_row_major_us": round(cublas_rows, 2), "skinny_us": round(best[0], 2),
+                  "skinny_config": best[1].to_json(), "rel_err": err,
+                  "cublas_gb_s": round(bytes_read / cublas / 1e3), "skinny_gb_s": round(bytes_read / best[0] / 1e3),
+                  "taken": take})
+            if take:
+                entry[str(rows)] = best[1].to_json()
+        if entry:
+            table[sk.table_key(n, k, DTYPE)] = entry
+    return table
+
+
+def routing(num_experts: int, top_k: int, shared: bool, gen: torch.Generator):
+    ids = torch.randperm(num_experts, device="cuda", generator=gen)[:top_k].int()[None]
+    w = torch.rand(1, top_k, device="cuda", generator=gen)
+    w = w / w.sum(-1, keepdim=True)
+    if shared:
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], num_experts)], dim=1)
+        w = torch.cat([w, torch.rand(1, 1, device="cuda", generator=gen)], dim=1)
+    return w.contiguous(), ids.contiguous()
+
+
+def sweep_moe() -> dict[str, t_one.SingleTokenConfig]:
+    """{MoE table key: the best single-token config} where it beat the grouped GEMMs."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    chosen = {}
+    for model, (e, h, i, top_k, shared) in MOE_SHAPES.items():
+        w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=DTYPE) * h**-0.5
+        w2 = torch.randn(e, h, i, device="cuda", dtype=DTYPE) * i**-0.5
+        s13 = torch.randn(2 * i, h, device="cuda", dtype=DTYPE) * h**-0.5 if shared else None
+        s2 = torch.randn(h, i, device="cuda", dtype=DTYPE) * i**-0.5 if shared else None
+        x = torch.randn(1, h, device="cuda", dtype=DTYPE)
+        weights, ids = routing(e, top_k, shared, gen)
+        args = (x, w13, w2, weights, ids, s13, s2)
+        os.environ["NINFER_MOE_ONE_TOKEN"] = "0"
+        want = t_fused.fused_moe(*args)
+        grouped = time_us(lambda: t_fused.fused_moe(*args))
+        os.environ["NINFER_MOE_ONE_TOKEN"] = "1"
+
+        def run(cfg):
+            return t_one.fused_moe_one_token(*args, cfg)
+
+        best = None
+        for n, k, warps in GATE_UP_CANDIDATES:
+            cfg = t_one.SingleTokenConfig(gate_up_n=n, gate_up_k=k, gate_up_warps=warps)
+            us = time_us(lambda cfg=cfg: run(cfg))
+            if best is None or us < best[0]:
+                best = (us, cfg)
+        for n, k, warps in DOWN_CANDIDATES:
+            cfg = t_one.SingleTokenConfig(best[1].gate_up_n, best[1].gate_up_k, best[1].gate_up_warps, n, k, warps)
+            us = time_us(lambda cfg=cfg: run(cfg))
+            if us < best[0]:
+                best = (us, cfg)
+        err = rel_err(run(best[1]), want)
+        default_us = time_us(lambda: run(t_one.DEFAULT_CONFIG))
+        active = (top_k + shared) * 3 * i * h * 2
+        emit({"moe_one_token": model, "grouped_us": round(grouped, 2), "default_us": round(default_us, 2),
+              "best_us": round(best[0], 2), "best": best[1].__dict__, "rel_err_vs_grouped": err,
+              "grouped_gb_s": round(active / grouped / 1e3), "best_gb_s": round(active / best[0] / 1e3)})
+        if best[0] < grouped and err < 2e-2:
+            chosen[t_fused.shape_key(e + shared, h, i, top_k + shared, DTYPE)] = best[1]
+    return chosen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="linear,moe")
+    ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel")
+    ap.add_argument("--write", action="store_true", help="update the tables in the source tree")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args()
+    parts = args.parts.split(",")
+    device = t_fused.device_name(torch.device("cuda"))
+    written = []
+    if "linear" in parts:
+        table = sweep_linear(args.margin)
+        path = sk.CONFIG_DIR / f"{device}.json"
+        if args.write:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            written.append(path)
+    if "moe" in parts:
+        chosen = sweep_moe()
+        path = t_fused.CONFIG_DIR / f"{device}.json"
+        if args.write and chosen:
+            raw = json.loads(path.read_text()) if path.is_file() else {}
+            for key, cfg in chosen.items():
+                raw.setdefault(key, {}).setdefault("1", {}).update({"one_token": cfg.__dict__})
+            path.write_text(json.dumps(raw, indent=1) + "\n")
+            written.append(path)
+    if args.out_dir:
+        for path in written:
+            shutil.copy(path, Path(args.out_dir) / f"{path.parent.name}_{path.name}")
+    emit({"written": [str(p) for p in written]})
+
+
+if __name__ == "__main__":
+    main()
