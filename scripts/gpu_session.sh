@@ -7,7 +7,8 @@
 #                                   35B-A3B and 30B-A3B shapes with transformers (~9 min)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
-#                                   (tables written in place, copies in $OUT), the 35B-A3B decode
+#                                   (tables written in place, copies in $OUT), the head-dim-256
+#                                   prefill attention tiles, the 35B-A3B decode
 #   scripts/gpu_session.sh compare  30B-A3B and 35B-A3B decode with and without those kernels, the 27B
 #                                   8k prefill profile, the 8B shape
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
@@ -46,11 +47,12 @@ dense)
     timeout 120 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tail -22
     ;;
 skinny)
-    timeout 150 python3 -m pytest -q -x -m gpu tests/test_skinny_linear.py tests/test_moe_kernels.py \
-        "tests/test_cuda_graph.py::test_guided_rows_in_graph_batches_equal_eager" 2>&1 | tail -6 | tee "$OUT/pytest.txt"
-    timeout 230 python3 scripts/gpu_skinny_sweep.py --write --out-dir "$OUT" 2>&1 | tee "$OUT/skinny_sweep.jsonl" \
-        | grep -v '"config"' | cut -c1-400
-    bench 170 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    timeout 120 python3 -m pytest -q -x -m gpu tests/test_skinny_linear.py tests/test_moe_kernels.py 2>&1 \
+        | tail -3 | tee "$OUT/pytest.txt"
+    timeout 200 python3 scripts/gpu_skinny_sweep.py --write --out-dir "$OUT" 2>&1 | tee "$OUT/skinny_sweep.jsonl" \
+        | grep -v '"config"' | cut -c1-330
+    timeout 60 python3 scripts/gpu_prefill_attention_sweep.py 2>&1 | tee "$OUT/prefill_attention.jsonl" | cut -c1-200
+    bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     ;;
 compare)
     bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
@@ -59,6 +61,14 @@ compare)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192 --top 30 2>&1 \
         | tee "$OUT/profile_27b_prefill.jsonl" | tail -3 | cut -c1-3000
     bench 120 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    ;;
+insitu)
+    timeout 220 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 --top 40 \
+        --host 2>&1 | tee "$OUT/profile_35b.jsonl" | grep -v "^ " | cut -c1-6000 | tail -4
+    (export NINFER_SKINNY_LINEAR=0 NINFER_MOE_ONE_TOKEN=0; timeout 130 python3 scripts/gpu_step_profile.py \
+        random:qwen3.6-35b-a3b --concurrency 1 --steps 20 --top 40 2>&1 | tee "$OUT/profile_35b_before.jsonl" | tail -1)
+    timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192 --top 30 2>&1 \
+        | tee "$OUT/profile_27b_prefill.jsonl" | tail -1
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

@@ -237,7 +237,9 @@ def test_single_token_kernels_equal_reference(config, shared, dtype):
     want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
     if shared:
         s13, s2 = s13.contiguous(), s2.contiguous()
-    got = t_one.fused_moe_one_token(x, w13, w2, weights, ids, s13, s2, config)
+    rows = t_one.expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, config)
+    assert rows.shape == (ids.shape[1], h)
+    got = t_fused.sum_pairs(rows, 1, ids.shape[1])
     assert got.dtype == dtype and got.shape == (1, h)
     assert rel_err(got, want) <= TOL[dtype]
 
@@ -249,8 +251,8 @@ def test_one_token_takes_the_single_token_kernels_unless_switched_off(monkeypatc
     w13, w2, s13, s2 = moe_weights(e, h, i, gen, shared=True)
     weights, ids = moe.moe_route(torch.randn(1, e, generator=gen), k, False, x, torch.randn(h, generator=gen))
     calls = []
-    real = t_fused.fused_moe_one_token
-    monkeypatch.setattr(t_fused, "fused_moe_one_token", lambda *a: calls.append(1) or real(*a))
+    real = t_fused.expert_rows_one_token
+    monkeypatch.setattr(t_fused, "expert_rows_one_token", lambda *a: calls.append(1) or real(*a))
     want = moe.fused_moe(x, w13, w2, weights, ids, s13, s2)
     assert rel_err(t_fused.fused_moe(x, w13, w2, weights, ids, s13, s2), want) <= 1e-5
     assert calls == [1]

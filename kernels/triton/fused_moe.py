@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_route import moe_align
-from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, SingleTokenConfig, fused_moe_one_token
+from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, SingleTokenConfig, expert_rows_one_token
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: columns per program of the final per-token sum
@@ -442,7 +442,8 @@ def fused_moe(
     if num_tokens == 1 and single_token_kernels() and (chosen or config.one_token is not None):
         s13 = _row_major(shared13, w13[0]) if has_shared else None
         s2 = _row_major(shared2, w2[0]) if has_shared else None
-        return fused_moe_one_token(x, w13, w2, weights, ids, s13, s2, config.one_token or DEFAULT_CONFIG)
+        rows = expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, config.one_token or DEFAULT_CONFIG)
+        return sum_pairs(rows, 1, top_k)
     # one token's pairs name distinct experts: each pair is its own block, no sorting
     align = moe_align(ids, num_experts + has_shared, config.block_m) if num_tokens > 1 else None
     inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up, pair_ids=ids)

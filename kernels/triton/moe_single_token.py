@@ -11,11 +11,12 @@ many more, smaller programs:
 
 1. gate_up: program ``(pair j, column block)`` reads its ``BLOCK_N`` gate rows and up
    rows of expert ``ids[j]`` and stores ``silu(gate) * up`` for them;
-2. down: program ``column block`` of the hidden size loops over the token's k' pairs,
-   reads each expert's ``BLOCK_N`` down rows, scales by the pair's weight and sums the
-   pairs in float32, so the per-pair rows of the grouped path and its separate sum
-   kernel disappear. The rounding points are the reference's (each pair's row rounded
-   to the activation dtype, the sum rounded once).
+2. down: program ``(pair j, column block)`` of the hidden size reads its expert's
+   ``BLOCK_N`` down rows and stores their products with the intermediate, scaled by the
+   pair's weight; the grouped path's sum kernel then adds the k' rows. (One program
+   looping over all k' pairs of a column block, which saves that kernel, measured
+   slower: its nine dependent weight reads ran one after another.) The rounding points
+   are the reference's.
 
 Both launch with PDL where available (the ids come from the routing kernel before).
 """
@@ -36,10 +37,10 @@ from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 class SingleTokenConfig:
     """Launch shapes of the two kernels (rows of weight per program, K tile, warps)."""
 
-    gate_up_n: int = 4
-    gate_up_k: int = 512
+    gate_up_n: int = 2
+    gate_up_k: int = 1024
     gate_up_warps: int = 4
-    down_n: int = 8
+    down_n: int = 16
     down_k: int = 512
     down_warps: int = 4
 
@@ -86,29 +87,26 @@ def _gate_up_one_kernel(
 
 
 @triton.jit
-def _down_sum_one_kernel(
+def _down_one_kernel(
     h_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
-    ROUND: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     if USE_PDL:  # the intermediate comes from the gate_up kernel just before
         tl.extra.cuda.gdc_wait()
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        expert = tl.load(ids_ptr + j)
-        w = w_ptr + expert.to(tl.int64) * stride_we
-        if HAS_SHARED:
-            if expert == shared_id:
-                w = s_ptr
-        rows = w + offs_n[:, None].to(tl.int64) * stride_wn
-        acc = _row_dots(rows, h_ptr + j * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
-        # each pair's row rounded to the output dtype, as the per-pair rows were
-        scaled = round_to(acc * tl.load(weights_ptr + j), out_ptr.dtype.element_ty, ROUND)
-        total += scaled.to(tl.float32)
-    tl.store(out_ptr + offs_n, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
+    expert = tl.load(ids_ptr + pair)
+    w = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:
+        if expert == shared_id:
+            w = s_ptr
+    rows = w + offs_n[:, None].to(tl.int64) * stride_wn
+    acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    scaled = acc * tl.load(weights_ptr + pair)
+    tl.store(out_ptr + pair * N + offs_n, round_to(scaled, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
 
 
 def _tile(wanted: int, width: int) -> int:
@@ -116,7 +114,7 @@ def _tile(wanted: int, width: int) -> int:
     return min(wanted, triton.next_power_of_2(max(width, 1)))
 
 
-def fused_moe_one_token(
+def expert_rows_one_token(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
@@ -126,9 +124,10 @@ def fused_moe_one_token(
     shared2: torch.Tensor | None,
     config: SingleTokenConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
-    """:func:`ninfer_kernels.moe.fused_moe` for ``x`` [1, H]; ``ids`` int32 and
-    ``weights`` float32, both contiguous [1, k']. The shared weights, when given, have
-    their routed siblings' strides (the caller copies them otherwise)."""
+    """Each of the token's k' pairs' weighted expert output, [k', H] in x's dtype, for
+    ``x`` [1, H]; ``ids`` int32 and ``weights`` float32, both contiguous [1, k']. The
+    shared weights, when given, have their routed siblings' strides (the caller copies
+    them otherwise). The caller sums the rows (:func:`.fused_moe.sum_pairs`)."""
     _, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -144,12 +143,10 @@ def fused_moe_one_token(
     block_n = _tile(config.gate_up_n, inter)
     _gate_up_one_kernel[(top_k, triton.cdiv(inter, block_n))](
         x, w13, s13, h, ids, num_experts, inter, hidden, w13.stride(0), w13.stride(1), w13.stride(2),
-        BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), num_warps=config.gate_up_warps,
-        **options)
-    out = torch.empty(1, hidden, dtype=x.dtype, device=x.device)
+        BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), num_warps=config.gate_up_warps, **options)
+    rows = torch.empty(top_k, hidden, dtype=x.dtype, device=x.device)
     block_n = _tile(config.down_n, hidden)
-    _down_sum_one_kernel[(triton.cdiv(hidden, block_n),)](
-        h, w2, s2, out, weights, ids, num_experts, hidden, inter, w2.stride(0), w2.stride(1), w2.stride(2),
-        TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), num_warps=config.down_warps,
-        **options)
-    return out
+    _down_one_kernel[(top_k, triton.cdiv(hidden, block_n))](
+        h, w2, s2, rows, weights, ids, num_experts, hidden, inter, w2.stride(0), w2.stride(1), w2.stride(2),
+        BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), num_warps=config.down_warps, **options)
+    return rows

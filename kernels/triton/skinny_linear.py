@@ -9,7 +9,8 @@ one of ``SPLITS`` equal parts of the inner dimension, all of ``x``'s rows at onc
 16-row ``tl.dot`` tile, rows past M masked, so the weight is read once whatever M is).
 With several parts, each program stores its float32 partial sums and the part that
 finishes last for a column block (an arrival counter, reset after) adds them in part
-order, so results do not depend on timing.
+order, so results do not depend on timing. It launches with PDL and fetches its first
+weight tile before waiting for the kernel that wrote ``x``.
 
 :func:`choose` decides per call from the shapes alone (so a CUDA graph replays the same
 choice): an entry of the tuned table ``linear_configs/<device>.json`` (written by
@@ -29,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
@@ -95,12 +97,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return skinny_linear(x, weight, bias, config)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -113,11 +115,14 @@ def _skinny_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     a_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
     b_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_begin + offs_k)[:, None].to(tl.int64) * stride_wk
+    # The weight is never what the kernel before wrote: its first tile is fetched before
+    # waiting on that kernel (PDL), so the stream starts while the previous one finishes.
+    b = tl.load(b_ptrs, mask=(offs_k < k_end - k_begin)[:, None] & n_ok[None, :], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # x comes from the kernel before
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        k_ok = offs_k < k_end - k0
-        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & (offs_k < k_end - k0)[None, :], other=0.0)
         if UPCAST:  # the interpreter multiplies bf16 dot operands as raw bits
             a, b = a.to(tl.float32), b.to(tl.float32)
         if IEEE:
@@ -126,6 +131,7 @@ def _skinny_kernel(
             acc += tl.dot(a, b)
         a_ptrs += BLOCK_K * stride_xk
         b_ptrs += BLOCK_K * stride_wk
+        b = tl.load(b_ptrs, mask=(offs_k < k_end - k0 - BLOCK_K)[:, None] & n_ok[None, :], other=0.0)
     out_mask = m_ok[:, None] & n_ok[None, :]
     dest = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     if SPLITS == 1:
@@ -169,11 +175,12 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         counters = counter_buffer("skinny_linear", x.device, col_blocks, 4096)
     else:
         parts = counters = out  # unused
+    use_pdl = pdl.enabled(x.device)
     _skinny_kernel[(col_blocks, splits)](
         x, weight, bias if bias is not None else out, out, parts, counters, rows, n, inner, k_per_split,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x), USE_PDL=use_pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(use_pdl),
     )
     return out
