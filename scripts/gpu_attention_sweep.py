@@ -52,7 +52,7 @@ def main() -> None:
             default_splits = pa._num_splits(c * KV_HEADS, args.max_context, dev)
             for block_n in (32, 64, 128):
                 for warps in (2, 4):
-                    pa._tiles = lambda group, mql, bn=block_n, w=warps: (16, 1, bn, w, 2)
+                    pa._tiles = lambda group, mql, bn=block_n, w=warps, **_: (16, 1, bn, w, 2)
                     for splits in (1, 2, 4, 8, 16, 32, 64):
                         got = pa.paged_attention(q, k, v, batch, HEAD_D**-0.5, num_splits=splits)
                         err = float((got.float() - want.float()).abs().max())

@@ -9,8 +9,8 @@
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
 #                                   prefill attention tiles, the 35B-A3B decode
-#   scripts/gpu_session.sh compare  30B-A3B and 35B-A3B decode with and without those kernels, the 27B
-#                                   8k prefill profile, the 8B shape
+#   scripts/gpu_session.sh insitu   35B-A3B step profiles with and without those kernels, a 27B 8k prefill profile
+#   scripts/gpu_session.sh prefill  prefill kernel tests, the 27B 8k prefill against transformers, 30B-A3B decode
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -54,13 +54,11 @@ skinny)
     timeout 60 python3 scripts/gpu_prefill_attention_sweep.py 2>&1 | tee "$OUT/prefill_attention.jsonl" | cut -c1-200
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     ;;
-compare)
-    bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
-    (export NINFER_SKINNY_LINEAR=0 NINFER_MOE_ONE_TOKEN=0; bench 100 random:qwen3.6-35b-a3b --dtype bf16 \
-        --only bandwidth,decode --concurrency 1,8 --no-transformers)
-    timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192 --top 30 2>&1 \
-        | tee "$OUT/profile_27b_prefill.jsonl" | tail -3 | cut -c1-3000
-    bench 120 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+prefill)
+    timeout 60 python3 -m pytest -q -x -m gpu tests/test_prefill_kernels.py 2>&1 \
+        | tail -2 | tee "$OUT/pytest.txt"
+    bench 260 random:qwen3.6-27b --dtype bf16 --only prefill --prefill-lens 8192 --prefill-chunk 8192
+    bench 130 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     ;;
 insitu)
     timeout 220 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 --top 40 \

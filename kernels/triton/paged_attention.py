@@ -241,16 +241,21 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _tiles(group: int, max_query_len: int) -> tuple[int, int, int, int, int]:
+def _tiles(group: int, max_query_len: int, head_dim: int = 128) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, TOKENS, BLOCK_N, num_warps, num_stages) for this batch's shape.
 
-    Picked from sweeps on an H200 (Qwen3-8B shapes, bf16, page size 16;
-    scripts/gpu_attention_sweep.py): decode is latency-bound at short contexts, where
-    64-key tiles spread over more splits won; prefill is matrix-bound and 64-row tiles
-    balanced the causal triangle best.
+    Picked from sweeps on an H200 (bf16, page size 16): at head dim 128 (Qwen3-8B,
+    scripts/gpu_attention_sweep.py) decode is latency-bound at short contexts, where
+    64-key tiles spread over more splits won, and prefill is matrix-bound and 64-row
+    tiles balanced the causal triangle best. At head dim 256 (the hybrid models' gated
+    attention, scripts/gpu_prefill_attention_sweep.py) prefill wants 128-row tiles over
+    8 warps: an 8k prompt took 1.93 instead of 2.86 ms a layer on the 27B shape.
     """
     if max_query_len == 1:
         return max(16, triton.next_power_of_2(group)), 1, 64, 4, 2
+    if head_dim > 128:
+        block_m = max(128, triton.next_power_of_2(group))
+        return block_m, max(1, block_m // group), 64, 8, 2
     block_m = max(64, triton.next_power_of_2(group))
     # a fixed token count per block (rows past a short chunk are masked): tying it to the
     # chunk length would compile a kernel variant per short prompt length on first use
@@ -301,7 +306,7 @@ def paged_attention(
         q = q.contiguous()
     group = num_heads // num_kv_heads
     num_seqs = batch.seq_lens.shape[0]
-    block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len)
+    block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
     splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
 
