@@ -151,6 +151,7 @@ def test_stop_string_truncates(client):
     ({"prompt": [-16040, -16040]}, "prompt"),  # found by the schema fuzzer: the echo decode overflowed
     ({"prompt": [[1, 2], [3, -1]]}, "prompt[1]"),
     ({"temperature": 3}, "temperature"),
+    ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),  # was silently ignored
     ({"stop": ["x"] * 33}, "stop"),
     ({"stop": ["a", ""]}, "stop"),
     ({"max_tokens": "2"}, "max_tokens"),  # strict JSON types
@@ -160,6 +161,10 @@ def test_rejections_name_their_field(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         complete(client, **kwargs)
     assert e.value.body["param"] == param, e.value.body
+
+
+def test_the_neutral_repetition_penalty_is_accepted(client):
+    assert complete(client, max_tokens=2, extra_body={"repetition_penalty": 1}).choices[0].text is not None
 
 
 def test_model_must_match(client):

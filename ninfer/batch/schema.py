@@ -5,17 +5,19 @@ them in one pass. Fields the format does not know are warnings, not errors, so f
 written for other runtimes still run. A ``null`` value means the field is not set.
 Nothing here needs the model: token ids past the vocabulary, features this build lacks
 (media, LoRA) and whether a guide compiles are decided per request by the runner.
+The sampling fields are checked by the rules of :mod:`ninfer.sampling_schema`, under the
+format's own names (``sampling_seed``, ``num_logprobs``, ``max_generate_length``).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ninfer.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS
+from ninfer.sampling_schema import MAX_LOGPROBS, Limits, Problem
+from ninfer.sampling_wire import Report, SamplingWire, WireField
 
 MAX_BIAS_ENTRIES = 1024
 MAX_SEED = 2**64 - 1
@@ -27,15 +29,27 @@ LOOKUP_POLICIES = ("use_cache", "bypass")
 COMMIT_POLICIES = ("including_generated_tokens", "prefill_state_only")
 PROPOSAL_POLICIES = ("auto", "greedy", "probabilistic")
 
+#: the format's sampling fields (ninfer.sampling_schema has their rules): those a request
+#: may set too (absent there: the top-level value), then the top-level ones, then stop
+_PER_REQUEST = (
+    WireField("sampling_seed", "seed", limits=Limits(0, MAX_SEED)),  # unsigned, unlike requests' seed
+    WireField("logit_bias", max_items=MAX_BIAS_ENTRIES),
+    WireField("num_logprobs", "logprobs", limits=Limits(0, MAX_LOGPROBS)),
+)
+GLOBAL_SAMPLING = SamplingWire(
+    WireField("temperature"), WireField("top_p"), WireField("top_k"), *_PER_REQUEST,
+    WireField("max_generate_length", "max_tokens", absent=DEFAULT_MAX_GENERATE_LENGTH),
+)
+REQUEST_SAMPLING = SamplingWire(*_PER_REQUEST, WireField("stop"))
+
 _GLOBAL_KEYS = (
-    "batch_size", "temperature", "top_p", "top_k", "sampling_seed", "spec_proposal_sampling", "logit_bias",
-    "max_generate_length", "num_logprobs", "apply_chat_template", "add_generation_prompt", "enable_thinking",
-    "context_cache_lookup_policy", "context_cache_commit_policy", "available_lora_weights", "guided_decoding",
-    "requests",
+    "batch_size", *(f.wire for f in GLOBAL_SAMPLING), "spec_proposal_sampling", "apply_chat_template",
+    "add_generation_prompt", "enable_thinking", "context_cache_lookup_policy", "context_cache_commit_policy",
+    "available_lora_weights", "guided_decoding", "requests",
 )
 _REQUEST_KEYS = (
-    "messages", "sampling_seed", "lora_name", "save_system_prompt_kv_cache", "disable_spec_decode", "logit_bias",
-    "num_logprobs", "guided_decoding", "stop",
+    "messages", *(f.wire for f in REQUEST_SAMPLING), "lora_name", "save_system_prompt_kv_cache",
+    "disable_spec_decode", "guided_decoding",
 )
 
 
@@ -95,10 +109,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, float) and math.isfinite(v)) or _is_int(v)
-
-
 class _Reader:
     """Typed field access that records problems instead of raising, so all are reported."""
 
@@ -108,6 +118,12 @@ class _Reader:
 
     def error(self, path: str, message: str) -> None:
         self.errors.append(f"{path}: {message}")
+
+    def reporter(self, path: str) -> Report:
+        """Where sampling-field problems under ``path`` go (see :mod:`ninfer.sampling_wire`)."""
+        def report(param: str, problem: Problem, unsupported: bool) -> None:
+            self.error(_at(path, param) + problem.where, problem.reason)
+        return report
 
     def unknown_keys(self, obj: dict, path: str, allowed: tuple[str, ...]) -> None:
         for key in obj:
@@ -132,45 +148,11 @@ class _Reader:
         want = f"an integer in [{lo}, {hi}]" if hi is not None else f"an integer >= {lo}"
         return self.get(obj, key, path, lambda v: _is_int(v) and lo <= v and (hi is None or v <= hi), want, default)
 
-    def number(self, obj: dict, key: str, path: str, lo: float, hi: Optional[float], lo_open: bool = False) -> Any:
-        low = f"> {lo}" if lo_open else f">= {lo}"
-        want = f"a number {low}" + (f" and <= {hi}" if hi is not None else "")
-
-        def ok(v: Any) -> bool:
-            return _is_number(v) and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
-
-        value = self.get(obj, key, path, ok, want)
-        return None if value is None else float(value)
-
     def choice(self, obj: dict, key: str, path: str, allowed: tuple[str, ...]) -> str:
         want = "one of " + ", ".join(f'"{a}"' for a in allowed)
         return self.get(obj, key, path, lambda v: v in allowed, want, allowed[0])
 
     # -- composite fields ------------------------------------------------------------
-    def logit_bias(self, value: Any, path: str) -> dict[int, float]:
-        if not isinstance(value, dict):
-            self.error(path, "must be an object mapping token ids to bias values")
-            return {}
-        if len(value) > MAX_BIAS_ENTRIES:
-            self.error(path, f"has {len(value)} entries; at most {MAX_BIAS_ENTRIES} are allowed")
-        out: dict[int, float] = {}
-        for key, bias in value.items():
-            where = f"{path}[{json.dumps(key)}]"
-            if not (key.isascii() and key.isdigit()):
-                self.error(where, "key must be a non-negative integer token id")
-            elif not (_is_number(bias) and abs(bias) <= MAX_LOGIT_BIAS):
-                self.error(where, f"must be a number in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
-            else:
-                out[int(key)] = float(bias)
-        return out
-
-    def stop(self, value: Any, path: str) -> list[str]:
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-            self.error(path, "must be a non-empty string or an array of non-empty strings")
-            return []
-        return list(items)
-
     def guide(self, value: Any, path: str) -> Optional[dict[str, Any]]:
         if not isinstance(value, dict):
             self.error(path, "must be an object setting exactly one of " + ", ".join(GUIDE_MODES))
@@ -285,16 +267,14 @@ def parse_batch(data: Any) -> BatchInput:
     for name, path in loras.items():
         if not (isinstance(path, str) and path):
             r.error(f"available_lora_weights[{json.dumps(name)}]", "must be a non-empty file path string")
-    seed = r.integer(data, "sampling_seed", "", 0, MAX_SEED)
-    bias = r.logit_bias(data["logit_bias"], "logit_bias") if data.get("logit_bias") is not None else {}
-    logprobs = r.integer(data, "num_logprobs", "", 0, MAX_LOGPROBS, 0)
+    sampling = GLOBAL_SAMPLING.read(data, report=r.reporter(""))
     guide = r.guide(data["guided_decoding"], "guided_decoding") if data.get("guided_decoding") is not None else None
     settings = dict(
         batch_size=r.integer(data, "batch_size", "", 1, None, 1),
-        temperature=r.number(data, "temperature", "", 0.0, None),
-        top_p=r.number(data, "top_p", "", 0.0, 1.0, lo_open=True),
-        top_k=r.integer(data, "top_k", "", 0, None),
-        max_generate_length=r.integer(data, "max_generate_length", "", 0, None, DEFAULT_MAX_GENERATE_LENGTH),
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"],
+        top_k=sampling["top_k"],
+        max_generate_length=sampling["max_generate_length"],
         apply_chat_template=r.boolean(data, "apply_chat_template", "", True),
         add_generation_prompt=r.boolean(data, "add_generation_prompt", "", True),
         enable_thinking=r.boolean(data, "enable_thinking", "", False),
@@ -309,7 +289,8 @@ def parse_batch(data: Any) -> BatchInput:
     elif not isinstance(requests, list) or not requests:
         r.error("requests", "must be a non-empty array of request objects")
     else:
-        defaults = {"sampling_seed": seed, "logit_bias": bias, "num_logprobs": logprobs, "guided_decoding": guide}
+        defaults = {"sampling_seed": sampling["sampling_seed"], "logit_bias": sampling["logit_bias"] or {},
+                    "num_logprobs": sampling["num_logprobs"] or 0, "guided_decoding": guide}
         parsed = [_request(r, i, req, defaults, loras) for i, req in enumerate(requests)]
     if r.errors:
         raise BatchInputError(r.errors)
@@ -330,17 +311,21 @@ def _request(r: _Reader, i: int, req: Any, defaults: dict[str, Any], loras: dict
         known = ", ".join(map(json.dumps, loras)) or "none are declared"
         r.error(_at(path, "lora_name"), f"{json.dumps(lora)} is not in available_lora_weights ({known})")
     r.boolean(req, "save_system_prompt_kv_cache", path, False)  # legacy; prefix reuse covers it
-    bias = req.get("logit_bias")
+    own = REQUEST_SAMPLING.read(req, report=r.reporter(path))
+
+    def inherit(key: str) -> Any:
+        return defaults[key] if own[key] is None else own[key]
+
     guide = req.get("guided_decoding")
     return BatchRequest(
         index=i,
         messages=messages,
-        sampling_seed=r.integer(req, "sampling_seed", path, 0, MAX_SEED, defaults["sampling_seed"]),
         lora_name=lora,
         disable_spec_decode=r.boolean(req, "disable_spec_decode", path, False),
-        logit_bias=defaults["logit_bias"] if bias is None else r.logit_bias(bias, _at(path, "logit_bias")),
-        num_logprobs=r.integer(req, "num_logprobs", path, 0, MAX_LOGPROBS, defaults["num_logprobs"]),
-        stop=r.stop(req["stop"], _at(path, "stop")) if req.get("stop") is not None else [],
+        sampling_seed=inherit("sampling_seed"),
+        logit_bias=inherit("logit_bias"),
+        num_logprobs=inherit("num_logprobs"),
+        stop=own["stop"] or [],
         guided_decoding=defaults["guided_decoding"] if guide is None else r.guide(guide, _at(path, "guided_decoding")),
         guided_decoding_path="guided_decoding" if guide is None else _at(path, "guided_decoding"),
         media_item=media,

@@ -14,20 +14,22 @@ import attrs
 
 from ninfer.model.family import SamplingDefaults, SamplingPresets
 from ninfer.sampling_params import SamplingParams
+from ninfer.sampling_schema import FLAG_FIELDS, INT, PRESET_FIELDS, PROCESS_TOP_K_CAP, SAMPLING
 
-#: a process-level ``top_k`` of 0 asks for this cap instead of "no cap"
-PROCESS_TOP_K_CAP = 20
 #: temperatures at or below this are treated as greedy (dividing by them is unsafe)
 GREEDY_TEMPERATURE = 1e-5
 
 _NEUTRAL = SamplingDefaults()
-_SAMPLER_FIELDS = tuple(f.name for f in attrs.fields(SamplingDefaults))
-_PROCESS_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+#: request fields the presets and then the process flags fill in (the seed has its own rule)
+_PROCESS_FIELDS = tuple(name for name in FLAG_FIELDS if name in PRESET_FIELDS)
 
 
 @attrs.frozen
 class ProcessSamplingOverrides:
-    """Sampler flags given when the process started; ``None`` means the flag was not set."""
+    """Sampler flags given when the process started; ``None`` means the flag was not set.
+
+    One attribute per field :mod:`ninfer.sampling_schema` gives a process flag, plus ``greedy``.
+    """
 
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -83,27 +85,21 @@ def resolve_sampling(
         base = _NEUTRAL
     else:
         base = presets.thinking if thinking else presets.non_thinking
-    values = {name: getattr(base, name) for name in _SAMPLER_FIELDS}
+    values = {name: getattr(base, name) for name in PRESET_FIELDS}
     for name in _PROCESS_FIELDS:
         value = getattr(process, name)
         if value is not None:
             values[name] = value
-    if process.top_k == 0:
+    if process.top_k == 0:  # a process-level 0 asks for the cap, not for "no cap"
         values["top_k"] = PROCESS_TOP_K_CAP
-    for name in _SAMPLER_FIELDS:
+    for name in PRESET_FIELDS:
         value = getattr(params, name)
         if value is not None:
             values[name] = value
     if process.greedy:
         values["temperature"] = 0.0
     return ResolvedSampling(
-        temperature=float(values["temperature"]),
-        top_p=float(values["top_p"]),
-        top_k=int(values["top_k"]),
-        min_p=float(values["min_p"]),
-        presence_penalty=float(values["presence_penalty"]),
-        frequency_penalty=float(values["frequency_penalty"]),
-        repetition_penalty=float(values["repetition_penalty"]),
+        **{name: _as_kind(name, value) for name, value in values.items()},
         seed=_pick_seed(params.seed, process.seed),
         logit_bias=dict(params.logit_bias),
         logprobs=params.logprobs,
@@ -116,6 +112,10 @@ def stop_token_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> tupl
     """The ids that end a request: its own ``stop_token_ids``, plus end-of-sequence unless ``ignore_eos``."""
     ids = list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos_token_ids))
     return tuple(dict.fromkeys(ids))
+
+
+def _as_kind(name: str, value: float) -> float:
+    return int(value) if SAMPLING[name].kind == INT else float(value)
 
 
 def _pick_seed(request_seed: int | None, process_seed: int | None) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import attrs
 
 from ninfer.profile.checks import Bool, Choice, Float, Int, Names, Optional, Parser, Str
+from ninfer.sampling_schema import FIELDS, INT, SamplingField
 
 METADATA_KEY = "ninfer"
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical", "off")
@@ -118,25 +119,20 @@ class Speculative:
     lm_head_draft: bool = opt(False, Bool(), "also load the optimised draft proposal head")
 
 
-@attrs.frozen
-class Sampling:
-    """Process-wide overrides of the model family's sampling presets (None = preset)."""
+def _sampling_override(field: SamplingField) -> Any:
+    """The profile option of a request field that a process flag may override (None: the preset)."""
+    limits = field.limits.narrowed(field.flag.limits)
+    parse = Int(limits.lo, limits.hi) if field.kind == INT else Float(limits.lo, limits.hi, limits.lo_open)
+    return opt(None, Optional(parse), field.flag.help, metavar="N" if field.kind == INT else "F",
+               default_text=field.flag.unset)
 
-    temperature: float | None = opt(None, Optional(Float(lo=0)), "temperature override", metavar="F",
-                                    default_text="model preset")
-    top_p: float | None = opt(None, Optional(Float(0, 1, lo_open=True)), "top-p override", metavar="F",
-                              default_text="model preset")
-    top_k: int | None = opt(None, Optional(Int(0, 20)), "top-k override (0 = the top-20 cap)", metavar="N",
-                            default_text="model preset")
-    min_p: float | None = opt(None, Optional(Float(0, 1)), "min-p override", metavar="F",
-                              default_text="model preset")
-    presence_penalty: float | None = opt(None, Optional(Float(-2, 2)), "presence-penalty override", metavar="F",
-                                         default_text="model preset")
-    frequency_penalty: float | None = opt(None, Optional(Float(-2, 2)), "frequency-penalty override",
-                                          metavar="F", default_text="model preset")
-    seed: int | None = opt(None, Optional(Int()), "seed for requests that give none", metavar="N",
-                           default_text="a fresh random seed per request")
-    greedy: bool = opt(False, Bool(), "always pick the most likely token")
+
+#: process-wide overrides of the model family's sampling presets: one option per field
+#: :mod:`ninfer.sampling_schema` gives a process flag, plus ``greedy``
+Sampling = attrs.make_class("Sampling", {
+    **{field.name: _sampling_override(field) for field in FIELDS if field.flag is not None},
+    "greedy": opt(False, Bool(), "always pick the most likely token"),
+}, frozen=True)
 
 
 @attrs.frozen

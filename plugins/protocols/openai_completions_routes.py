@@ -16,6 +16,9 @@ from msgspec import UNSET, Struct, UnsetType
 from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.fanout import generate_all
+from ninfer.sampling_params import SamplingParams
+from ninfer.sampling_schema import Limits
+from ninfer.sampling_wire import WireField
 from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
@@ -23,7 +26,7 @@ from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
 from ninfer_plugins.protocols.openai_chat.routes import choice_params, request_id
 from ninfer_plugins.protocols.openai_chat.schema import (
-    ChatCompletionRequest,
+    SAMPLING as CHAT_SAMPLING,
     CompletionTokensDetails,
     PromptTokensDetails,
     StreamOptions,
@@ -31,33 +34,30 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     Usage,
     encoder,
 )
-from ninfer_plugins.protocols.openai_chat.translate import sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length, validate_request
+from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length
 
 MAX_LOGPROBS = 5
 #: more than chat's four: evaluation harnesses send a task's stop list plus the EOS text
 MAX_STOP = 32
 JSON = "application/json"
+#: the chat request's sampling fields, ranges and messages, but for the legacy spellings:
+#: one max_tokens (16 when absent, as OpenAI's), logprobs as a count, more stop strings
+SAMPLING = CHAT_SAMPLING.evolve(
+    WireField("max_tokens", absent=16),
+    WireField("stop", max_items=MAX_STOP),
+    WireField("logprobs", limits=Limits(0, MAX_LOGPROBS)),
+    drop=("max_completion_tokens", "top_logprobs"),
+)
 
 
-class CompletionRequest(Struct):
+class CompletionRequest(SAMPLING.struct("CompletionSampling", module=__name__, kw_only=True), kw_only=True):
+    """The sampling fields come from :data:`SAMPLING`."""
+
     #: a string, a list of strings, a list of token ids, or a list of token-id lists
     prompt: Union[str, list[Any]]
     model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
-    n: Optional[int] = None
     best_of: Optional[int] = None
     echo: Optional[bool] = None
-    logprobs: Optional[int] = None
-    logit_bias: Optional[dict[str, float]] = None
     suffix: Optional[str] = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
@@ -118,31 +118,18 @@ def _check_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 
 def _validate(req: CompletionRequest) -> None:
-    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
-        raise InvalidRequestError(f"logprobs must be in 0..{MAX_LOGPROBS}", param="logprobs")
     if req.suffix:
         raise UnsupportedFeatureError("suffix (insertion) is not supported", param="suffix")
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
-    if len(stops) > MAX_STOP or not all(stops):
-        raise InvalidRequestError(f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise UnsupportedFeatureError("best_of other than n is not supported", param="best_of")
 
 
-def _params(req: CompletionRequest, vocab_size: int) -> Any:
-    # The chat checks cover the shared sampling fields: same ranges, same messages.
-    shared = ChatCompletionRequest(
-        messages=[], max_tokens=16 if req.max_tokens is None else req.max_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, seed=req.seed, n=req.n,
-        logprobs=req.logprobs is not None, top_logprobs=req.logprobs, logit_bias=req.logit_bias,
-    )
-    validate_request(shared)
-    params = sampling_params(shared, vocab_size)
-    params.stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if req.echo and req.logprobs is not None:
-        params.prompt_logprobs = req.logprobs
-    return params
+def _params(req: CompletionRequest, vocab_size: int) -> SamplingParams:
+    values = SAMPLING.params(req, vocab_size=vocab_size)
+    values.pop("n", None)  # each choice is its own engine request
+    if req.echo and req.logprobs is not None:  # echo with log probabilities scores the prompt too
+        values["prompt_logprobs"] = req.logprobs
+    return SamplingParams(**values)
 
 
 def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int,

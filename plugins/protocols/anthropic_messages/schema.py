@@ -3,7 +3,8 @@
 Only the top level is typed here: message content, tools and the option objects are
 checked by hand (:mod:`.blocks`, :mod:`.tools`, :mod:`.validate`) so every error can
 name its exact field and block types that carry no prompt meaning can be skipped.
-Unknown top-level fields are ignored, as Anthropic's advisory fields are.
+Unknown top-level fields are ignored, as Anthropic's advisory fields are. The sampling
+fields are :data:`SAMPLING`, Anthropic's spelling of :mod:`ninfer.sampling_schema`.
 """
 
 from __future__ import annotations
@@ -12,16 +13,26 @@ from typing import Any, Optional
 
 import msgspec
 
+from ninfer.sampling_schema import Limits
+from ninfer.sampling_wire import SamplingWire, WireField
 
-class MessagesRequest(msgspec.Struct, kw_only=True):
+#: the sampling fields of a Messages request (rules: ninfer.sampling_schema)
+SAMPLING = SamplingWire(
+    # absent: the server's default; 0 is refused (no zero-output cache warm-up here)
+    WireField("max_tokens", limits=Limits(lo=1), absent=None),
+    WireField("temperature", limits=Limits(0.0, 1.0)),
+    WireField("top_p", limits=Limits(0.0, 1.0)),  # above 0, as the engine needs
+    WireField("top_k"),
+    WireField("stop_sequences", "stop", wire_type=Optional[list[str]]),
+)
+
+
+class MessagesRequest(SAMPLING.struct("MessagesSampling", module=__name__, kw_only=True), kw_only=True):
+    """The sampling fields come from :data:`SAMPLING`."""
+
     model: Optional[str] = None
     messages: Any = None
     system: Any = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    stop_sequences: Optional[list[str]] = None
     stream: bool = False
     thinking: Any = None
     tools: Any = None

@@ -7,14 +7,13 @@ beta flags...) are ignored by the schema. Structured output is read by :mod:`.gu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.template_caps import TemplateCaps
 from ninfer.sampling_params import SamplingParams
-from ninfer_plugins.protocols.anthropic_messages.schema import MessagesRequest
+from ninfer_plugins.protocols.anthropic_messages.schema import SAMPLING, MessagesRequest
 
 #: the smallest budget Anthropic accepts for enabled thinking
 MIN_THINKING_BUDGET = 1024
@@ -91,26 +90,6 @@ def parse_thinking(thinking: Any, max_tokens: Optional[int]) -> ThinkingConfig:
     return ThinkingConfig(mode, budget)
 
 
-def _in_range(value: Optional[float], name: str, lo: float, hi: float) -> None:
-    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
-        raise InvalidRequestError(f"{name} must be a number in [{lo:g}, {hi:g}]", param=name)
-
-
 def sampling_params(req: MessagesRequest, vocab_size: int) -> SamplingParams:
     """The engine's parameters; ``max_tokens`` None leaves the server default to the engine."""
-    if req.max_tokens is not None and req.max_tokens < 1:
-        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
-    _in_range(req.temperature, "temperature", 0.0, 1.0)
-    _in_range(req.top_p, "top_p", 0.0, 1.0)
-    if req.top_p == 0:
-        raise InvalidRequestError("top_p must be greater than 0", param="top_p")
-    if req.top_k is not None and req.top_k < 0:
-        raise InvalidRequestError("top_k must be >= 0", param="top_k")
-    stops = list(req.stop_sequences or [])
-    for i, stop in enumerate(stops):
-        if not stop:
-            raise InvalidRequestError("stop sequences must be non-empty", param=f"stop_sequences[{i}]")
-    params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                            max_tokens=req.max_tokens, stop=stops)
-    params.validate(vocab_size)
-    return params
+    return SamplingParams(**SAMPLING.params(req, vocab_size=vocab_size))

@@ -4,9 +4,10 @@ Litestar decodes requests into these and builds the OpenAPI document from them.
 Types are exact where the wire format is fixed; fields whose accepted values depend on
 other fields (tool choice, output constraints, capability fields that are rejected when
 they ask for something) are loose here and checked in :mod:`.validate` and
-:mod:`.guided`, which name the field in their errors. Unknown top-level fields are
-ignored, as OpenAI clients expect. Output fields typed ``... | UnsetType`` are left
-out of the JSON when unset.
+:mod:`.guided`, which name the field in their errors. The sampling fields come from
+:data:`SAMPLING`, this API's spelling of :mod:`ninfer.sampling_schema`, which also checks
+and translates them. Unknown top-level fields are ignored, as OpenAI clients expect.
+Output fields typed ``... | UnsetType`` are left out of the JSON when unset.
 """
 
 from __future__ import annotations
@@ -15,6 +16,33 @@ from typing import Any, Literal, Optional, Union
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
+
+from ninfer.sampling_schema import Limits
+from ninfer.sampling_wire import SamplingWire, WireField
+
+MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+MAX_TOP_K = 20
+MAX_N = 16
+
+#: the sampling fields of a chat request, in checking order; their ranges are this API's
+#: contract (narrower than the engine's where they differ)
+SAMPLING = SamplingWire(
+    WireField("max_completion_tokens", "max_tokens", absent=None),  # absent: the server's default
+    WireField("max_tokens", absent=None),  # the legacy spelling; max_completion_tokens wins
+    WireField("temperature", limits=Limits(0.0, 2.0)),
+    WireField("top_p", limits=Limits(0.0, 1.0)),
+    WireField("top_k", limits=Limits(0, MAX_TOP_K)),
+    WireField("min_p"),
+    WireField("presence_penalty"),
+    WireField("frequency_penalty"),
+    WireField("repetition_penalty", only=1, why="only the neutral value 1 is accepted"),
+    WireField("seed"),
+    WireField("stop", max_items=MAX_STOP),
+    WireField("n", limits=Limits(1, MAX_N)),
+    WireField("top_logprobs", "logprobs", limits=Limits(0, MAX_TOP_LOGPROBS)),  # used with logprobs: true
+    WireField("logit_bias"),
+)
 
 # -- request: messages ----------------------------------------------------------------
 
@@ -123,26 +151,13 @@ class StreamOptions(Struct):
     include_obfuscation: Optional[bool] = None
 
 
-class ChatCompletionRequest(Struct):
+class ChatCompletionRequest(SAMPLING.struct("ChatSampling", module=__name__, kw_only=True), kw_only=True):
+    """The sampling fields (output budget included) come from :data:`SAMPLING`."""
+
     messages: list[Message]
     model: Optional[str] = None
-    # output budget and sampling
-    max_completion_tokens: Optional[int] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Union[str, list[str], None] = None
-    n: Optional[int] = None
+    #: turns on log probabilities (``top_logprobs`` says how many alternatives)
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
-    #: token id (as a string) -> bias added to its logit, in [-100, 100]
-    logit_bias: Optional[dict[str, float]] = None
     # streaming and observations
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None

@@ -13,7 +13,7 @@ from ninfer.frontend.chat_messages import parse_messages, template_messages
 from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options, template_kwargs
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer.sampling_params import SamplingParams
-from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
+from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import callable_tools
 
 #: chat_template_kwargs keys with a meaning here; other non-null keys are refused
@@ -80,20 +80,8 @@ def prepare(req: ChatCompletionRequest, tokenizer: Any, profile: Any) -> Prepare
 
 def sampling_params(req: ChatCompletionRequest, vocab_size: int) -> SamplingParams:
     """The engine's parameters for one choice (``n`` is expanded by the caller)."""
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    bias = {int(k): v for k, v in (req.logit_bias or {}).items() if v != 0}
-    params = SamplingParams(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        seed=req.seed,
-        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
-        stop=stop,
-        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-        logit_bias=bias,
-    )
-    params.validate(vocab_size)
-    return params
+    values = SAMPLING.params(req, vocab_size=vocab_size)
+    values.pop("n", None)
+    # top_logprobs counts alternatives; only logprobs: true asks for log probabilities at all
+    values["logprobs"] = (values.get("logprobs") or 0) if req.logprobs else None
+    return SamplingParams(**values)

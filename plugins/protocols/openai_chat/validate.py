@@ -2,21 +2,16 @@
 
 Each rejection names the field (``param``). Capability fields are refused only when
 they ask for behaviour ninfer cannot provide; their neutral values pass, so payloads
-that generic clients fill in with defaults keep working.
+that generic clients fill in with defaults keep working. The sampling fields are checked
+through :data:`.schema.SAMPLING`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
-from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
-
-MAX_STOP = 4
-MAX_TOP_LOGPROBS = 20
-MAX_TOP_K = 20
-MAX_N = 16
+from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
 
 
 def check_prompt_length(prompt_tokens: int, max_context: int, param: str = "messages") -> None:
@@ -29,9 +24,9 @@ def check_prompt_length(prompt_tokens: int, max_context: int, param: str = "mess
 
 def validate_request(req: ChatCompletionRequest) -> None:
     """Raise :class:`InvalidRequestError` / :class:`UnsupportedFeatureError` for the first bad field."""
-    _check_ranges(req)
-    _check_stop(req.stop)
-    _check_logprobs(req)
+    SAMPLING.check(req)  # token ids against the vocabulary: in .translate.sampling_params
+    if req.top_logprobs and not req.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     _check_output_format(req)
     _check_tools(req)
     _check_capabilities(req)
@@ -39,53 +34,6 @@ def validate_request(req: ChatCompletionRequest) -> None:
 
 def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(f"{param}: {what}", param=param)
-
-
-def _check_ranges(req: ChatCompletionRequest) -> None:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = getattr(req, name)
-        if value is not None and value < 0:
-            raise InvalidRequestError(f"{name} must be >= 0", param=name)
-    _in_range(req, "temperature", 0.0, 2.0)
-    _in_range(req, "top_p", 0.0, 1.0)
-    _in_range(req, "min_p", 0.0, 1.0)
-    _in_range(req, "presence_penalty", -2.0, 2.0)
-    _in_range(req, "frequency_penalty", -2.0, 2.0)
-    if req.top_k is not None and not 0 <= req.top_k <= MAX_TOP_K:
-        raise InvalidRequestError(f"top_k must be in 0..{MAX_TOP_K}", param="top_k")
-    if req.repetition_penalty is not None and req.repetition_penalty != 1:
-        raise _unsupported("repetition_penalty", "only the neutral value 1 is accepted")
-    if req.n is not None and not 1 <= req.n <= MAX_N:
-        raise InvalidRequestError(f"n must be in 1..{MAX_N}", param="n")
-    if req.seed is not None and not -(2**63) <= req.seed < 2**64:
-        raise InvalidRequestError("seed must fit in 64 bits", param="seed")
-
-
-def _in_range(req: Any, name: str, lo: float, hi: float) -> None:
-    value = getattr(req, name)
-    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
-        raise InvalidRequestError(f"{name} must be a finite number in [{lo:g}, {hi:g}]", param=name)
-
-
-def _check_stop(stop: str | list[str] | None) -> None:
-    stops = [stop] if isinstance(stop, str) else stop or []
-    if len(stops) > MAX_STOP:
-        raise InvalidRequestError(f"at most {MAX_STOP} stop strings are allowed", param="stop")
-    if any(not s for s in stops):
-        raise InvalidRequestError("stop strings must be non-empty", param="stop")
-
-
-def _check_logprobs(req: ChatCompletionRequest) -> None:
-    top = req.top_logprobs
-    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise InvalidRequestError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
-    if top and not req.logprobs:
-        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-    for key, bias in (req.logit_bias or {}).items():
-        if not key.lstrip("-").isdigit() or int(key) < 0:
-            raise InvalidRequestError(f"logit_bias key {key!r} is not a token id", param="logit_bias")
-        if not (math.isfinite(bias) and -100 <= bias <= 100):
-            raise InvalidRequestError("logit_bias values must be in [-100, 100]", param="logit_bias")
 
 
 def _check_output_format(req: ChatCompletionRequest) -> None:

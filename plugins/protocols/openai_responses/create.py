@@ -13,7 +13,6 @@ from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import ContextLengthExceededError, NotFoundError
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer.frontend.thinking import thinking_budget
-from ninfer.sampling_params import SamplingParams
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_responses.guided import response_guide
@@ -23,7 +22,7 @@ from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, Prom
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore, StoredResponse, conversation_bytes
 from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
-from ninfer_plugins.protocols.openai_responses.validate import check_create
+from ninfer_plugins.protocols.openai_responses.validate import check_create, sampling_params
 from ninfer_plugins.protocols.tool_guide import tool_parser
 
 if TYPE_CHECKING:
@@ -83,8 +82,7 @@ class Creation:
         state = self.state
         state.check_model(req.model, required=True)
         check_create(req)
-        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_output_tokens)
-        params.validate(state.engine.engine.vocab_size)
+        params = sampling_params(req, state.engine.engine.vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
         keep = req.store is not False
         prepared, parent = await prepare_prompt(state, self.ctx, self.store, req, keep)

@@ -15,6 +15,16 @@ import msgspec
 from msgspec import Struct
 
 from ninfer.errors import InvalidRequestError
+from ninfer.sampling_schema import Limits
+from ninfer.sampling_wire import SamplingWire, WireField
+
+#: the sampling fields of Create, as Responses spells them (rules: ninfer.sampling_schema)
+SAMPLING = SamplingWire(
+    WireField("max_output_tokens", "max_tokens", absent=None),  # absent: the server's default
+    WireField("temperature", limits=Limits(0.0, 2.0)),
+    WireField("top_p", limits=Limits(0.0, 1.0)),
+    WireField("top_logprobs", "logprobs", only=0, why="log probabilities are not supported"),
+)
 
 
 class ReasoningOptions(Struct):
@@ -53,14 +63,15 @@ class PromptFields(Struct, forbid_unknown_fields=True):
     prompt: Any = None
 
 
-class CreateRequest(PromptFields, forbid_unknown_fields=True):
-    max_output_tokens: Optional[int] = None
+_Sampled = SAMPLING.struct("ResponsesSampling", base=PromptFields, module=__name__, forbid_unknown_fields=True)
+
+
+class CreateRequest(_Sampled, forbid_unknown_fields=True):
+    """The prompt fields, the sampling fields of :data:`SAMPLING`, and these."""
+
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
     store: Optional[bool] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_logprobs: Optional[int] = None
     metadata: Optional[dict[str, Any]] = None
     include: Optional[list[str]] = None
     max_tool_calls: Optional[int] = None

@@ -7,12 +7,12 @@ defaults keep working.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
-from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields
+from ninfer_plugins.protocols.openai_responses.schema import SAMPLING, CountRequest, CreateRequest, PromptFields
 
 #: the one ``include`` value honoured: reasoning Items carry a replayable envelope
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -69,14 +69,9 @@ def check_count(req: CountRequest) -> None:
 
 def check_create(req: CreateRequest) -> None:
     check_prompt_fields(req)
-    if req.max_output_tokens is not None and req.max_output_tokens < 0:
-        raise InvalidRequestError("max_output_tokens must be >= 0", param="max_output_tokens")
+    SAMPLING.check(req)
     if req.max_tool_calls is not None and req.max_tool_calls < 0:
         raise InvalidRequestError("max_tool_calls must be >= 0", param="max_tool_calls")
-    _in_range(req.temperature, "temperature", 0.0, 2.0)
-    _in_range(req.top_p, "top_p", 0.0, 1.0)
-    if req.top_logprobs not in (None, 0):
-        raise _unsupported("top_logprobs", "log probabilities are not supported")
     if req.background:
         raise _unsupported("background", "background execution is not supported")
     if req.service_tier not in (None, "auto", "default"):
@@ -88,9 +83,9 @@ def check_create(req: CreateRequest) -> None:
     _check_cache_hints(req)
 
 
-def _in_range(value: Optional[float], name: str, lo: float, hi: float) -> None:
-    if value is not None and not (math.isfinite(value) and lo <= value <= hi):
-        raise InvalidRequestError(f"{name} must be a finite number in [{lo:g}, {hi:g}]", param=name)
+def sampling_params(req: CreateRequest, vocab_size: int) -> SamplingParams:
+    """The engine's parameters (``max_output_tokens`` absent: the server's default)."""
+    return SamplingParams(**SAMPLING.params(req, vocab_size=vocab_size))
 
 
 def _check_metadata(metadata: Optional[dict[str, Any]]) -> None:
