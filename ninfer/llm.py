@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
@@ -154,17 +153,15 @@ class LLM:
                 lora_name = lora_names[position] if lora_names is not None else None
                 result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
                 outputs.append(result)
-                for index in range(params.n):
-                    sub = params
-                    if params.n > 1:  # each sample is its own engine request with its own seed
-                        seed = params.seed + index if params.seed is not None else random.getrandbits(63)
-                        sub = _evolve(params, n=1, seed=seed)
+                sub = _evolve(params, n=1) if params.n > 1 else params
+                for index in range(params.n):  # each sample its own engine request (seed: sample_index)
                     rid = f"{result.request_id}-{index}"
                     completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
                     result.outputs.append(completion)
                     by_id[rid] = (result, completion)
                     self.engine.add_request(
-                        EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name)
+                        EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name,
+                                      sample_index=index)
                     )
             while self.engine.has_unfinished():
                 for event in self.engine.step():

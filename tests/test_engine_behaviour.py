@@ -122,3 +122,14 @@ def test_n_samples(llm):
     out = llm.generate("n", SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True))[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    # sample i is the request seeded with seed + i, alone
+    second = llm.generate("n", SamplingParams(temperature=1.0, seed=6, max_tokens=6, ignore_eos=True))[0]
+    assert second.outputs[0].token_ids == out.outputs[1].token_ids
+
+
+def test_n_samples_differ_under_a_process_seed(tiny_qwen3):
+    seeded = LLM(str(tiny_qwen3), dtype="float32", seed=21)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=6, ignore_eos=True)
+    first = [c.token_ids for c in seeded.generate("n", params)[0].outputs]
+    assert len({tuple(t) for t in first}) > 1
+    assert [c.token_ids for c in seeded.generate("n", params)[0].outputs] == first

@@ -20,7 +20,7 @@ from ninfer_plugins.protocols.openai_chat.validate import callable_tools, valida
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.schema import TextOptions
 from ninfer_plugins.protocols.openai_responses.tools import resolve_tools
-from ninfer_plugins.protocols.tool_guide import ToolRequest, request_guide
+from ninfer.frontend.tool_guide import ToolRequest, request_guide
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -118,3 +118,22 @@ def test_duplicate_names_are_rejected():
     registry.register_plugin(Plugin(), name="b")
     with pytest.raises(DuplicateCapabilityError):
         registry.names("tool_parser")
+
+
+def test_protocol_packages_import_no_other_protocol_package():
+    """A protocol plugin translates and renders; what protocols share lives in ninfer.frontend."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "plugins" / "protocols"
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        own = path.relative_to(root).parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["ninfer_plugins", "protocols"] and len(parts) > 2 and parts[2] != own:
+                    offenders.append(f"{path.relative_to(root)} imports {name}")
+    assert offenders == []

@@ -63,6 +63,16 @@ def test_process_top_k_zero_selects_the_cap_but_request_zero_disables() -> None:
     assert resolve_sampling(SamplingParams(), None, True, ProcessSamplingOverrides(top_k=5)).top_k == 5
 
 
+def test_samples_of_one_request_offset_the_seed_they_would_get() -> None:
+    """One rule for every front door: sample i of n adds i to the request's seed, or to the
+    process seed when the request gives none (so n samples differ under --seed too)."""
+    flags = ProcessSamplingOverrides(seed=9)
+    assert resolve_sampling(SamplingParams(seed=-4), None, True, flags, sample_index=2).seed == -2
+    assert [resolve_sampling(SamplingParams(), None, True, flags, sample_index=i).seed for i in range(3)] == [9, 10, 11]
+    fresh = {resolve_sampling(SamplingParams(), None, True, NO_FLAGS, sample_index=1).seed for _ in range(10)}
+    assert len(fresh) == 10
+
+
 def test_seed_precedence_and_fresh_random_seed() -> None:
     assert resolve_sampling(SamplingParams(seed=-4), None, True, ProcessSamplingOverrides(seed=9)).seed == -4
     assert resolve_sampling(SamplingParams(), None, True, ProcessSamplingOverrides(seed=9)).seed == 9

@@ -25,7 +25,7 @@ from ninfer_plugins.protocols.anthropic_messages.validate import sampling_params
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING as CHAT, ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.translate import sampling_params as chat_params
 from ninfer_plugins.protocols.openai_chat.validate import validate_request
-from ninfer_plugins.protocols.openai_completions_routes import SAMPLING as COMPLETIONS, CompletionRequest, _params
+from ninfer_plugins.protocols.openai_chat.completions_routes import SAMPLING as COMPLETIONS, CompletionRequest, _params
 from ninfer_plugins.protocols.openai_responses.schema import SAMPLING as RESPONSES, CreateRequest
 from ninfer_plugins.protocols.openai_responses.validate import check_create
 

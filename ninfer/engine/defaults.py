@@ -79,8 +79,11 @@ def resolve_sampling(
     thinking: bool,
     process: ProcessSamplingOverrides,
     eos_token_ids: Sequence[int] = (),
+    sample_index: int = 0,
 ) -> ResolvedSampling:
-    """Layer presets < process flags < request fields, then apply ``--greedy``."""
+    """Layer presets < process flags < request fields, then apply ``--greedy``.
+
+    ``sample_index``: which of one request's ``n`` samples this is (see :func:`_pick_seed`)."""
     if presets is None:
         base = _NEUTRAL
     else:
@@ -100,7 +103,7 @@ def resolve_sampling(
         values["temperature"] = 0.0
     return ResolvedSampling(
         **{name: _as_kind(name, value) for name, value in values.items()},
-        seed=_pick_seed(params.seed, process.seed),
+        seed=_pick_seed(params.seed, process.seed, sample_index),
         logit_bias=dict(params.logit_bias),
         logprobs=params.logprobs,
         min_tokens=params.min_tokens,
@@ -118,9 +121,11 @@ def _as_kind(name: str, value: float) -> float:
     return int(value) if SAMPLING[name].kind == INT else float(value)
 
 
-def _pick_seed(request_seed: int | None, process_seed: int | None) -> int:
-    if request_seed is not None:
-        return request_seed
-    if process_seed is not None:
-        return process_seed
-    return secrets.randbits(63)
+def _pick_seed(request_seed: int | None, process_seed: int | None, sample_index: int = 0) -> int:
+    """The request's seed, else the process's, else a fresh one; the ``n`` samples of one
+    request add their index, so they differ from each other yet repeat run to run (the
+    one rule for every front door; the sampler wraps seeds to 64 bits)."""
+    seed = request_seed if request_seed is not None else process_seed
+    if seed is None:
+        return secrets.randbits(63)
+    return seed + sample_index

@@ -122,7 +122,8 @@ class LLMEngine:
             token_ids=list(req.prompt_token_ids),
             num_prompt_tokens=n_prompt,
             max_tokens=max_tokens,
-            sampling=resolve_sampling(params, self.presets, thinking, self.config.process_sampling, self.eos_token_ids),
+            sampling=resolve_sampling(params, self.presets, thinking, self.config.process_sampling, self.eos_token_ids,
+                                      req.sample_index),
             # scoring the prompt needs every position computed, so cached pages cannot stand in
             lookup_prefix_cache=req.lookup_prefix_cache and params.prompt_logprobs is None,
             commit_prefix_cache=req.commit_prefix_cache,

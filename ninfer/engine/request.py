@@ -31,6 +31,8 @@ class EngineRequest:
     commit_generated: bool = True
     thinking_budget: Optional[ThinkingBudget] = None
     lora_name: Optional[str] = None  # a loaded LoRA adapter to run with; None: the base model
+    #: which of one request's ``n`` samples this is: offsets its seed (ninfer.engine.defaults)
+    sample_index: int = 0
 
 
 @dataclass

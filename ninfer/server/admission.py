@@ -70,6 +70,12 @@ def current_ticket() -> Optional[Ticket]:
     return _current.get()
 
 
+def request_id() -> str:
+    """The HTTP request's id (also in ``x-request-id``), or a fresh one outside a request."""
+    ticket = current_ticket()
+    return ticket.request_id if ticket is not None else new_request_id()
+
+
 def set_current_ticket(ticket: Optional[Ticket]):
     """Bind ``ticket`` to the running context; returns the token for ``reset_current_ticket``."""
     return _current.set(ticket)

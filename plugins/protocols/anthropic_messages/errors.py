@@ -16,7 +16,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from loguru import logger
 
 from ninfer.errors import NinferError, RequestQueueTimeoutError, ServerOverloadedError
-from ninfer.server.admission import current_ticket, new_request_id
+from ninfer.server.admission import request_id
 from ninfer.server.errors import INTERNAL_MESSAGE, MIB
 
 REQUEST_ID_HEADER = "request-id"
@@ -34,11 +34,6 @@ _TYPES = {
     OVERLOADED: "overloaded_error",
 }
 
-
-def request_id() -> str:
-    """The HTTP request's id (the same as ``x-request-id``), or a fresh one outside a request."""
-    ticket = current_ticket()
-    return ticket.request_id if ticket is not None else new_request_id()
 
 
 def error_type(status: int) -> str:

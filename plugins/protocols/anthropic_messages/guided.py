@@ -2,7 +2,7 @@
 
 Both carry ``{"type": "json_schema", "schema": {...}}``; the text answer must then be
 JSON following the schema. Given both, they must agree. Tool constraints come from
-:mod:`.tools` and combine with it in :func:`ninfer_plugins.protocols.tool_guide.request_guide`.
+:mod:`.tools` and combine with it in :func:`ninfer.frontend.tool_guide.request_guide`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import jinja2
 
 from ninfer.capabilities import ReasoningParser, ToolParser
 from ninfer.engine.thinking_budget import ThinkingBudget
-from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.prompt_limits import check_prompt_length
 from ninfer.frontend.chat_messages import ChatTurn, template_messages
 from ninfer.frontend.parsers import starts_in_reasoning
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
@@ -30,7 +31,7 @@ from ninfer_plugins.protocols.anthropic_messages.validate import (
     parse_thinking,
     requested_effort,
 )
-from ninfer_plugins.protocols.tool_guide import request_guide
+from ninfer.frontend.tool_guide import request_guide
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,8 @@ def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepar
         raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
                                   code="invalid_prompt") from exc
     ids = ctx.tokenizer.encode(prompt)
-    if generate and len(ids) > ctx.max_context:  # a count may exceed it: clients count to decide what to cut
-        raise ContextLengthExceededError(f"the prompt has {len(ids)} tokens; the context holds {ctx.max_context}",
-                                         param="messages")
+    if generate:  # a count may exceed it: clients count to decide what to cut
+        check_prompt_length(len(ids), ctx.max_context)
     budget = guide = None
     if generate:  # a count needs no grammar: it is what a later Create compiles
         guide = request_guide(tool_request(req.tools, tools, choice), answer, ctx.tool_parser)

@@ -14,20 +14,20 @@ from litestar import Request, Response, post
 
 from ninfer.engine.request import EngineRequest
 from ninfer.frontend.parsers import make_splitter, reasoning_parser
+from ninfer.server.admission import request_id
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.anthropic_messages.errors import (
     EXCEPTION_HANDLERS,
     REQUEST_ID_HEADER,
     error_frame,
-    request_id,
 )
 from ninfer_plugins.protocols.anthropic_messages.output import MessageState
 from ninfer_plugins.protocols.anthropic_messages.prepare import Context, prepare
 from ninfer_plugins.protocols.anthropic_messages.schema import Message, TokenCount, decode_request, encoder
 from ninfer_plugins.protocols.anthropic_messages.stream import PING, frames
 from ninfer_plugins.protocols.anthropic_messages.validate import check_model, sampling_params
-from ninfer_plugins.protocols.tool_guide import tool_parser
+from ninfer.frontend.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState

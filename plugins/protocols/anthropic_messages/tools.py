@@ -2,7 +2,7 @@
 
 Client tools are executable, including forced (``any``), named (``tool``), single-call
 and strict ones, which a tool-call grammar enforces
-(:mod:`ninfer_plugins.protocols.tool_guide`). ninfer has no executor for Anthropic's
+(:mod:`ninfer.frontend.tool_guide`). ninfer has no executor for Anthropic's
 server tools, MCP or toolsets, so those are refused naming the field.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.tool_schema import ToolSpec
-from ninfer_plugins.protocols.tool_guide import ToolRequest
+from ninfer.frontend.tool_guide import ToolRequest
 
 CHOICE_TYPES = ("auto", "none", "any", "tool")
 

@@ -5,7 +5,7 @@ constrained-decoding fields other servers accept (vLLM's ``guided_*`` and
 ``structured_outputs``, llama.cpp's ``grammar``), and from the tools: a required or
 named ``tool_choice``, ``parallel_tool_calls: false`` and strict functions. At most one
 answer constraint may be given; tool constraints combine with it (see
-:mod:`ninfer_plugins.protocols.tool_guide`). Errors name the field at fault.
+:mod:`ninfer.frontend.tool_guide`). Errors name the field at fault.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import allowed_tool_names, forces_tool_call, named_tool
-from ninfer_plugins.protocols.tool_guide import ToolRequest, request_guide
+from ninfer.frontend.tool_guide import ToolRequest, request_guide
 
 #: ``structured_outputs`` members that constrain (others are backend hints, ignored)
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +13,7 @@ from ninfer.engine.request import EngineRequest
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.frontend.thinking import thinking_budget
 from ninfer.sampling_params import SamplingParams
-from ninfer.server.admission import current_ticket
+from ninfer.server.admission import request_id
 from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
@@ -22,6 +21,7 @@ from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
 from ninfer_plugins.protocols.openai_chat.guided import chat_guide
 from ninfer.frontend.fanout import generate_all
+from ninfer.frontend.prompt_limits import check_prompt_length
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
 from ninfer_plugins.protocols.openai_chat.schema import (
@@ -32,30 +32,13 @@ from ninfer_plugins.protocols.openai_chat.schema import (
 )
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
 from ninfer_plugins.protocols.openai_chat.translate import Prepared, prepare, sampling_params
-from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length, validate_request
-from ninfer_plugins.protocols.tool_guide import tool_parser
+from ninfer_plugins.protocols.openai_chat.validate import validate_request
+from ninfer.frontend.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
 
 JSON = "application/json"
-
-
-def request_id() -> str:
-    """The HTTP request's id (also in ``x-request-id``), or a fresh one outside a request."""
-    ticket = current_ticket()
-    return ticket.request_id if ticket is not None else uuid.uuid4().hex
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """One parameter set per choice; a given seed is offset per choice so samples differ."""
-    if n == 1:
-        return [params]
-    out = []
-    for i in range(n):
-        seed = None if params.seed is None else (params.seed + i + 2**63) % 2**64 - 2**63
-        out.append(attrs.evolve(params, seed=seed))
-    return out
 
 
 def default_thinking_budget(state: ServerState, req: ChatCompletionRequest, prepared: Prepared,
@@ -79,9 +62,9 @@ def default_thinking_budget(state: ServerState, req: ChatCompletionRequest, prep
 def engine_requests(rid: str, prepared: Prepared, params: SamplingParams, n: int,
                     budget: ThinkingBudget | None = None, lora: str | None = None) -> list[EngineRequest]:
     return [
-        EngineRequest(f"{rid}-{i}", prepared.prompt_ids, p, prompt=prepared.prompt, thinking=prepared.options.thinking,
-                      thinking_budget=budget, lora_name=lora)
-        for i, p in enumerate(choice_params(params, n))
+        EngineRequest(f"{rid}-{i}", prepared.prompt_ids, params, prompt=prepared.prompt,
+                      thinking=prepared.options.thinking, thinking_budget=budget, lora_name=lora, sample_index=i)
+        for i in range(n)
     ]
 
 

@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
-
-
-def check_prompt_length(prompt_tokens: int, max_context: int, param: str = "messages") -> None:
-    """A rendered prompt longer than the context is the prompt's fault, whatever max_tokens says."""
-    if prompt_tokens > max_context:
-        raise ContextLengthExceededError(
-            f"the prompt has {prompt_tokens} tokens; the context holds {max_context}", param=param
-        )
 
 
 def validate_request(req: ChatCompletionRequest) -> None:

@@ -10,7 +10,8 @@ from litestar import Request, Response
 
 from ninfer.engine.request import EngineRequest
 from ninfer.engine.thinking_budget import ThinkingBudget
-from ninfer.errors import ContextLengthExceededError, NotFoundError
+from ninfer.errors import NotFoundError
+from ninfer.frontend.prompt_limits import check_prompt_length
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer.frontend.thinking import thinking_budget
 from ninfer.server.disconnect import cancel_on_disconnect
@@ -23,7 +24,7 @@ from ninfer_plugins.protocols.openai_responses.store import ResponseStore, Store
 from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
 from ninfer_plugins.protocols.openai_responses.validate import check_create, sampling_params
-from ninfer_plugins.protocols.tool_guide import tool_parser
+from ninfer.frontend.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -50,9 +51,7 @@ async def prepare_prompt(state: ServerState, ctx: PromptContext, store: Response
     """The request's prompt; too long a prompt is the input's fault, whatever the output budget."""
     parent = parent_of(req, store)
     prepared = await state.run_blocking(prepare, req, ctx, parent, keep)
-    if len(prepared.prompt_ids) > state.max_model_len:
-        raise ContextLengthExceededError(
-            f"the prompt has {len(prepared.prompt_ids)} tokens; the context holds {state.max_model_len}", param="input")
+    check_prompt_length(len(prepared.prompt_ids), state.max_model_len, param="input")
     return prepared, parent
 
 

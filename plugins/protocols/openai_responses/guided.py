@@ -3,7 +3,7 @@
 Formats: ``text`` (free), ``json_object`` and ``json_schema`` (``name``, ``schema``,
 optional ``description`` and ``strict``; the schema is enforced either way). Tool
 constraints come from :mod:`.tools` and are combined by
-:func:`ninfer_plugins.protocols.tool_guide.request_guide`.
+:func:`ninfer.frontend.tool_guide.request_guide`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ninfer.errors import InvalidRequestError
 from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.openai_responses.schema import TextOptions
 from ninfer_plugins.protocols.openai_responses.tools import ToolSet
-from ninfer_plugins.protocols.tool_guide import request_guide
+from ninfer.frontend.tool_guide import request_guide
 
 
 def text_format_guide(text: Optional[TextOptions]) -> Optional[GuideSpec]:

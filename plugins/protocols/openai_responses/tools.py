@@ -11,7 +11,7 @@ run them and the model cannot call them, so a merely offered one is left out of 
 effective set with a warning, while a ``tool_choice`` that forces or allows one is
 refused. Custom free-form tools are client tools whose grammar cannot be honoured:
 refused. A required or named ``tool_choice``, ``parallel_tool_calls: false`` and strict
-functions are enforced by a tool-call grammar (:mod:`ninfer_plugins.protocols.tool_guide`).
+functions are enforced by a tool-call grammar (:mod:`ninfer.frontend.tool_guide`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from loguru import logger
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.tool_schema import ToolSpec
-from ninfer_plugins.protocols.tool_guide import ToolRequest
+from ninfer.frontend.tool_guide import ToolRequest
 
 HOSTED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",

@@ -22,6 +22,6 @@ def register_protocols(register):
 def _routes(state):
     # Imported on use: listing plugins, checking profiles and the batch runner never
     # need the web stack.
-    from ninfer_plugins.protocols.openai_completions_routes import completion_routes
+    from ninfer_plugins.protocols.openai_chat.completions_routes import completion_routes
 
     return completion_routes(state)

@@ -1,6 +1,6 @@
 """The /v1/completions route and what it needs: imported only when the server builds its app.
 
-See :mod:`ninfer_plugins.protocols.openai_completions` for the behaviour.
+See :mod:`ninfer_plugins.protocols.openai_chat.completions` for the behaviour.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from msgspec import UNSET, Struct, UnsetType
 from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.fanout import generate_all
+from ninfer.frontend.prompt_limits import check_prompt_length
 from ninfer.sampling_params import SamplingParams
 from ninfer.sampling_schema import Limits
 from ninfer.sampling_wire import WireField
+from ninfer.server.admission import request_id
 from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
-from ninfer_plugins.protocols.openai_chat.routes import choice_params, request_id
 from ninfer_plugins.protocols.openai_chat.schema import (
     SAMPLING as CHAT_SAMPLING,
     CompletionTokensDetails,
@@ -34,7 +35,6 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     Usage,
     encoder,
 )
-from ninfer_plugins.protocols.openai_chat.validate import check_prompt_length
 
 MAX_LOGPROBS = 5
 #: more than chat's four: evaluation harnesses send a task's stop list plus the EOS text
@@ -261,8 +261,8 @@ def completion_routes(state: Any) -> list:
         texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p, False) for p in prompts]
         rid = request_id()
         lora = state.lora_for(data.model)
-        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, p, prompt=texts[i], lora_name=lora)
-                    for i, ids in enumerate(encoded) for j, p in enumerate(choice_params(params, n))]
+        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, params, prompt=texts[i], lora_name=lora, sample_index=j)
+                    for i, ids in enumerate(encoded) for j in range(n)]
         run = _Run(state, f"cmpl-{rid}", data.model or state.model_id, requests,
                    [ChoiceState(k, tokenizer) for k in range(len(requests))], n,
                    [texts[k // n] if data.echo else "" for k in range(len(requests))], data.logprobs is not None,
