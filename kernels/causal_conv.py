@@ -10,6 +10,7 @@ position 0 sees zeros there instead.
 from __future__ import annotations
 
 import itertools
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +25,28 @@ def _convolve(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> t
     return F.silu((windows * weight.float()).sum(dim=-1))
 
 
+def check_split(split: Sequence[int] | None, channels: int) -> list[int]:
+    """The part widths ``split`` asks for (one part, all channels, when None); at most three."""
+    if split is None:
+        return [channels]
+    widths = list(split)
+    if not 1 <= len(widths) <= 3 or sum(widths) != channels or min(widths) < 1:
+        raise ValueError(f"split {widths} must be 1-3 positive widths adding up to the {channels} channels")
+    return widths
+
+
 def causal_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch,
+    split: Sequence[int] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Varlen conv of ``x`` [T, C] with ``weight`` [C, K]; updates ``states`` [num_slots, K-1, C].
 
-    Returns [T, C] in ``x``'s dtype; rows past the last sequence come back as zeros.
+    Returns [T, C] in ``x``'s dtype; rows past the last sequence come back as zeros. With
+    ``split`` (widths adding up to C) it returns those channel groups as separate
+    contiguous tensors instead (Gated DeltaNet's q, k and v), as the kernels that follow
+    want them.
     """
+    widths = check_split(split, x.shape[1])
     if batch.state_slots is None:
         raise ValueError("this model keeps recurrent state: the batch needs state_slots")
     slots = batch.state_slots.tolist()
@@ -56,4 +72,6 @@ def causal_conv1d(
             history = states[slots[i]]
         out[rows] = _convolve(history, x[rows], weight).to(x.dtype)
         states[slots[i]] = torch.cat([history, x[rows].to(states.dtype)])[length:]
-    return out
+    if split is None:
+        return out
+    return tuple(part.contiguous() for part in out.split(widths, dim=-1))

@@ -9,7 +9,7 @@ which is how a suspected kernel bug is ruled in or out.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -122,8 +122,10 @@ def decode_attention(
     )
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    return choose("causal_conv1d", x.device.type)(x, weight, states, batch)
+def causal_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch, split: Sequence[int] | None = None
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    return choose("causal_conv1d", x.device.type)(x, weight, states, batch, split)
 
 
 def gated_delta_rule(

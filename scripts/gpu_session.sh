@@ -11,6 +11,7 @@
 #                                   prefill attention tiles, the 35B-A3B decode
 #   scripts/gpu_session.sh insitu   35B-A3B step profiles with and without those kernels, a 27B 8k prefill profile
 #   scripts/gpu_session.sh prefill  prefill kernel tests, the 27B 8k prefill against transformers, 30B-A3B decode
+#   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -59,6 +60,9 @@ prefill)
         | tail -2 | tee "$OUT/pytest.txt"
     bench 260 random:qwen3.6-27b --dtype bf16 --only prefill --prefill-lens 8192 --prefill-chunk 8192
     bench 130 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    ;;
+prefill27)
+    bench 230 random:qwen3.6-27b --dtype bf16 --only prefill --prefill-lens 8192 --prefill-chunk 8192
     ;;
 insitu)
     timeout 220 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 --top 40 \

@@ -204,3 +204,20 @@ def test_gated_norm_27b_prefill_shape():
     got = t_norm.gated_rms_norm(x, gate, weight, 1e-6)
     torch.testing.assert_close(got.float(), want.float(), rtol=2 * BF16_STEP, atol=1e-3)
     assert (got.float() - want.float()).norm() / want.float().norm() < 5e-3
+
+
+@pytest.mark.parametrize("split", [(16, 16, 32), (24, 40)])
+def test_conv_split_output_equals_the_split_reference(split):
+    """The conv writes q, k and v straight into their own contiguous tensors."""
+    gen = torch.Generator().manual_seed(len(split))
+    x, weight, states, batch = _conv_case([(0, 9), (4, 1), (3, 5)], [2, 0, 1], 64, torch.float32, gen, pad_rows=2)
+    got_states = states.clone()
+    want = causal_conv.causal_conv1d(x, weight, states.clone(), batch)
+    got = t_conv.causal_conv1d(x, weight, got_states, batch, split=split)
+    assert [p.shape[1] for p in got] == list(split) and all(p.is_contiguous() for p in got)
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=1e-5, atol=1e-6)
+    ref_parts = causal_conv.causal_conv1d(x, weight, states.clone(), batch, split=split)
+    for a, b in zip(ref_parts, want.split(list(split), dim=1)):
+        assert a.is_contiguous() and torch.equal(a, b)
+    with pytest.raises(ValueError, match="adding up"):
+        t_conv.causal_conv1d(x, weight, got_states, batch, split=(10, 10))

@@ -29,11 +29,14 @@ decode-only batch gets one program per row and channel block, as before.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import triton
 import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.causal_conv import check_split
 
 #: tokens x channels per prefill program, from scripts/gpu_prefill_kernels_check.py on an
 #: H200: 32 x 128 with 4 warps was the fastest tried at 2k and 8k tokens (27B shape, 8k:
@@ -45,7 +48,7 @@ BLOCK_C = 128
 @triton.jit
 def _causal_conv_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, starts_ptr, seq_lens_ptr, slots_ptr,
-    num_seqs, search_steps, channels, stride_x, stride_w, stride_slot, stride_hist, stride_out,
+    num_seqs, search_steps, channels, stride_x, stride_w, stride_slot, stride_hist, total_rows, split1, split2,
     K: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -87,8 +90,15 @@ def _causal_conv_kernel(
                      mask=(row_ok & ~in_x & has_history)[:, None] & col_ok[None, :], other=0.0)
         acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]  # one of the two is zero
     out = acc / (1.0 + tl.exp(-acc))
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    # the output is up to three contiguous [T, width] parts, one after the other in one
+    # buffer (channels [0, split1), [split1, split2), [split2, channels)); unsplit, it is
+    # one contiguous [T, channels] tensor (split1 == split2 == channels)
+    in_2 = cols >= split1
+    in_3 = cols >= split2
+    width = tl.where(in_3, channels - split2, tl.where(in_2, split2 - split1, split1)).to(tl.int64)
+    first = tl.where(in_3, split2, tl.where(in_2, split1, 0)).to(tl.int64)
+    dest = out_ptr + first[None, :] * total_rows + rows[:, None] * width[None, :] + (cols - first)[None, :]
+    tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
     if block == 0:
         # new history: the last K - 1 inputs, some still from the old history for short chunks
@@ -109,11 +119,12 @@ def _causal_conv_kernel(
 
 def causal_conv1d(
     x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch,
-    block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
-) -> torch.Tensor:
+    split: Sequence[int] | None = None, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Same contract as :func:`ninfer_kernels.causal_conv.causal_conv1d`, plus negative
-    ``state_slots`` (zero history, nothing written). ``block_t``/``block_c``/``num_warps``
-    are tuning knobs for benchmarks."""
+    ``state_slots`` (zero history, nothing written). With ``split`` the parts are written
+    straight into their own contiguous tensors (no copies after). ``block_t``/``block_c``/
+    ``num_warps`` are tuning knobs for benchmarks."""
     if batch.state_slots is None:
         raise ValueError("this model keeps recurrent state: the batch needs state_slots")
     if x.stride(-1) != 1:
@@ -123,22 +134,28 @@ def causal_conv1d(
         weight = weight.contiguous()
     channels, k = weight.shape
     assert 2 <= k <= block_t + 1, "the first token block must hold every tap that reads the history"
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    widths = check_split(split, channels)
+    rows_total = x.shape[0]
+    flat = torch.empty(rows_total * channels, dtype=x.dtype, device=x.device)
+    parts = [p.view(rows_total, w) for p, w in zip(flat.split([rows_total * w for w in widths]), widths)]
+    result = tuple(parts) if split is not None else parts[0]
     num_seqs = batch.num_seqs
     valid = sum(batch.query_lens_host) if num_seqs else 0
-    if valid < x.shape[0]:
-        out[valid:].zero_()  # rows past the last sequence
+    if valid < rows_total:
+        for part in parts:
+            part[valid:].zero_()  # rows past the last sequence
     if num_seqs == 0:
-        return out
+        return result
     # a decode-only batch gets one row per program; otherwise every chunk fits in blocks of
     # block_t (and a chunk shorter than K - 1 still in one block: block_t >= K - 1)
     bt = min(block_t, triton.next_power_of_2(max(1, batch.max_query_len)))
     grid = ((x.shape[0] + num_seqs * (bt - 1)) // bt, triton.cdiv(channels, block_c))
     _causal_conv_kernel[grid](
-        x, weight, states, out, batch.query_start, batch.seq_lens, batch.state_slots,
+        x, weight, states, flat, batch.query_start, batch.seq_lens, batch.state_slots,
         num_seqs, (num_seqs - 1).bit_length(), channels,
-        x.stride(0), weight.stride(0), states.stride(0), states.stride(1), out.stride(0),
+        x.stride(0), weight.stride(0), states.stride(0), states.stride(1), rows_total,
+        widths[0], widths[0] + (widths[1] if len(widths) > 1 else 0),
         K=k, KP=triton.next_power_of_2(k - 1), BLOCK_T=bt, BLOCK_C=block_c,
         num_warps=num_warps, enable_fp_fusion=False,
     )
-    return out
+    return result

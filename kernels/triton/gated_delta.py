@@ -117,15 +117,19 @@ def chunked_gated_delta_rule(
     continuing = (batch.seq_lens > query_lens)[:, None, None, None]
     initial = torch.where(continuing, states.index_select(0, slots), 0.0).float()
     rows = sum(batch.query_lens_host)
-    out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    # fla takes contiguous inputs (it copies any other); the model hands them so
     o, final = fla_chunk(
         q[None, :rows].contiguous(), k[None, :rows].contiguous(), v[None, :rows].contiguous(),
         g[None, :rows].float().contiguous(), beta[None, :rows].contiguous(),
         initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
         cu_seqlens=batch.query_start.long(),
     )
-    out[:rows] = o[0].to(v.dtype)
     states.index_copy_(0, slots, final.to(states.dtype))
+    o = o[0].to(v.dtype)
+    if rows == v.shape[0]:
+        return o
+    out = torch.zeros(v.shape, dtype=v.dtype, device=v.device)  # rows past the last sequence
+    out[:rows] = o
     return out
 
 

@@ -117,8 +117,9 @@ class GatedDeltaNet(nn.Module):
             return self.out_proj(out)
         tokens = x.shape[0]
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-        qkv = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch)
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        # q, k and v come back as separate contiguous tensors: the chunked kernels want them so
+        q, k, v = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch,
+                                    split=(self.key_dim, self.key_dim, self.value_dim))
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out = ops.gated_delta_rule(
