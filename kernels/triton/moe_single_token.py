@@ -6,7 +6,7 @@ the SMs. The grouped GEMM of :mod:`.fused_moe` pads the token to a 16-row ``tl.d
 with at least 16 columns a program, so 9 experts x 512 columns made 144 programs for
 132 SMs: a dozen SMs ran two while the rest idled, and the kernel read at about 60% of
 the bandwidth. Here the products are sums of elementwise products in float32 (no
-``tl.dot``, so a program may own as few as 4 weight rows), which lets the grid hold
+``tl.dot``, so a program may own as few as two weight rows), which lets the grid hold
 many more, smaller programs:
 
 1. gate_up: program ``(pair j, column block)`` reads its ``BLOCK_N`` gate rows and up
@@ -40,12 +40,13 @@ class SingleTokenConfig:
     gate_up_n: int = 2
     gate_up_k: int = 1024
     gate_up_warps: int = 4
-    down_n: int = 16
-    down_k: int = 512
+    down_n: int = 4
+    down_k: int = 256
     down_warps: int = 4
 
 
-#: picked on the H200 by scripts/gpu_skinny_sweep.py (see docs/performance.md)
+#: for shapes without a table entry: the Qwen3.6-35B-A3B shape's best on the H200
+#: (scripts/gpu_skinny_sweep.py writes each shape's into the MoE table as ``one_token``)
 DEFAULT_CONFIG = SingleTokenConfig()
 
 

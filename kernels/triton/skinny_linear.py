@@ -1,21 +1,20 @@
-"""``y = x W^T (+ b)`` for a few rows of ``x`` (decode batches), where cuBLAS reads slowly.
+"""``y = x W^T (+ b)`` for a few rows of ``x`` (decode batches), where cuBLAS is slow.
 
-At batch 1-8 a projection only streams its weight. For the hybrid MoE shapes, whose
-projections are 2048 wide (Qwen3.6-35B-A3B's in_proj 2048 -> 12352, out_proj
-4096 -> 2048), cuBLAS read the weights at about 55% of the copy bandwidth in whole
-decode steps, against about 95% for the 5120-wide 27B ones (docs/performance.md).
-This kernel spreads the read evenly: a program takes ``BLOCK_N`` output columns and
-one of ``SPLITS`` equal parts of the inner dimension, all of ``x``'s rows at once (a
-16-row ``tl.dot`` tile, rows past M masked, so the weight is read once whatever M is).
-With several parts, each program stores its float32 partial sums and the part that
-finishes last for a column block (an arrival counter, reset after) adds them in part
-order, so results do not depend on timing. It launches with PDL and fetches its first
-weight tile before waiting for the kernel that wrote ``x``.
+At batch 1-8 a projection only streams its weight, and cuBLAS does that well for most
+shapes. Not for the narrowest: a MoE router (Qwen3.6-35B-A3B's 2048 -> 256, 1 MB) took
+5.7 us, a launch's worth of latency for a few hundred KB. This kernel spreads any such
+read evenly: a program takes ``BLOCK_N`` output columns and one of ``SPLITS`` equal
+parts of the inner dimension, all of ``x``'s rows at once (a 16-row ``tl.dot`` tile,
+rows past M masked, so the weight is read once whatever M is). With several parts,
+each program stores its float32 partial sums and the part that finishes last for a
+column block (an arrival counter, reset after) adds them in part order, so results do
+not depend on timing. It launches with PDL and fetches its first weight tile before
+waiting for the kernel that wrote ``x``.
 
 :func:`choose` decides per call from the shapes alone (so a CUDA graph replays the same
 choice): an entry of the tuned table ``linear_configs/<device>.json`` (written by
 scripts/gpu_skinny_sweep.py, one per (N, K, dtype) and row count that measured faster
-than cuBLAS) or None, meaning cuBLAS.
+than cuBLAS; today the routers: 4.2 us) or None, meaning cuBLAS.
 """
 
 from __future__ import annotations
