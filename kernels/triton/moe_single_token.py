@@ -64,6 +64,17 @@ def _row_dots(w_ptrs, x_ptr, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
+def _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED: tl.constexpr):
+    """Pointers to rows ``offs_n`` (column 0) of pair ``pair``'s expert weight."""
+    expert = tl.load(ids_ptr + pair)
+    w = w_ptr + expert.to(tl.int64) * stride_we
+    if HAS_SHARED:  # the shared expert: same layout, its own tensor
+        if expert == shared_id:
+            w = s_ptr
+    return w + offs_n[:, None].to(tl.int64) * stride_wn
+
+
+@triton.jit
 def _gate_up_one_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
@@ -75,12 +86,7 @@ def _gate_up_one_kernel(
     n_ok = offs_n < N
     if USE_PDL:  # the ids come from the routing kernel just before
         tl.extra.cuda.gdc_wait()
-    expert = tl.load(ids_ptr + pair)
-    w = w_ptr + expert.to(tl.int64) * stride_we
-    if HAS_SHARED:  # the shared expert: same layout, its own tensor
-        if expert == shared_id:
-            w = s_ptr
-    rows = w + offs_n[:, None].to(tl.int64) * stride_wn
+    rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     gate = _row_dots(rows, x_ptr, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
     up = _row_dots(rows + N * stride_wn, x_ptr, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
     h = gate / (1.0 + tl.exp(-gate)) * up
@@ -99,12 +105,7 @@ def _down_one_kernel(
     n_ok = offs_n < N
     if USE_PDL:  # the intermediate comes from the gate_up kernel just before
         tl.extra.cuda.gdc_wait()
-    expert = tl.load(ids_ptr + pair)
-    w = w_ptr + expert.to(tl.int64) * stride_we
-    if HAS_SHARED:
-        if expert == shared_id:
-            w = s_ptr
-    rows = w + offs_n[:, None].to(tl.int64) * stride_wn
+    rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
     scaled = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * N + offs_n, round_to(scaled, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
