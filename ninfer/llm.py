@@ -30,6 +30,8 @@ class LLM:
     ``lora_modules`` maps adapter names to PEFT adapter paths to load right away (see
     :meth:`load_lora`). ``weights``: the checkpoint's (name, tensor) pairs, used instead of
     the directory's weight files (its config and tokenizer are still read from it).
+    ``decode_ahead_on_cpu`` runs decode steps launched ahead on CPU too, where they are
+    merely synchronous (tests check that CUDA path there; see ``build_engine``).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class LLM:
         lora_modules: Optional[dict[str, str]] = None,
         max_num_seqs: Optional[int] = None,
         weights: Optional[Iterable[tuple[str, Any]]] = None,
+        decode_ahead_on_cpu: bool = False,
         **overrides: Any,
     ):
         import attrs
@@ -57,7 +60,8 @@ class LLM:
             profile = attrs.evolve(profile, engine=attrs.evolve(profile.engine, max_concurrency=max_num_seqs))
         self.profile = resolve(profile)
         self.registry = load_registry(self.profile.plugins.allow)
-        self.loaded: LoadedEngine = build_engine(self.profile, self.registry, weights)
+        self.loaded: LoadedEngine = build_engine(self.profile, self.registry, weights,
+                                                 decode_ahead_on_cpu=decode_ahead_on_cpu)
         self.engine = self.loaded.engine
         for name, path in (lora_modules or {}).items():
             self.load_lora(name, path)

@@ -162,9 +162,8 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
     llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
-              kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights)
+              kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights, decode_ahead=True)
     engine = llm.engine
-    engine.decode_ahead = True
     vocab = llm.loaded.tokenizer.vocab_size
     for c in levels:
         work = fixed_workload(c, args.prompt_len, (5 if args.host else 3) * args.steps + 64, vocab, c)

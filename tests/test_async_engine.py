@@ -12,7 +12,6 @@ from ninfer import LLM, SamplingParams
 from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.output_processor import RequestOutputState
 from ninfer.engine.request import EngineRequest
-from ninfer.engine.stats import ContextCacheCounters
 from ninfer.errors import InvalidRequestError
 
 
@@ -104,8 +103,8 @@ def test_throughput_line_averages_decode_steps_and_counts_prefix_hits_per_interv
             llm.engine.step()
 
     try:
-        llm.engine.stats.take_interval()  # what earlier tests left behind
-        engine._last_cache = ContextCacheCounters.of(llm.engine.scheduler)
+        llm.engine.stats.take_interval()  # what earlier tests left behind; the cache counters' baseline
+        # is the one AsyncEngine took when it was constructed, just above
         prompt = "zebra quartz lantern " * 6
         run("cold", prompt)  # one sequence at a time: prefill steps, then decode steps of one
         run("warm", prompt)  # the same prompt again: its full pages come from the prefix cache

@@ -65,8 +65,7 @@ FAMILIES = ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 def _generate(cuda_graph: bool, ahead: bool = True, family: str = "qwen3") -> tuple[list[list[int]], LLM]:
     llm = LLM(f"tiny:{family}", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
-              max_context=256, kv_capacity=4096, cuda_graph=cuda_graph)
-    llm.engine.decode_ahead = ahead  # on by default on CUDA
+              max_context=256, kv_capacity=4096, cuda_graph=cuda_graph, decode_ahead=ahead)
     # different lengths, so the batch shrinks through several buckets as requests finish
     params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True) for i in range(len(PROMPTS))]
     outs = llm.generate(PROMPTS, params)
@@ -105,8 +104,7 @@ def test_guided_rows_in_graph_batches_equal_eager(family):
     runs = []
     for cuda_graph in (False, True):
         llm = LLM(f"tiny:{family}", device="cuda", dtype="fp32", max_concurrency=8, prefill_chunk=16,
-                  max_context=256, kv_capacity=4096, cuda_graph=cuda_graph)
-        llm.engine.decode_ahead = cuda_graph
+                  max_context=256, kv_capacity=4096, cuda_graph=cuda_graph, decode_ahead=cuda_graph)
         outs = llm.generate(PROMPTS[:4], params)
         runs.append([o.outputs[0].token_ids for o in outs])
         if cuda_graph:

@@ -1,13 +1,14 @@
 """Decode steps launched ahead (before the host has the previous tokens) change nothing.
 
 On CUDA the engine queues a decode step behind the current one; here the same code path
-runs on CPU (``engine.decode_ahead = True``), where it is merely synchronous, and every
-output must equal the one-step-at-a-time engine's.
+runs on CPU (``LLM(..., decode_ahead_on_cpu=True)``), where it is merely synchronous, and
+every output must equal the one-step-at-a-time engine's.
 """
 
 from __future__ import annotations
 
 import attrs
+import pytest
 
 from ninfer import LLM, SamplingParams
 from ninfer.engine.block_manager import BlockManager
@@ -20,23 +21,8 @@ PROMPTS = ["Hello", "The quick brown fox", "def f(x):\n    return", "1 2 3 4 5",
 
 
 def _llm(ahead: bool, **kw) -> LLM:
-    llm = LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=16,
-              max_context=128, kv_capacity=2048, **kw)
-    llm.engine.decode_ahead = ahead
-    return llm
-
-
-def _count_ahead_launches(llm: LLM) -> list[int]:
-    """Wraps the runner so the test can see how many steps were launched ahead."""
-    count = [0]
-    launch = llm.engine.runner.launch
-
-    def counting(sched, prompt_logprobs=None, ahead_ids=None):
-        count[0] += ahead_ids is not None
-        return launch(sched, prompt_logprobs, ahead_ids)
-
-    llm.engine.runner.launch = counting
-    return count
+    return LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=16,
+               max_context=128, kv_capacity=2048, decode_ahead_on_cpu=ahead, **kw)
 
 
 def _mixed_params() -> list[SamplingParams]:
@@ -59,9 +45,8 @@ def _outputs(llm: LLM, params) -> list[tuple]:
 def test_outputs_equal_with_and_without_steps_launched_ahead():
     sync = _outputs(_llm(False), _mixed_params())
     ahead_llm = _llm(True)
-    launched_ahead = _count_ahead_launches(ahead_llm)
     ahead = _outputs(ahead_llm, _mixed_params())
-    assert launched_ahead[0] > 10  # the path under test really ran
+    assert ahead_llm.engine.stats.total_steps_ahead > 10  # the path under test really ran
     assert ahead == sync
     assert not ahead_llm.engine.has_unfinished()
     assert ahead_llm.engine.block_manager.num_used_blocks == 0  # every page came back
@@ -69,12 +54,11 @@ def test_outputs_equal_with_and_without_steps_launched_ahead():
 
 def test_rows_needing_host_tokens_keep_steps_one_at_a_time():
     llm = _llm(True)
-    launched_ahead = _count_ahead_launches(llm)
     # penalties need the output tokens on the host before the next step samples
     params = [SamplingParams(temperature=0, max_tokens=10, presence_penalty=0.5, ignore_eos=True)] * 2
     sync = _llm(False).generate(PROMPTS[:2], params)
     got = llm.generate(PROMPTS[:2], params)
-    assert launched_ahead[0] == 0
+    assert llm.engine.stats.total_steps_ahead == 0
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in sync]
 
 
@@ -101,41 +85,48 @@ def test_abort_while_a_step_runs_ahead_frees_everything():
 
 
 def _decode_ready(seq_id: int, max_tokens: int = 10) -> Sequence:
-    """Two prompt tokens and one output token, the output still to be computed."""
-    seq = Sequence(seq_id, f"r{seq_id}", [5, 6, 7], num_prompt_tokens=2, max_tokens=max_tokens)
-    seq.num_computed_tokens = 2
-    return seq
+    """Two prompt tokens and one output token (the output still to be computed)."""
+    return Sequence(seq_id, f"r{seq_id}", [5, 6, 7], num_prompt_tokens=2, max_tokens=max_tokens)
 
 
-def _decode_step(scheduler: Scheduler, seqs: list[Sequence]) -> SchedulerOutput:
-    scheduler.running = list(seqs)
-    return SchedulerOutput(chunks=[ScheduledChunk(s, 1, sample=True) for s in seqs], num_decode=len(seqs))
+def _decoding(seqs: list[Sequence], waiting: tuple[Sequence, ...] = ()) -> tuple[SchedulerOutput, Scheduler]:
+    """The decode step of ``seqs``, admitted by a scheduler of two slots with their prompts
+    computed, and that scheduler (``waiting`` queued behind them)."""
+    scheduler = Scheduler(BlockManager(64, 4), max_concurrency=2, prefill_chunk=8)
+    for seq in seqs:
+        scheduler.add(seq)
+    scheduler.schedule()
+    for seq in seqs:
+        scheduler.mark_computed(ScheduledChunk(seq, 2, sample=False))
+    for seq in waiting:
+        scheduler.add(seq)
+    return SchedulerOutput(chunks=[ScheduledChunk(s, 1, sample=True) for s in seqs], num_decode=len(seqs)), scheduler
 
 
 def test_plan_ahead_rules():
-    scheduler = Scheduler(BlockManager(64, 4), max_concurrency=2, prefill_chunk=8)
     never = lambda seq: False  # noqa: E731
     a, b = _decode_ready(0), _decode_ready(1)
-    plan, rows = plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 128)
+    plan, rows = plan_ahead(*_decoding([a, b]), never, 128)
     assert [c.seq for c in plan.chunks] == [a, b] and rows == [0, 1]
     # a request waits and there is room to admit it: the next batch will differ
-    scheduler.waiting.append(_decode_ready(2))
-    assert plan_ahead(_decode_step(scheduler, [a]), scheduler, never, 128) == (None, [])
+    assert plan_ahead(*_decoding([_decode_ready(0)], waiting=(_decode_ready(2),)), never, 128) == (None, [])
     # ...but with the batch full it cannot be admitted anyway
-    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 128)[1] == [0, 1]
-    scheduler.waiting.clear()
+    full = _decoding([_decode_ready(0), _decode_ready(1)], waiting=(_decode_ready(2),))
+    assert plan_ahead(*full, never, 128)[1] == [0, 1]
     # a row whose current token is its last (max_tokens 2: this is output token 2) stays out
-    last = _decode_ready(3, max_tokens=2)
-    plan, rows = plan_ahead(_decode_step(scheduler, [a, last]), scheduler, never, 128)
+    a, last = _decode_ready(0), _decode_ready(3, max_tokens=2)
+    plan, rows = plan_ahead(*_decoding([a, last]), never, 128)
     assert [c.seq for c in plan.chunks] == [a] and rows == [0]
     # so does a row reaching the context limit
-    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, never, 4)[0] is None
+    assert plan_ahead(*_decoding([_decode_ready(0), _decode_ready(1)]), never, 4)[0] is None
     # one row needing its token on the host keeps the whole step synchronous
-    assert plan_ahead(_decode_step(scheduler, [a, b]), scheduler, lambda s: s is b, 128) == (None, [])
+    a, b = _decode_ready(0), _decode_ready(1)
+    assert plan_ahead(*_decoding([a, b]), lambda s: s is b, 128) == (None, [])
     # a prefill chunk in the step: no
+    a, b = _decode_ready(0), _decode_ready(1)
+    _, scheduler = _decoding([a, b])
     prefill = SchedulerOutput(chunks=[ScheduledChunk(a, 1, True), ScheduledChunk(b, 2, True)], num_decode=1,
                               num_prefill=1)
-    scheduler.running = [a, b]
     assert plan_ahead(prefill, scheduler, never, 128) == (None, [])
 
 
@@ -145,4 +136,19 @@ def test_decode_ahead_can_be_switched_off_from_the_command_line():
 
     assert overrides_from_args(build_parser().parse_args(["--no-decode-ahead"])) == {"engine.decode_ahead": False}
     assert _llm(False, decode_ahead=False).profile.engine.decode_ahead is False
-    assert _llm(False).profile.engine.decode_ahead is True  # on by default (it acts on CUDA only)
+    default = _llm(False)
+    assert default.profile.engine.decode_ahead is True  # on by default...
+    assert not default.engine.decode_ahead  # ...but it acts on CUDA only
+    assert not _llm(True, decode_ahead=False).engine.decode_ahead  # off in the profile: off everywhere
+
+
+def test_decode_ahead_is_switched_only_while_idle():
+    """ninfer-bench measures one loaded engine both ways; a running request keeps its mode."""
+    engine = _llm(True).engine
+    engine.add_request(EngineRequest("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+    with pytest.raises(RuntimeError, match="no request runs"):
+        engine.set_decode_ahead(False)
+    while engine.has_unfinished():
+        engine.step()
+    engine.set_decode_ahead(False)
+    assert not engine.decode_ahead

@@ -111,9 +111,8 @@ def _run(bm: BlockManager, pages: list[torch.Tensor], tokens: list[int]) -> Sequ
 
 def _manager(num_blocks: int, host_pages: int) -> tuple[BlockManager, list[torch.Tensor], _Frontiers]:
     pages = _pages(num_blocks)
-    bm = BlockManager(num_blocks, BS)
-    bm.host_kv = HostKVTier(pages, max_bytes=host_pages * sum(t[0].nbytes for t in pages))
-    bm.frontier_index = _Frontiers()
+    tier = HostKVTier(pages, max_bytes=host_pages * sum(t[0].nbytes for t in pages))
+    bm = BlockManager(num_blocks, BS, host_kv=tier, frontier_index=_Frontiers())
     return bm, pages, bm.frontier_index
 
 
@@ -161,8 +160,8 @@ def test_host_eviction_forgets_the_page_and_its_frontier():
 
 
 def test_without_a_host_tier_eviction_forgets():
-    bm = BlockManager(3, BS)
-    bm.frontier_index = frontiers = _Frontiers()
+    frontiers = _Frontiers()
+    bm = BlockManager(3, BS, frontier_index=frontiers)
     pages = _pages(3)
     _run(bm, pages, list(range(100, 108)))
     _run(bm, pages, list(range(200, 212)))

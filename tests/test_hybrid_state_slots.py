@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ninfer.engine.block_manager import BlockManager
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.parts import prefix_reuse_on
 from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence, SequenceStatus
-from ninfer.engine.state_slots import StateSlots
+from ninfer.engine.state_slots import RecurrentState, StateSlots
 
 
 def _seq(i: int, prompt: int = 6, max_tokens: int = 4) -> Sequence:
@@ -46,8 +48,8 @@ def test_at_least_one_slot():
 
 
 def _scheduler(num_slots: int, max_concurrency: int = 4, num_blocks: int = 64) -> Scheduler:
-    bm = BlockManager(num_blocks, 4)
-    return Scheduler(bm, max_concurrency, prefill_chunk=8, state_slots=StateSlots(num_slots))
+    bm = BlockManager(num_blocks, 4, enable_prefix_reuse=False)
+    return Scheduler(bm, max_concurrency, prefill_chunk=8, state=RecurrentState(StateSlots(num_slots)))
 
 
 def test_admission_waits_for_a_free_slot_in_fifo_order():
@@ -77,26 +79,27 @@ def test_abort_of_running_and_waiting_sequences_returns_slots():
     assert sched.state_slots.num_free == 1 and sched.block_manager.num_used_blocks == 0
 
 
-def test_attaching_slots_turns_prefix_reuse_off():
-    bm = BlockManager(64, 4, enable_prefix_reuse=True)
-    sched = Scheduler(bm, 2, prefill_chunk=8)
-    sched.attach_state_slots(StateSlots(2))
-    assert bm.enable_prefix_reuse is False
+def test_prefix_reuse_needs_snapshots_for_a_state_model():
+    # cached pages alone cannot resume a model with recurrent state
+    with pytest.raises(ValueError, match="snapshots"):
+        Scheduler(BlockManager(64, 4, enable_prefix_reuse=True), 2, prefill_chunk=8,
+                  state=RecurrentState(StateSlots(2)))
+
+
+def test_without_snapshots_prefix_reuse_is_off():
+    config = EngineConfig(max_concurrency=2, prefix_reuse=True)
+    state = RecurrentState(StateSlots(2))
+    assert not prefix_reuse_on(config, state)
+    assert prefix_reuse_on(config, None)  # a model without state reuses pages alone
+    bm = BlockManager(64, 4, enable_prefix_reuse=prefix_reuse_on(config, state))
+    sched = Scheduler(bm, 2, prefill_chunk=8, state=state)
     # a repeated prompt finds nothing cached
     first = _seq(0, prompt=12)
     sched.add(first)
-    sched.schedule()
-    first.num_computed_tokens = 12
+    out = sched.schedule()
+    sched.mark_computed(out.chunks[0])
     sched.finish(first, "stop")
     again = _seq(1, prompt=12)
     sched.add(again)
     sched.schedule()
     assert again.num_cached_tokens == 0 and again.num_computed_tokens == 0
-
-
-def test_slots_cannot_be_attached_once_requests_run():
-    sched = Scheduler(BlockManager(64, 4), 2, prefill_chunk=8)
-    sched.add(_seq(0))
-    sched.schedule()
-    with pytest.raises(RuntimeError, match="before any request"):
-        sched.attach_state_slots(StateSlots(2))

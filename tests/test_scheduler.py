@@ -30,9 +30,9 @@ def advance(sched: Scheduler, out: SchedulerOutput, next_token: int = 1000) -> N
     """The engine's side of a step: mark chunks computed, sample, publish, finish."""
     for chunk in out.chunks:
         seq = chunk.seq
-        seq.num_computed_tokens += chunk.num_tokens
+        sched.mark_computed(chunk)
         if chunk.sample:
-            seq.token_ids.append(next_token)
+            sched.append_token(seq, next_token)
         sched.block_manager.commit(seq)
         if seq.num_output_tokens >= seq.max_tokens:
             sched.finish(seq, "length")
@@ -194,9 +194,9 @@ def test_simulated_engine_runs_everything_to_completion():
                 computed[seq.seq_id].append(pos)
         for chunk in out.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens += chunk.num_tokens
+            sched.mark_computed(chunk)
             if chunk.sample:
-                seq.token_ids.append(rng.randrange(50))
+                sched.append_token(seq, rng.randrange(50))
             # Finish before commit, as LLMEngine does: freeing must still publish.
             if seq.num_output_tokens >= seq.max_tokens:
                 sched.finish(seq, "length")

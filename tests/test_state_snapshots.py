@@ -9,10 +9,12 @@ import torch
 
 from ninfer import LLM, SamplingParams
 from ninfer.engine.block_manager import BlockManager
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.parts import prefix_reuse_on
 from ninfer.engine.scheduler import Scheduler
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.state_cache import StateSnapshots, prompt_frontiers
-from ninfer.engine.state_slots import StateSlots
+from ninfer.engine.state_slots import RecurrentState, StateSlots
 from ninfer.engine.stats import ContextCacheCounters
 
 WORKING = 2
@@ -132,9 +134,9 @@ def test_prompt_frontiers():
 
 
 def _scheduler(prefill_chunk: int = 64) -> Scheduler:
-    sched = Scheduler(BlockManager(64, 4), WORKING, prefill_chunk=prefill_chunk)
-    sched.attach_state_slots(StateSlots(WORKING), StateSnapshots(_pools(WORKING + 4), WORKING, 4, 0))
-    return sched
+    snapshots = StateSnapshots(_pools(WORKING + 4), WORKING, 4, 0)
+    bm = BlockManager(64, 4, frontier_index=snapshots)
+    return Scheduler(bm, WORKING, prefill_chunk=prefill_chunk, state=RecurrentState(StateSlots(WORKING), snapshots))
 
 
 def _seq(i: int, tokens: list[int], max_tokens: int = 8) -> Sequence:
@@ -157,11 +159,11 @@ def _step(sched: Scheduler) -> list[int]:
 
 def _step_with(sched: Scheduler, out) -> list[int]:
     for chunk in out.chunks:
-        chunk.seq.num_computed_tokens += chunk.num_tokens
+        sched.mark_computed(chunk)
         if sched.snapshots is not None:
             _fill(sched.snapshots._pools, chunk.seq.state_slot, float(chunk.seq.num_computed_tokens))
         if chunk.sample:
-            chunk.seq.token_ids.append(0)
+            sched.append_token(chunk.seq, 0)
         sched.commit(chunk.seq)
     return [c.num_tokens for c in out.chunks]
 
@@ -248,15 +250,15 @@ def test_an_aborted_sequence_captures_nothing_more():
     sched.add(seq)
     out = sched.schedule()
     assert out.chunks[0].num_tokens == 8
-    seq.num_computed_tokens = 8  # the step ran, but the engine aborts before committing it
+    sched.mark_computed(out.chunks[0])  # the step ran, but the engine aborts before committing it
     sched.finish(seq, "abort")
     assert len(sched.snapshots) == 0
 
 
-def test_without_snapshots_a_state_model_turns_reuse_off():
-    bm = BlockManager(64, 4)
-    sched = Scheduler(bm, WORKING, prefill_chunk=64)
-    sched.attach_state_slots(StateSlots(WORKING))
+def test_without_snapshots_a_state_model_reuses_nothing():
+    state = RecurrentState(StateSlots(WORKING))
+    bm = BlockManager(64, 4, enable_prefix_reuse=prefix_reuse_on(EngineConfig(), state))
+    sched = Scheduler(bm, WORKING, prefill_chunk=64, state=state)
     assert not bm.enable_prefix_reuse and sched.snapshots is None
     seq = _seq(0, list(range(1, 19)))
     sched.add(seq)
@@ -365,8 +367,8 @@ def test_decode_ahead_never_runs_past_a_snapshot(tiny_hybrid):
         return first, second
 
     want = [o.outputs[0].token_ids for o in turns(_llm(tiny_hybrid, no_prefix_reuse=True))]
-    llm = _llm(tiny_hybrid)
-    llm.engine.decode_ahead = True
+    llm = _llm(tiny_hybrid, decode_ahead_on_cpu=True)
+    assert llm.engine.decode_ahead
     first, second = turns(llm)
     assert [first.outputs[0].token_ids, second.outputs[0].token_ids] == want
     assert second.num_cached_tokens == (len(first.prompt_token_ids) + 9) // 4 * 4

@@ -121,22 +121,26 @@ def llm():
     return LLM("tiny:qwen3", device="cpu", dtype="fp32", max_context=128, max_concurrency=4)
 
 
+@pytest.fixture(scope="module")
+def llm_ahead():
+    """The CUDA path's decode steps launched ahead, run synchronously here."""
+    return LLM("tiny:qwen3", device="cpu", dtype="fp32", max_context=128, max_concurrency=4,
+               decode_ahead_on_cpu=True)
+
+
 def test_stop_token_ids_add_end_of_sequence_unless_ignored() -> None:
     assert stop_token_ids(SamplingParams(stop_token_ids=[5, 7]), [7, 9]) == (5, 7, 9)
     assert stop_token_ids(SamplingParams(stop_token_ids=[5], ignore_eos=True), [7, 9]) == (5,)
 
 
-@pytest.mark.parametrize("ahead", [False, True])
-def test_min_tokens_masks_stop_tokens_instead_of_ignoring_them(llm, ahead):
+@pytest.mark.parametrize("which", ["llm", "llm_ahead"])
+def test_min_tokens_masks_stop_tokens_instead_of_ignoring_them(request, which):
     """A stop token the model wants at once is never sampled before min_tokens outputs."""
+    llm = request.getfixturevalue(which)
     eos = llm.get_tokenizer().eos_token_ids
-    llm.engine.decode_ahead = ahead  # the CUDA path's steps launched ahead, run synchronously here
-    try:
-        params = [SamplingParams(temperature=t, seed=3, max_tokens=20, min_tokens=5,
-                                 logit_bias={e: 100.0 for e in eos}) for t in (0.0, 1.0)]
-        outs = llm.generate(["hi", "hello"], params)
-    finally:
-        llm.engine.decode_ahead = False
+    params = [SamplingParams(temperature=t, seed=3, max_tokens=20, min_tokens=5,
+                             logit_bias={e: 100.0 for e in eos}) for t in (0.0, 1.0)]
+    outs = llm.generate(["hi", "hello"], params)
     for o in outs:
         c = o.outputs[0]
         assert c.finish_reason == "stop" and len(c.token_ids) == 6, c

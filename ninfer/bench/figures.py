@@ -92,7 +92,7 @@ class Bench:
         kv_tok = bw.kv_bytes_per_token(engine)
         modes = {"on": [True], "off": [False], "both": [True, False]}[a.decode_ahead]
         for c, ahead in [(c, ahead) for c in levels for ahead in modes]:
-            engine.decode_ahead = ahead and engine.device.type == "cuda"
+            engine.set_decode_ahead(ahead and engine.device.type == "cuda")
             ours = ninfer_runs.decode_throughput(engine, self._decode_work(c, a.decode_output_len))
             record = {"figure": "decode", "engine": "ninfer", "concurrency": c, "decode_ahead": engine.decode_ahead,
                       **self.common, **ours}
@@ -110,7 +110,7 @@ class Bench:
                 # (MoE routing, recurrent state that padding rows skip), not their step time
                 record["graph_replay_ms"] = replay
             self.emit(record)
-        engine.decode_ahead = modes[0] and engine.device.type == "cuda"
+        engine.set_decode_ahead(modes[0] and engine.device.type == "cuda")
 
     def prefill(self, lengths: list[int]) -> None:
         for n in lengths:

@@ -4,10 +4,11 @@ Each guide below stays open for the whole output: a logit bias of -100 keeps the
 off end-of-sequence and off the tokens that would close the guide (``]`` of the JSON
 array, ``}`` of the object), so every request decodes exactly the requested length and
 guided steps compare with plain ones at the same batch size. Both runs sample at
-temperature 1 with the same seeds. The mask fill (host) is timed on its own; the rest of
-the difference is moving and applying the masks. Plain and guided runs alternate for a
-few rounds; a run's time is its median step and a figure keeps its fastest round, so
-bursts of other work on a shared machine do not decide it.
+temperature 1 with the same seeds. The mask fill (host) is timed on its own (the engine
+keeps each fill's time, ``GuidedMasks.take_fill_seconds``); the rest of the difference
+is moving and applying the masks. Plain and guided runs alternate for a few rounds; a
+run's time is its median step and a figure keeps its fastest round, so bursts of other
+work on a shared machine do not decide it.
 """
 
 from __future__ import annotations
@@ -39,23 +40,6 @@ def _closing_bias(tokenizer, closers: bytes) -> dict[int, float]:
     return {i: -100.0 for i in ids}
 
 
-class _FillTimer:
-    """Wraps an engine's mask source to add up the host time spent filling masks."""
-
-    def __init__(self, inner):
-        self.inner, self.seconds = inner, []
-
-    def masks(self, seq_ids):
-        start = time.perf_counter()
-        try:
-            return self.inner.masks(seq_ids)
-        finally:
-            self.seconds.append(time.perf_counter() - start)
-
-    def __bool__(self) -> bool:
-        return bool(self.inner)
-
-
 def _decode(engine, work: Workload, spec: Optional[GuideSpec], bias: dict[int, float], seed: int) -> dict:
     """Steady decode (the clock starts when every request has its first token)."""
     for i, (ids, n) in enumerate(zip(work.prompts, work.output_lens)):
@@ -81,9 +65,9 @@ def guided_overhead(engine, tokenizer, guides: list[str], levels: list[int], pro
     unknown = [g for g in guides if g not in GUIDES]
     if unknown:
         raise ValueError(f"unknown guide(s) {', '.join(unknown)}; choose from {', '.join(GUIDES)}")
-    if engine.guided_masks is None:
+    masks = engine.guided_masks
+    if masks is None:
         raise RuntimeError("guided decoding is off in this engine (guided.backend: none)")
-    runner = engine.runner
     for c in levels:
         work = fixed_workload(c, prompt_len, output_len, tokenizer.vocab_size, seed + c)
         for name in guides:
@@ -92,14 +76,11 @@ def guided_overhead(engine, tokenizer, guides: list[str], levels: list[int], pro
             plain_ms, guided_ms, fill_us = [], [], []
             for _ in range(rounds):
                 plain = _decode(engine, work, None, bias, seed)
-                timer = runner.guided = _FillTimer(engine.guided_masks)
-                try:
-                    guided = _decode(engine, work, spec, bias, seed)
-                finally:
-                    runner.guided = engine.guided_masks
+                masks.take_fill_seconds()  # only the guided run's fills count
+                guided = _decode(engine, work, spec, bias, seed)
                 plain_ms.append(plain["step_ms"])
                 guided_ms.append(guided["step_ms"])
-                fill_us.append(1e6 * statistics.median(timer.seconds or [0.0]))
+                fill_us.append(1e6 * statistics.median(masks.take_fill_seconds() or [0.0]))
             overhead = min(guided_ms) - min(plain_ms)
             yield {
                 "figure": "guided_decode", "guide": name, "concurrency": c,

@@ -9,12 +9,16 @@ which therefore always fall into pages of its own.
 Free pages live in two pools: clean ones (no reusable content) and cached ones that
 still hold published content, kept in the order they were freed. Allocation drains the
 clean pool first and then evicts the least recently freed cached page. With a host
-tier attached (:mod:`ninfer.engine.host_kv`) an evicted page is copied there first and
-stays matchable; a hit on it gets a fresh block and the copy back.
+tier (:mod:`ninfer.engine.host_kv`) an evicted page is copied there first and stays
+matchable; a hit on it gets a fresh block and the copy back.
 
-Models with recurrent state can resume only where a state snapshot exists, so they
-attach a :class:`FrontierIndex`: a match then ends at its deepest page that has one,
-and the index hears about every page the cache forgets.
+Models with recurrent state can resume only where a state snapshot exists, so their
+block manager is built with a :class:`FrontierIndex`: a match then ends at its deepest
+page that has one, and the index hears about every page the cache forgets.
+
+The scheduler composes the block manager and is its only caller; the sequence fields
+it writes (``block_table``, ``num_cached_tokens`` and, at admission, the reused prefix's
+``num_computed_tokens``) are written nowhere else.
 """
 
 from __future__ import annotations
@@ -37,7 +41,14 @@ class FrontierIndex(Protocol):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_reuse: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_reuse: bool = True,
+        host_kv: Optional[HostKVTier] = None,
+        frontier_index: Optional[FrontierIndex] = None,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks, block_size >= 1; got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -61,8 +72,10 @@ class BlockManager:
         self.num_evicted_blocks = 0  # cached pages overwritten to serve an allocation
         self.num_spilled_blocks = 0  # ...of which a copy went to the host tier
         self.num_restored_blocks = 0  # host copies brought back for a hit
-        self.host_kv: Optional[HostKVTier] = None
-        self.frontier_index: Optional[FrontierIndex] = None
+        #: where evicted cached pages go (None: they are forgotten)
+        self.host_kv = host_kv
+        #: which matched pages a sequence may resume after (None: any)
+        self.frontier_index = frontier_index
 
     # -- accounting ---------------------------------------------------------------
 

@@ -1,20 +1,27 @@
-"""Builds a ready engine from a resolved profile: device, model, tokenizer, KV pool."""
+"""Builds a ready engine from a resolved profile: device, model, tokenizer, then the
+engine's parts (:mod:`ninfer.engine.parts`), then the engine from them, then warm-up."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from loguru import logger
 
 from ninfer.engine.config import EngineConfig
+from ninfer.engine.cuda_graph import capture_decode_graphs
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
-from ninfer.engine.guided_setup import build_guided_decoding
+from ninfer.engine.guided_setup import GuidedDecoding, build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
-from ninfer.engine.state_setup import allocate_state_slots, attach_host_kv, snapshot_rows, state_pool_bytes
+from ninfer.engine.parts import (
+    EngineParts, KVPool, allocate_kv_pool, allocate_recurrent_state, build_host_kv, prefix_reuse_on, snapshot_rows,
+    state_pool_bytes,
+)
+from ninfer.engine.state_slots import RecurrentState
 from ninfer.engine.warmup import warm_up
 from ninfer.model.loader import load_model
 from ninfer.model.sources import public_id, resolve_source
@@ -97,10 +104,12 @@ def engine_config(profile, kv_tokens: int) -> EngineConfig:
     )
 
 
-def build_engine(profile, registry, weights=None) -> LoadedEngine:
+def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool = False) -> LoadedEngine:
     """Load everything the profile names; raises before allocating on bad selections.
 
-    ``weights`` (name, tensor) pairs stand in for the checkpoint's files (see ``load_model``)."""
+    ``weights`` (name, tensor) pairs stand in for the checkpoint's files (see ``load_model``).
+    ``decode_ahead_on_cpu`` runs the decode-ahead path on CPU as well, where it is merely
+    synchronous (the tests check that path there); on CUDA the profile alone decides."""
     kv_format = registry.get("kv_dtype", profile.engine.kv_dtype, key="engine.kv_dtype")
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
@@ -120,36 +129,49 @@ def build_engine(profile, registry, weights=None) -> LoadedEngine:
     # multimodal checkpoints (Qwen3.5/3.6) keep the text model's settings in text_config
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     guided = build_guided_decoding(profile, registry, tokenizer, family, vocab_size)
-    engine = LLMEngine(model, tokenizer, cfg, kv_format, presets, device, dtype, vocab_size, guided=guided)
-    slots = allocate_state_slots(engine)  # hybrid families: recurrent-state pool, slots, snapshots
-    attach_host_kv(engine)
-    _log_memory_ledger(engine, model, slots, device)
-    # queue each decode step behind the previous one (on CPU nothing would overlap)
-    engine.decode_ahead = profile.engine.decode_ahead and device.type == "cuda"
-    if profile.engine.cuda_graph and device.type == "cuda":
-        if not engine.runner.enable_cuda_graphs(cfg.max_concurrency, cfg.max_context):
-            logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
+    parts = engine_parts(profile, model, family, cfg, kv_format, dtype, device, guided, decode_ahead_on_cpu)
+    engine = LLMEngine(model, tokenizer, cfg, parts, presets, device, vocab_size)
     if device.type == "cuda":
         warm_up(engine)  # Triton compiles now rather than inside the first requests
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
 
 
+def engine_parts(
+    profile, model, family, cfg: EngineConfig, kv_format, dtype: torch.dtype, device: torch.device,
+    guided: Optional[GuidedDecoding] = None, decode_ahead_on_cpu: bool = False,
+) -> EngineParts:
+    """The engine's pieces, in the order they take device memory: the KV pool, the
+    recurrent-state pool (hybrid families), then the decode graphs captured over both."""
+    kv = allocate_kv_pool(model, kv_format, cfg, dtype, device)
+    state = allocate_recurrent_state(model, cfg, device)
+    host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
+    _log_memory_ledger(model, kv, state, cfg, device)
+    graphs = None
+    if profile.engine.cuda_graph and device.type == "cuda":
+        graphs = capture_decode_graphs(model, cfg.max_concurrency, cfg.max_context, cfg.block_size, device)
+        if graphs is None:
+            logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
+    # queue each decode step behind the previous one (on CPU nothing would overlap)
+    ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu)
+    return EngineParts(kv, state, host_kv, guided, graphs, ahead)
+
+
 def _size(nbytes: float) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def _log_memory_ledger(engine, model, slots, device: torch.device) -> None:
+def _log_memory_ledger(model, kv: KVPool, state: Optional[RecurrentState], cfg: EngineConfig, device) -> None:
     """One line saying where the device memory went: weights, KV pages, recurrent state."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv_tokens = engine.num_blocks * engine.config.block_size
-    num_slots = slots.num_slots if slots is not None else 0
-    snap = snapshot_rows(engine.config) if slots is not None else 0
+    kv_tokens = kv.num_blocks * cfg.block_size
+    num_slots = state.slots.num_slots if state is not None else 0
+    snap = snapshot_rows(cfg) if state is not None else 0
     snapshots = f", state snapshots {_size(state_pool_bytes(model, snap))} ({snap} rows)" if snap else ""
     free = f", {_size(torch.cuda.mem_get_info(device)[0])} still free" if device.type == "cuda" else ""
     logger.info(
         "memory: weights {}, KV {} ({} tokens in pages of {}), recurrent state {} ({} slots){}{}",
-        _size(weights), _size(engine.kv_bytes), kv_tokens, engine.config.block_size,
+        _size(weights), _size(kv.nbytes), kv_tokens, cfg.block_size,
         _size(state_pool_bytes(model, num_slots)), num_slots, snapshots, free,
     )
 

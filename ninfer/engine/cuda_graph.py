@@ -46,6 +46,19 @@ def can_capture(model) -> bool:
     return bool(getattr(model, "supports_cuda_graphs", False))
 
 
+def capture_decode_graphs(
+    model, max_batch: int, max_context: int, block_size: int, device: torch.device
+) -> Optional["DecodeGraphs"]:
+    """Decode graphs captured for ``model`` (its KV caches bound and any state pool
+    allocated); None when the device is not CUDA or the model does not opt in."""
+    if device.type != "cuda" or not can_capture(model):
+        return None
+    with_state = model.state_bytes_per_slot() > 0
+    graphs = DecodeGraphs(model, max_batch, max_context, block_size, device, with_state)
+    graphs.capture()
+    return graphs
+
+
 def _clear_cublas_workspaces() -> None:
     """Drop cuBLAS's cached workspaces so the next capture allocates its own inside the
     graph pool. A graph that captured the shared workspace would keep using that memory

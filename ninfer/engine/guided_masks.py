@@ -22,6 +22,8 @@ a fill costs.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Iterable, Optional
 
 import numpy as np
@@ -32,6 +34,10 @@ from ninfer.engine.sampling_metadata import TokenMask
 from ninfer.guided.backend import GuideCompiler
 
 
+#: mask fills whose duration is kept (for ninfer-bench's guided figure): minutes of steps
+FILL_TIMES_KEPT = 4096
+
+
 class GuidedMasks:
     """The guided sequences of an engine, by sequence id, and their step masks."""
 
@@ -40,6 +46,7 @@ class GuidedMasks:
         self.words = (vocab_size + 31) // 32
         self._states: dict[int, GuidedState] = {}
         self._bitmask = self._allocate(max(rows, 1))
+        self._fill_seconds: deque[float] = deque(maxlen=FILL_TIMES_KEPT)
 
     def _allocate(self, rows: int) -> torch.Tensor:
         return torch.zeros(rows, self.words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
@@ -53,9 +60,23 @@ class GuidedMasks:
     def __len__(self) -> int:
         return len(self._states)
 
+    def take_fill_seconds(self) -> list[float]:
+        """How long each :meth:`masks` call took since the last call (the latest
+        ``FILL_TIMES_KEPT``): the host's share of guided decoding."""
+        seconds = list(self._fill_seconds)
+        self._fill_seconds.clear()
+        return seconds
+
     def masks(self, seq_ids: Iterable[int]) -> Optional[TokenMask]:
         """The allowed tokens of the sampled rows (their sequence ids, in batch order), and
         the rows that may not stop yet; None when no row is guided this step."""
+        started = time.perf_counter()
+        try:
+            return self._masks(seq_ids)
+        finally:
+            self._fill_seconds.append(time.perf_counter() - started)
+
+    def _masks(self, seq_ids: Iterable[int]) -> Optional[TokenMask]:
         guided = [(i, st) for i, sid in enumerate(seq_ids) if (st := self._states.get(sid)) is not None]
         # Reasoning rows are not masked, but ending there would leave the guide unstarted.
         held = {i for i, st in guided if st.before_answer}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from math import ceil
 from typing import Optional
 
 import torch
@@ -19,10 +18,10 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.decode_ahead import plan_ahead
 from ninfer.engine.defaults import resolve_sampling
 from ninfer.engine.guided_masks import GuidedMasks
-from ninfer.engine.guided_setup import GuidedDecoding
 from ninfer.engine.guided_state import GuidedState
 from ninfer.engine.model_runner import ModelRunner
 from ninfer.engine.output_processor import RequestOutputState
+from ninfer.engine.parts import EngineParts, prefix_reuse_on
 from ninfer.engine.pending_step import InFlight, SampledRow
 from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
 from ninfer.engine.sampling_metadata import to_device
@@ -53,40 +52,45 @@ class _Tracked:
         )
 
 
+class _BatchFailed(Exception):
+    """Launching or finishing the step of ``sched`` failed (the cause is chained)."""
+
+    def __init__(self, sched: SchedulerOutput):
+        super().__init__()
+        self.sched = sched
+
+
 class LLMEngine:
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        config: EngineConfig,
-        kv_format,
-        presets,
-        device,
-        dtype,
-        vocab_size: int,
-        guided: Optional[GuidedDecoding] = None,
-    ):
+    """Requests in, one step at a time, events out.
+
+    Assembled whole by its constructor from :class:`~ninfer.engine.parts.EngineParts`
+    built beforehand (:func:`ninfer.engine.builder.build_engine`): the KV pool and the
+    host tier go to the block manager, the recurrent state to the scheduler (and its
+    snapshots to the block manager as the frontier index), the decode graphs and the
+    guided masks to the model runner. The scheduler alone changes a sequence's state;
+    the engine tells it what a step computed and which tokens it committed.
+    """
+
+    def __init__(self, model, tokenizer, config: EngineConfig, parts: EngineParts, presets, device, vocab_size: int):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.presets, self.device, self.vocab_size = presets, device, vocab_size
-        bs = config.block_size
-        self.num_blocks = ceil(config.kv_capacity_tokens / bs)
-        caches = [
-            kv_format.allocate(self.num_blocks, bs, spec.num_kv_heads, spec.head_dim, dtype, device)
-            for spec in model.attention_specs()
-        ]
-        model.bind_kv_caches(caches)
-        self.kv_caches = caches  # the host KV tier copies pages through them
-        self.kv_bytes = sum(c.nbytes for c in caches)
-        self.block_manager = BlockManager(self.num_blocks, bs, enable_prefix_reuse=config.prefix_reuse)
-        self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk)
-        self.loras = LoraRegistry(model)  # empty until LLM.load_lora / the batch runner adds adapters
-        self.runner = ModelRunner(model, bs, device, vocab_size, self.loras)
-        #: guided decoding (None: off); the runner masks the guided rows it samples
-        self.guided = guided
-        self.guided_masks = (
-            GuidedMasks(guided.compiler, vocab_size, device, config.max_concurrency) if guided is not None else None
+        self.num_blocks = parts.kv.num_blocks
+        self.kv_bytes = parts.kv.nbytes
+        state = parts.state
+        self.block_manager = BlockManager(
+            self.num_blocks, config.block_size, enable_prefix_reuse=prefix_reuse_on(config, state),
+            host_kv=parts.host_kv, frontier_index=state.snapshots if state is not None else None,
         )
-        self.runner.guided = self.guided_masks
+        self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk, state=state)
+        self.loras = LoraRegistry(model)  # empty until LLM.load_lora / the batch runner adds adapters
+        #: guided decoding (None: off); the runner masks the guided rows it samples
+        self.guided = parts.guided
+        self.guided_masks = (
+            GuidedMasks(self.guided.compiler, vocab_size, device, config.max_concurrency)
+            if self.guided is not None else None
+        )
+        self.runner = ModelRunner(model, config.block_size, device, vocab_size, self.loras,
+                                  guided=self.guided_masks, graphs=parts.graphs)
         self.stats = EngineStats()
         self.eos_token_ids = list(tokenizer.eos_token_ids)
         self._requests: dict[str, _Tracked] = {}
@@ -94,11 +98,26 @@ class LLMEngine:
         self._prompt_logprobs: dict[int, int] = {}  # seq id -> top-N, while its prompt is being scored
         self._failed_steps = 0
         self.dead: Optional[str] = None
-        #: launch the next decode step before the current one's tokens reach the host
-        #: (the builder turns it on for CUDA; on CPU nothing would overlap)
-        self.decode_ahead = False
+        self._decode_ahead = parts.decode_ahead
         self._in_flight: Optional[InFlight] = None  # a step launched ahead, not yet processed
         self._last_step_done = 0.0
+
+    @property
+    def decode_ahead(self) -> bool:
+        """Whether the next decode step may be launched before this one's tokens reach the
+        host (:mod:`ninfer.engine.decode_ahead`)."""
+        return self._decode_ahead
+
+    def set_decode_ahead(self, enabled: bool) -> None:
+        """Turn steps launched ahead on or off while idle: ``ninfer-bench --decode-ahead
+        both`` measures one loaded engine both ways. Serving fixes it at construction."""
+        if self.has_unfinished():
+            raise RuntimeError("decode-ahead can only be switched while no request runs")
+        self._decode_ahead = enabled
+
+    def reset_stats(self) -> None:
+        """Start the step counters from zero (after the warm-up's throwaway requests)."""
+        self.stats = EngineStats()
 
     # -- requests --------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -195,36 +214,62 @@ class LLMEngine:
 
     # -- stepping --------------------------------------------------------------
     def step(self) -> list[GenerationEvent]:
-        """Run one model step (or take the one launched ahead) and return its events."""
+        """Run one model step and return its events: launch it (unless it was launched
+        ahead), queue the next decode step behind it where that cannot depend on this
+        step's tokens, then wait for this step's tokens and commit them."""
         events: list[GenerationEvent] = []
+        try:
+            current = self._take_launched_ahead() or self._schedule_and_launch(events)
+            if current is None:
+                return events  # nothing to run
+            following = self._launch_ahead(current)
+            rows, prompt_rows = self._wait(current)
+        except _BatchFailed as failed:  # the whole batch failed (and what was queued behind it)
+            return events + self._fail_batch(failed.sched, failed.__cause__)
+        events += self._commit_step(current, rows, prompt_rows)
+        self._in_flight = following
+        return events
+
+    def _take_launched_ahead(self) -> Optional[InFlight]:
+        """The step launched ahead last time, unless all its requests have ended since."""
         current, self._in_flight = self._in_flight, None
         if current is not None and all(c.seq.is_finished for c in current.sched.chunks):
-            current = None  # launched ahead for requests that have all ended since
-        if current is None:
-            sched = self.scheduler.schedule()
-            if sched.is_empty:
-                return []
-            now = time.monotonic()
-            for seq in sched.admitted:  # admission fixes the prefix-cache hit: report it
-                tracked = self._requests[seq.request_id]
-                tracked.timings.admitted = now
-                events.append(self._event(tracked, "", []))
-            try:
-                current = InFlight(sched, self.runner.launch(sched, self._prompt_logprobs), time.perf_counter())
-            except Exception as exc:  # the whole batch failed
-                return events + self._fail_batch(sched, exc)
-        following = self._launch_ahead(current)
+            return None
+        return current
+
+    def _schedule_and_launch(self, events: list[GenerationEvent]) -> Optional[InFlight]:
+        """Schedule a step and launch it; its admissions are reported into ``events`` (the
+        prefix-cache hit is final then). None when there is nothing to run."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return None
+        now = time.monotonic()
+        for seq in sched.admitted:
+            tracked = self._requests[seq.request_id]
+            tracked.timings.admitted = now
+            events.append(self._event(tracked, "", []))
         try:
-            rows, prompt_rows = current.pending.result()
-        except Exception as exc:  # the whole batch failed (and what was queued behind it)
-            return events + self._fail_batch(current.sched, exc)
+            return InFlight(sched, self.runner.launch(sched, self._prompt_logprobs), time.perf_counter())
+        except Exception as exc:
+            raise _BatchFailed(sched) from exc
+
+    @staticmethod
+    def _wait(current: InFlight) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
+        """Block until ``current``'s sampled tokens are on the host."""
+        try:
+            return current.pending.result()
+        except Exception as exc:
+            raise _BatchFailed(current.sched) from exc
+
+    def _commit_step(
+        self, current: InFlight, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]]
+    ) -> list[GenerationEvent]:
+        """Count the finished step, then commit its results."""
         self._failed_steps = 0
         done = time.perf_counter()
         self.stats.record_step(current.sched, done - max(current.launched, self._last_step_done))
         self._last_step_done = done
-        events += self._process(current.sched, rows, prompt_rows)
-        self._in_flight = following
-        return events
+        return self._process(current.sched, rows, prompt_rows)
 
     def _process(
         self, sched: SchedulerOutput, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]]
@@ -238,7 +283,7 @@ class LLMEngine:
             row = next(rows_iter) if chunk.sample else None
             if seq.is_finished:
                 continue  # ended while this step was computed ahead: its row is dropped
-            seq.num_computed_tokens += chunk.num_tokens
+            self.scheduler.mark_computed(chunk)
             tracked = self._requests[seq.request_id]
             try:
                 for r in prompt_rows.get(seq.seq_id, ()):
@@ -257,7 +302,7 @@ class LLMEngine:
     def _launch_ahead(self, current: InFlight) -> Optional[InFlight]:
         """Queue the decode step after ``current`` now, if it cannot depend on ``current``'s
         tokens on the host (see :mod:`ninfer.engine.decode_ahead`)."""
-        if not self.decode_ahead or current.pending.token_ids is None:
+        if not self._decode_ahead or current.pending.token_ids is None:
             return None
         sched, rows = plan_ahead(current.sched, self.scheduler, self._needs_host_tokens, self.config.max_context)
         if sched is None:
@@ -266,10 +311,12 @@ class LLMEngine:
         if len(rows) != ids.shape[0]:
             ids = ids[to_device(rows, torch.int64, ids.device)]
         try:
-            return InFlight(sched, self.runner.launch(sched, ahead_ids=ids), time.perf_counter())
+            following = InFlight(sched, self.runner.launch(sched, ahead_ids=ids), time.perf_counter())
         except Exception:  # launched in the ordinary way next step, where a failure is handled
             logger.opt(exception=True).warning("could not launch a decode step ahead")
             return None
+        self.stats.total_steps_ahead += 1
+        return following
 
     def _needs_host_tokens(self, seq: Sequence) -> bool:
         """Whether sampling ``seq``'s next token needs its current one on the host first."""
@@ -320,7 +367,7 @@ class LLMEngine:
 
     def _append(self, tracked: _Tracked, token_id: int, committed: list[int]) -> str:
         """Commit one output token; returns the text it releases."""
-        tracked.seq.token_ids.append(token_id)
+        self.scheduler.append_token(tracked.seq, token_id)
         committed.append(token_id)
         out, guided = tracked.out, tracked.guided
         text = out.on_token(token_id)
@@ -380,7 +427,7 @@ class LLMEngine:
         """End every request with ``error`` (the engine is going away)."""
         return [self._error_event(t, error) for t in list(self._requests.values())]
 
-    def _fail_batch(self, sched, exc: Exception) -> list[GenerationEvent]:
+    def _fail_batch(self, sched: SchedulerOutput, exc: BaseException) -> list[GenerationEvent]:
         logger.opt(exception=exc).error("model step failed; failing its {} requests", len(sched.chunks))
         self._failed_steps += 1
         if self._failed_steps >= MAX_FAILED_STEPS:

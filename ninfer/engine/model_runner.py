@@ -19,7 +19,8 @@ from typing import Mapping, Optional
 
 import torch
 
-from ninfer.engine.cuda_graph import DecodeGraphs, can_capture
+from ninfer.engine.cuda_graph import DecodeGraphs
+from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.pending_step import PendingStep, SampledRow
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
@@ -33,8 +34,19 @@ PROMPT_LOGPROB_ROWS = 512
 
 
 class ModelRunner:
+    """``graphs``: captured decode graphs, replayed for the decode steps they fit (None:
+    every step runs eagerly); ``guided``: the mask source of guided rows
+    (:class:`~ninfer.engine.guided_masks.GuidedMasks`; None: guided decoding is off)."""
+
     def __init__(
-        self, model, block_size: int, device: torch.device, vocab_size: int, loras: Optional[LoraRegistry] = None
+        self,
+        model,
+        block_size: int,
+        device: torch.device,
+        vocab_size: int,
+        loras: Optional[LoraRegistry] = None,
+        guided: Optional[GuidedMasks] = None,
+        graphs: Optional[DecodeGraphs] = None,
     ):
         self.model = model
         self.loras = loras
@@ -42,18 +54,8 @@ class ModelRunner:
         self.device = device
         self.vocab_size = vocab_size
         self.sampler = Sampler()
-        self.graphs: Optional[DecodeGraphs] = None
-        #: guided decoding's mask source (ninfer.engine.guided_masks.GuidedMasks); the engine sets it
-        self.guided = None
-
-    def enable_cuda_graphs(self, max_batch: int, max_context: int) -> bool:
-        """Capture decode graphs when the device and the model allow it; False otherwise."""
-        if self.device.type != "cuda" or not can_capture(self.model):
-            return False
-        with_state = self.model.state_bytes_per_slot() > 0
-        self.graphs = DecodeGraphs(self.model, max_batch, max_context, self.block_size, self.device, with_state)
-        self.graphs.capture()
-        return True
+        self.graphs = graphs
+        self.guided = guided
 
     def _replayable(self, sched: SchedulerOutput, prompt_logprobs) -> bool:
         chunks = sched.chunks

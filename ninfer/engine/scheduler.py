@@ -10,6 +10,12 @@ for them rests on state snapshots (:mod:`ninfer.engine.state_cache`): the schedu
 ends a prompt chunk exactly at each snapshot frontier, captures the working slot once
 the page ending there is published (:meth:`Scheduler.commit`), and restores the
 matched snapshot into a sequence's slot when it is admitted with a cached prefix.
+
+The scheduler owns every sequence it is given, from :meth:`Scheduler.add` to
+:meth:`Scheduler.finish`: it and the managers it composes (the block manager, the state
+slots) are the only writers of a :class:`~ninfer.engine.sequence.Sequence`'s state. The
+engine reports a finished step through :meth:`Scheduler.mark_computed` and each
+committed token through :meth:`Scheduler.append_token`.
 """
 
 from __future__ import annotations
@@ -19,12 +25,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from loguru import logger
-
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.sequence import Sequence, SequenceStatus
 from ninfer.engine.state_cache import StateSnapshots, prompt_frontiers
-from ninfer.engine.state_slots import StateSlots
+from ninfer.engine.state_slots import RecurrentState, StateSlots
 from ninfer.errors import ContextLengthExceededError
 
 
@@ -54,13 +58,21 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """Admission, the step's batch, and every change to the sequences it was given.
+
+    ``state``: a model with recurrent state. Cached KV pages cover only the attention
+    layers; resuming after a cached prefix also needs the recurrent state at exactly
+    that token, so with prefix reuse on, ``state.snapshots`` must be the block manager's
+    frontier index (a match then ends at the deepest page that has a snapshot).
+    """
+
     def __init__(
         self,
         block_manager: BlockManager,
         max_concurrency: int,
         prefill_chunk: int,
         max_batched_tokens: Optional[int] = None,
-        state_slots: Optional[StateSlots] = None,
+        state: Optional[RecurrentState] = None,
     ) -> None:
         if max_concurrency < 1 or prefill_chunk < 1:
             raise ValueError("max_concurrency and prefill_chunk must be >= 1")
@@ -72,34 +84,21 @@ class Scheduler:
                 f"max_batched_tokens ({max_batched_tokens}) must be at least "
                 f"max_concurrency ({max_concurrency})"
             )
+        reuse = block_manager.enable_prefix_reuse
+        snapshots = state.snapshots if state is not None else None
+        if state is not None and reuse and (snapshots is None or block_manager.frontier_index is not snapshots):
+            raise ValueError(
+                "a model with recurrent state reuses prefixes only through its state snapshots: "
+                "make them the block manager's frontier index, or turn prefix reuse off"
+            )
         self.block_manager = block_manager
         self.max_concurrency = max_concurrency
         self.prefill_chunk = prefill_chunk
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
-        self.state_slots: Optional[StateSlots] = None
-        self.snapshots: Optional[StateSnapshots] = None
-        if state_slots is not None:
-            self.attach_state_slots(state_slots)
-
-    def attach_state_slots(self, slots: StateSlots, snapshots: Optional[StateSnapshots] = None) -> None:
-        """Serve a model with recurrent state: one slot per admitted sequence.
-
-        Cached KV pages cover only the attention layers; resuming after a cached prefix
-        also needs the recurrent state at exactly that token. With ``snapshots`` a match
-        ends at the deepest page that has one; without, prefix reuse is switched off.
-        """
-        if self.running:
-            raise RuntimeError("state slots must be attached before any request is admitted")
-        self.state_slots = slots
-        bm = self.block_manager
-        if snapshots is not None and bm.enable_prefix_reuse:
-            self.snapshots = snapshots
-            bm.frontier_index = snapshots
-        elif bm.enable_prefix_reuse:
-            bm.enable_prefix_reuse = False
-            logger.info("prefix reuse is off: this model keeps recurrent state and has no snapshot slots")
+        self.state_slots: Optional[StateSlots] = state.slots if state is not None else None
+        self.snapshots: Optional[StateSnapshots] = snapshots if reuse else None
 
     # -- gauges ---------------------------------------------------------------------
 
@@ -138,6 +137,16 @@ class Scheduler:
             )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def mark_computed(self, chunk: ScheduledChunk) -> None:
+        """The step that ran ``chunk`` is done: its tokens are in the KV cache (and the
+        recurrent state). :meth:`commit` publishes what that completed."""
+        chunk.seq.num_computed_tokens += chunk.num_tokens
+
+    def append_token(self, seq: Sequence, token_id: int) -> None:
+        """Commit one output token of ``seq`` (sampled, or forced by a thinking budget or a
+        guide); the next step computes it. Its page was reserved at admission."""
+        seq.token_ids.append(token_id)
 
     def abort(self, target: Union[str, Sequence]) -> Optional[Sequence]:
         """Drop a waiting or running request (by request id or object) and free its pages."""

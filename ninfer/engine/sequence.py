@@ -20,6 +20,13 @@ class Sequence:
 
     Tokens still to compute this step are ``token_ids[num_computed_tokens:]``; when
     exactly one remains the sequence is decode-ready, otherwise it is prefilling.
+
+    Who writes what: the engine fills in the request's settings (every field before
+    ``state_slot``) once, when it creates the sequence; from then on only the scheduler
+    changes it (:mod:`ninfer.engine.scheduler`): ``status``, ``finish_reason``, the
+    output tokens appended to ``token_ids`` and ``num_computed_tokens`` directly, the
+    page fields through its block manager and ``state_slot`` through its state slots.
+    The model runner and decode-ahead only read.
     """
 
     seq_id: int

@@ -10,8 +10,11 @@ no clearing: a chunk that starts at position 0 ignores what its slot held.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from typing import Optional
 
 from ninfer.engine.sequence import Sequence
+from ninfer.engine.state_cache import StateSnapshots
 
 
 class StateSlots:
@@ -54,3 +57,16 @@ class StateSlots:
         del self._owner[slot]
         self._free.append(slot)
         seq.state_slot = None
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """What the scheduler is given for a model with recurrent state: the working slots and,
+    when prefix reuse is on, the snapshots a cached prefix resumes from.
+
+    Without snapshots a cached prefix could not be resumed, so prefix reuse is off for
+    such a model (:func:`ninfer.engine.parts.prefix_reuse_on`).
+    """
+
+    slots: StateSlots
+    snapshots: Optional[StateSnapshots] = None

@@ -49,6 +49,8 @@ class EngineStats:
     total_decode_tokens: int = 0
     total_cached_tokens: int = 0
     total_prompt_tokens: int = 0
+    #: decode steps launched before the previous step's tokens reached the host
+    total_steps_ahead: int = 0
     _since: float = field(default_factory=time.monotonic)
 
     def record_step(self, sched, seconds: float) -> None:

@@ -16,7 +16,6 @@ import time
 from loguru import logger
 
 from ninfer.engine.request import EngineRequest
-from ninfer.engine.stats import EngineStats
 from ninfer.sampling_params import SamplingParams
 
 #: prompt lengths covering Triton's integer specialisations (1, a multiple of 16, neither)
@@ -35,7 +34,7 @@ def warm_up(engine, token_id: int = 0) -> float:
                                              lookup_prefix_cache=False, commit_prefix_cache=False))
         while engine.has_unfinished():
             engine.step()
-    engine.stats = EngineStats()
+    engine.reset_stats()
     seconds = time.perf_counter() - started
     logger.info("warmed up kernels with {} throwaway requests in {:.1f} s", sum(map(len, rounds)), seconds)
     return seconds

@@ -1,0 +1,126 @@
+"""The pieces an engine is assembled from, and the factories that build them.
+
+Everything that needs the model, the config or the device is built before the engine
+(:func:`ninfer.engine.builder.build_engine` calls these in the order device memory is
+taken: KV pages, the recurrent-state pool, then the CUDA graphs captured over both) and
+handed to :class:`~ninfer.engine.llm_engine.LLMEngine` as one :class:`EngineParts`. The
+engine passes each piece to the constructor of the component that owns it (block
+manager, scheduler, model runner), so nothing is attached to an engine afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import Optional
+
+import torch
+from loguru import logger
+
+from ninfer.engine.config import EngineConfig
+from ninfer.engine.cuda_graph import DecodeGraphs
+from ninfer.engine.guided_setup import GuidedDecoding
+from ninfer.engine.host_kv import HostKVTier
+from ninfer.engine.state_cache import StateSnapshots
+from ninfer.engine.state_slots import RecurrentState, StateSlots
+
+
+@dataclass(frozen=True)
+class KVPool:
+    """The paged KV cache: one cache per attention layer, already bound to the model."""
+
+    caches: list
+    num_blocks: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
+
+    def page_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by page along dim 0 (what the host tier copies)."""
+        return [t for cache in self.caches for t in cache.page_tensors()]
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """What an engine is built from besides its model, tokenizer and config.
+
+    ``state``: the recurrent-state slots and snapshots (families with state only);
+    ``host_kv``: the host tier for evicted prefix pages; ``guided``: the guide compiler
+    (None: guided requests are refused); ``graphs``: captured decode graphs (None: decode
+    runs eagerly); ``decode_ahead``: launch the next decode step before the current
+    one's tokens reach the host (:mod:`ninfer.engine.decode_ahead`).
+    """
+
+    kv: KVPool
+    state: Optional[RecurrentState] = None
+    host_kv: Optional[HostKVTier] = None
+    guided: Optional[GuidedDecoding] = None
+    graphs: Optional[DecodeGraphs] = None
+    decode_ahead: bool = False
+
+
+def allocate_kv_pool(model, kv_format, config: EngineConfig, dtype: torch.dtype, device: torch.device) -> KVPool:
+    """The config's KV capacity in pages of ``config.block_size`` tokens, bound to ``model``."""
+    bs = config.block_size
+    num_blocks = ceil(config.kv_capacity_tokens / bs)
+    caches = [
+        kv_format.allocate(num_blocks, bs, spec.num_kv_heads, spec.head_dim, dtype, device)
+        for spec in model.attention_specs()
+    ]
+    model.bind_kv_caches(caches)
+    return KVPool(caches, num_blocks)
+
+
+def state_pool_bytes(model, num_slots: int) -> int:
+    """Device bytes the state pool of ``num_slots`` rows will take (0 for most families)."""
+    return model.state_bytes_per_slot() * num_slots
+
+
+def snapshot_rows(config: EngineConfig) -> int:
+    """Device snapshot rows the engine's config asks for (0: no prefix reuse, so none)."""
+    return (config.device_state_slots or 0) if config.prefix_reuse else 0
+
+
+def prefix_reuse_on(config: EngineConfig, state: Optional[RecurrentState]) -> bool:
+    """The config asks for prefix reuse and, for a model with recurrent state, there are
+    snapshots to resume a cached prefix from."""
+    return config.prefix_reuse and (state is None or state.snapshots is not None)
+
+
+def allocate_recurrent_state(model, config: EngineConfig, device: torch.device) -> Optional[RecurrentState]:
+    """One state slot per concurrent sequence plus the snapshot rows, allocated in the
+    model's pools; None for a model without recurrent state."""
+    if model.state_bytes_per_slot() == 0:
+        return None
+    working, snap = config.max_concurrency, snapshot_rows(config)
+    nbytes = model.allocate_state(working + snap, device)
+    snapshots = None
+    if snap:
+        snapshots = StateSnapshots(model.state_tensors(), working, snap, config.host_state_slots or 0)
+    state = RecurrentState(StateSlots(working), snapshots)
+    if config.prefix_reuse and not prefix_reuse_on(config, state):
+        logger.info("prefix reuse is off: this model keeps recurrent state and has no snapshot slots")
+    host = ""
+    if snapshots is not None:
+        host = f", {snapshots.num_host} host snapshot rows ({snapshots.host_bytes / (1 << 20):.1f} MiB)"
+    logger.info(
+        "recurrent state: {} slots + {} snapshot rows, {:.1f} MiB on the device{}",
+        working, snap, nbytes / (1 << 20), host,
+    )
+    return state
+
+
+def build_host_kv(kv: KVPool, config: EngineConfig, prefix_reuse: bool) -> Optional[HostKVTier]:
+    """Keep evicted prefix pages in host memory (up to ``config.host_kv_mib``); None when
+    the config asks for none or prefix reuse is off."""
+    if not (prefix_reuse and config.host_kv_mib):
+        return None
+    tier = HostKVTier(kv.page_tensors(), config.host_kv_mib << 20)
+    if tier.capacity == 0:
+        return None
+    logger.info(
+        "host KV tier: up to {} pages ({} MiB{}), allocated as pages spill",
+        tier.capacity, config.host_kv_mib, ", pinned" if tier.pin else "",
+    )
+    return tier
