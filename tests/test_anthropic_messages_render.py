@@ -33,6 +33,7 @@ from ninfer.profile.schema import Profile
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 from ninfer_plugins.protocols.anthropic_messages.errors import error_frame, ninfer_error_body
+from ninfer.frontend.choice_output import ChoiceProgress
 from ninfer_plugins.protocols.anthropic_messages.output import MessageState, signature
 from ninfer_plugins.protocols.anthropic_messages.prepare import Context, prepare
 from ninfer_plugins.protocols.anthropic_messages.schema import decode_request, encoder
@@ -71,7 +72,7 @@ def splitter(reasoning: bool = True) -> OutputSplitter:
 def run_stream(state: MessageState, evs) -> list[tuple[str, dict]]:
     async def source():
         for e in evs:
-            yield e
+            yield state.choice.feed(e)
 
     async def collect():
         return [f async for f in frames(state, source(), "msg_1", "m")]
@@ -87,7 +88,7 @@ PIECES = ["Weigh", "ing it\n</th", "ink>\n\nIt is ", "sunny.\n" + CALL[:20], CAL
 
 
 def test_stream_lifecycle_thinking_text_and_tool_use():
-    stream = run_stream(MessageState(splitter(), 100), events(PIECES))
+    stream = run_stream(MessageState(ChoiceProgress(0, splitter()), 100), events(PIECES))
     names = [n for n, _ in stream]
     assert names == ["message_start", "ping",
                      "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
@@ -114,7 +115,7 @@ def test_stream_lifecycle_thinking_text_and_tool_use():
 
 
 def test_aggregate_equals_the_concatenated_stream():
-    state = MessageState(splitter(), 100)
+    state = MessageState(ChoiceProgress(0, splitter()), 100)
     stream = run_stream(state, events(PIECES))
     message = json.loads(encoder.encode(state.message("msg_1", "m")))
     rebuilt: list[dict] = []
@@ -147,9 +148,9 @@ def test_aggregate_equals_the_concatenated_stream():
     ("length", None, 50, ("model_context_window_exceeded", None)),
 ])
 def test_stop_reasons(finish, stop_reason, max_tokens, expected):
-    state = MessageState(splitter(reasoning=False), max_tokens)
+    state = MessageState(ChoiceProgress(0, splitter(reasoning=False)), max_tokens)
     for e in events(["a", "b", "c"], finish=finish, stop_reason=stop_reason):
-        state.feed(e)
+        state.feed(state.choice.feed(e))
     assert state.stop() == expected
     assert state.message("m", "x").content == [{"type": "text", "text": "abc"}]
 
@@ -158,7 +159,7 @@ def test_an_engine_error_in_the_stream_is_raised():
     bad = events(["a"])
     bad[-1].error = NinferError("boom")
     with pytest.raises(NinferError):
-        run_stream(MessageState(splitter(), 10), bad)
+        run_stream(MessageState(ChoiceProgress(0, splitter()), 10), bad)
 
 
 # -- request lowering ------------------------------------------------------------------

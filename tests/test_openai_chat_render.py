@@ -27,7 +27,8 @@ from ninfer.errors import InvalidRequestError
 from ninfer.frontend.template_caps import detect_caps
 from ninfer.plugins import load_registry
 from ninfer.profile.schema import Profile, Tools
-from ninfer_plugins.protocols.openai_chat.choice import ChoiceState
+from ninfer.frontend.choice_output import ChoiceProgress
+from ninfer_plugins.protocols.openai_chat.choice import wire_logprobs
 from ninfer.frontend.parsers import make_splitter, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
@@ -66,17 +67,18 @@ def crafted(pieces: list[str], prompt: int = 12, cached: int = 4, finish: str = 
 
 def states(tokenizer, n=1, tools=None):
     parser = (lambda: HermesJsonToolParser(tools)) if tools else (lambda: None)
-    return [ChoiceState(i, tokenizer, OutputSplitter(QWEN, parser())) for i in range(n)]
+    return [ChoiceProgress(i, OutputSplitter(QWEN, parser())) for i in range(n)]
 
 
 def run_stream(tokenizer, events, tools=None, **opts) -> list[dict]:
     options = {"want_logprobs": False, "include_usage": False, "timings_per_token": False, "return_progress": False}
     options.update(opts)
-    stream = ChunkStream("id", 0, "m", states(tokenizer, tools=tools), **options)
+    choices = states(tokenizer, tools=tools)
+    stream = ChunkStream("id", 0, "m", choices, tokenizer, **options)
 
     async def source():
         for e in events:
-            yield 0, e
+            yield choices[0].feed(e)
 
     async def collect():
         return [json.loads(p) async for p in chunks(stream, source())]
@@ -88,7 +90,7 @@ def run_aggregate(tokenizer, events, tools=None, logprobs=False) -> dict:
     (state,) = states(tokenizer, tools=tools)
     builder = MessageBuilder(logprobs)
     for e in events:
-        builder.add(state.feed(e), state.logprobs(e.logprobs))
+        builder.add(state.feed(e).deltas, wire_logprobs(tokenizer, e.logprobs))
     return json.loads(msgspec.json.encode(completion("id", 0, "m", [state], [builder])))
 
 

@@ -17,6 +17,7 @@ from ninfer.engine.request import GenerationEvent, RequestTimings
 from ninfer.errors import InvalidRequestError
 from ninfer.frontend.output_split import OutputSplitter
 from ninfer.frontend.parsers import tool_specs
+from ninfer.frontend.choice_output import ChoiceProgress
 from ninfer_plugins.protocols.openai_responses.response import Echo, Turn
 from ninfer_plugins.protocols.openai_responses.schema import CreateRequest
 from ninfer_plugins.protocols.openai_responses.sealed import unseal
@@ -56,7 +57,7 @@ def turn(include=None, tools=TOOLS) -> Turn:
     toolset = resolve_tools(tools, None, None)
     splitter = OutputSplitter(QWEN, HermesJsonToolParser(tool_specs(toolset.definitions)))
     echo = Echo.of(CreateRequest(model="m", tools=tools), "m")
-    return Turn("resp_x", echo, splitter, toolset.identities, include)
+    return Turn("resp_x", echo, ChoiceProgress(0, splitter), toolset.identities, include)
 
 
 def stream(events: list[GenerationEvent], fail_after: int | None = None, store_fails: bool = False,
@@ -68,7 +69,7 @@ def stream(events: list[GenerationEvent], fail_after: int | None = None, store_f
         for i, e in enumerate(events):
             if fail_after is not None and i == fail_after:
                 raise InvalidRequestError("boom", code="engine_said_no")
-            yield e
+            yield t.choice.feed(e)
 
     async def finalize():
         if store_fails:

@@ -1,4 +1,4 @@
-"""Engine events -> Anthropic content blocks, stop reason and usage.
+"""The pipeline's choice events -> Anthropic content blocks, stop reason and usage.
 
 :class:`MessageState` turns each event into block events (start, delta, stop). A
 stream sends them as they come; the aggregate response is the blocks they built, so a
@@ -15,10 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from ninfer.engine.request import GenerationEvent
+from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress
 from ninfer.frontend.output_split import (
     Delta,
-    OutputSplitter,
     ReasoningDelta,
     TextDelta,
     ToolCallArgs,
@@ -112,50 +111,38 @@ class BlockBuilder:
 
 
 class MessageState:
-    """One response: its blocks, token counts and how it ended.
+    """One response: its blocks, and (from the pipeline's choice) token counts and how it ended.
 
     ``max_tokens`` is the output budget the engine applied, which tells a ``length``
     finish at that budget from one at the context's end.
     """
 
-    def __init__(self, splitter: Optional[OutputSplitter], max_tokens: int):
-        self.splitter = splitter
+    def __init__(self, choice: ChoiceProgress, max_tokens: int):
+        self.choice = choice
         self.max_tokens = max_tokens
         self.builder = BlockBuilder()
-        self.prompt_tokens = self.cached_tokens = self.output_tokens = 0
-        self.finish: Optional[str] = None
-        self.matched_stop: object = None
 
-    def feed(self, event: GenerationEvent) -> list[BlockEvent]:
-        if event.error is not None:
-            raise event.error
-        self.prompt_tokens, self.cached_tokens = event.num_prompt_tokens, event.num_cached_tokens
-        self.output_tokens = event.num_output_tokens
-        if self.splitter is None:
-            deltas: list[Delta] = [TextDelta(event.text)] if event.text else []
-        else:
-            deltas = self.splitter.feed(event.text, len(event.token_ids)) if event.text or event.token_ids else []
-            if event.finished:
-                deltas += self.splitter.finish()
-        out = self.builder.feed(deltas)
+    def feed(self, event: ChoiceEvent) -> list[BlockEvent]:
+        out = self.builder.feed(event.deltas)
         if event.finished:
             out += self.builder.close()
-            self.finish, self.matched_stop = event.finish_reason, event.stop_reason
         return out
 
     def usage(self) -> Usage:
-        return Usage(input_tokens=self.prompt_tokens - self.cached_tokens, output_tokens=self.output_tokens,
-                     cache_read_input_tokens=self.cached_tokens)
+        c = self.choice
+        return Usage(input_tokens=c.prompt_tokens - c.cached_tokens, output_tokens=c.completion_tokens,
+                     cache_read_input_tokens=c.cached_tokens)
 
     def stop(self) -> tuple[Optional[str], Optional[str]]:
         """``(stop_reason, stop_sequence)``; None before the end."""
-        if self.finish == "length":
-            at_budget = self.output_tokens >= self.max_tokens
+        finish, matched = self.choice.finish_reason, self.choice.stop_reason
+        if finish == "length":
+            at_budget = self.choice.completion_tokens >= self.max_tokens
             return ("max_tokens" if at_budget else "model_context_window_exceeded"), None
-        if self.finish is None:
+        if finish is None:
             return None, None
-        if isinstance(self.matched_stop, str):
-            return "stop_sequence", self.matched_stop
+        if isinstance(matched, str):
+            return "stop_sequence", matched
         return ("tool_use" if self.builder.called_tools else "end_turn"), None
 
     def message(self, message_id: str, model: str) -> Message:

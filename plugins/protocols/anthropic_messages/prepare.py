@@ -1,6 +1,7 @@
-"""A validated Messages request -> prompt text, token ids, thinking mode and thinking budget.
+"""A Messages request -> the pipeline's request (:func:`lower`), and the prompt a count reports.
 
-Generation and token counting share this path, so a count always equals the prompt the
+Generation and token counting lower and render the same way (the pipeline's
+:func:`ninfer.frontend.pipeline.render_prompt`), so a count always equals the prompt the
 same request runs with. Blocking (template rendering, tokenizing): run it off the loop.
 """
 
@@ -9,17 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import jinja2
-
 from ninfer.capabilities import ReasoningParser, ToolParser
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.chat_messages import ChatTurn
+from ninfer.frontend.pipeline import choose_thinking_budget, output_guide, render_prompt
+from ninfer.frontend.pipeline_request import ChatPrompt, GenerateRequest, ThinkingRequest
 from ninfer.frontend.prompt_limits import check_prompt_length
-from ninfer.frontend.chat_messages import ChatTurn, template_messages
-from ninfer.frontend.parsers import starts_in_reasoning
+from ninfer.frontend.prompt_options import PromptOptions
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
-from ninfer.frontend.thinking import thinking_budget
+from ninfer.frontend.tool_guide import ToolRequest
 from ninfer.guided.spec import GuideSpec
+from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.anthropic_messages.blocks import consume_billing, lower_messages, system_text
 from ninfer_plugins.protocols.anthropic_messages.cache import check_cache_control
 from ninfer_plugins.protocols.anthropic_messages.guided import answer_guide
@@ -31,7 +33,6 @@ from ninfer_plugins.protocols.anthropic_messages.validate import (
     parse_thinking,
     requested_effort,
 )
-from ninfer.frontend.tool_guide import request_guide
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,24 @@ class Context:
 
 
 @dataclass(frozen=True)
+class Lowered:
+    """A Messages request in the pipeline's terms (the prompt still to render)."""
+
+    prompt: ChatPrompt
+    tools: ToolRequest
+    answer: Optional[GuideSpec]
+    thinking: ThinkingRequest
+
+    @property
+    def prefill(self) -> bool:
+        return self.prompt.continue_final
+
+    def generate_request(self, params: SamplingParams, lora: Optional[str], request_id: str) -> GenerateRequest:
+        return GenerateRequest([self.prompt], params, lora=lora, tools=self.tools, answer=self.answer,
+                               thinking=self.thinking, request_id=request_id)
+
+
+@dataclass(frozen=True)
 class Prepared:
     prompt: str
     prompt_ids: list[int]
@@ -59,9 +78,8 @@ class Prepared:
     guide: Optional[GuideSpec] = None
 
 
-def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepared:
-    """Validate, render and tokenize; with ``generate`` also fix the output and thinking budgets
-    and the output guide."""
+def lower(req: MessagesRequest, ctx: Context, generate: bool = True) -> Lowered:
+    """Validate and lower the conversation, tools and thinking options (Anthropic's rules)."""
     check_unsupported(req)
     caps = detect_caps(ctx.tokenizer.chat_template_source)
     effort = requested_effort(req.output_config, caps)
@@ -80,25 +98,28 @@ def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepar
         if text:
             turns = [ChatTurn("system", text), *turns]
     thinking = _thinking(config, caps, ctx.profile.reasoning.thinking, lowered.prefill)
-    kwargs = _template_kwargs(req, caps, thinking, effort, ctx.profile.reasoning.preserve_thinking)
-    try:
-        prompt = ctx.tokenizer.apply_chat_template(
-            template_messages(turns), tools=callable_tools or None, continue_final_message=lowered.prefill, **kwargs
-        )
-    except (jinja2.TemplateError, ValueError) as exc:  # the template refused, or dropped the prefill text
-        raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
-                                  code="invalid_prompt") from exc
-    ids = ctx.tokenizer.encode(prompt)
-    if generate:  # a count may exceed it: clients count to decide what to cut
-        check_prompt_length(len(ids), ctx.max_context)
+    options = _options(req, caps, thinking, effort, ctx.profile.reasoning.preserve_thinking)
+    prompt = ChatPrompt(turns, callable_tools, options, continue_final=lowered.prefill)
+    enabled = config.mode == "enabled"
+    # enabled thinking uses the request's budget (lowered to fit, as Claude Code sends 31999 of
+    # 32000), otherwise the server default applies with the strict check
+    budget = ThinkingRequest(config.budget if enabled else None, "thinking.budget_tokens", fit=True)
+    return Lowered(prompt, tool_request(req.tools, tools, choice), answer, budget)
+
+
+def prepare(req: MessagesRequest, ctx: Context, generate: bool = True) -> Prepared:
+    """Lower and render exactly as the pipeline would; with ``generate`` also the prompt-length
+    check, the output guide and the thinking budget (blocking)."""
+    lowered = lower(req, ctx, generate)
+    rendered = render_prompt(lowered.prompt, ctx.tokenizer, ctx.profile)
     budget = guide = None
-    if generate:  # a count needs no grammar: it is what a later Create compiles
-        guide = request_guide(tool_request(req.tools, tools, choice), answer, ctx.tool_parser)
-    if generate and thinking:
-        # the output budget the engine will apply: the request's, or the default fitted to the context
-        room = req.max_tokens if req.max_tokens is not None else max(min(default_max, ctx.max_context - len(ids)), 0)
-        budget = _budget(ctx, config, prompt, room)
-    return Prepared(prompt, ids, thinking, callable_tools, lowered.prefill, budget, guide)
+    if generate:  # a count may exceed the context (clients count to decide what to cut) and needs no grammar
+        check_prompt_length(len(rendered.token_ids), ctx.max_context)
+        request = lowered.generate_request(SamplingParams(max_tokens=req.max_tokens), None, "")
+        guide = output_guide(request, ctx.tool_parser)
+        budget = choose_thinking_budget(ctx.tokenizer, ctx.parser, ctx.profile, ctx.max_context, request, rendered)
+    return Prepared(rendered.text, rendered.token_ids, bool(rendered.thinking), list(rendered.tools),
+                    lowered.prefill, budget, guide)
 
 
 def _thinking(config: ThinkingConfig, caps: TemplateCaps, default: bool, prefill: bool) -> bool:
@@ -111,37 +132,11 @@ def _thinking(config: ThinkingConfig, caps: TemplateCaps, default: bool, prefill
     return config.mode != "disabled"
 
 
-def _template_kwargs(req: MessagesRequest, caps: TemplateCaps, thinking: bool, effort: Optional[str],
-                     preserve_default: bool) -> dict[str, Any]:
-    """Only variables the template reads."""
+def _options(req: MessagesRequest, caps: TemplateCaps, thinking: bool, effort: Optional[str],
+             preserve_default: bool) -> PromptOptions:
+    """Resolved template options: an effort counts only while thinking."""
     if req.preserve_thinking and not caps.preserve_thinking:
         raise UnsupportedFeatureError("the loaded chat template cannot keep earlier turns' reasoning",
                                       param="preserve_thinking")
-    kwargs: dict[str, Any] = {}
-    if caps.enable_thinking:
-        kwargs["enable_thinking"] = thinking
-    if caps.preserve_thinking:
-        kwargs["preserve_thinking"] = preserve_default if req.preserve_thinking is None else req.preserve_thinking
-    if effort is not None and thinking:
-        kwargs["reasoning_effort"] = effort
-    return kwargs
-
-
-def _budget(ctx: Context, config: ThinkingConfig, prompt: str, room: int) -> Optional[ThinkingBudget]:
-    """Enabled thinking uses the request's budget, otherwise the server default applies.
-
-    A request budget so close to max_tokens that the close sequence plus one answer
-    token cannot follow it (Claude Code sends 31999 of 32000) is lowered until they fit,
-    so the request runs instead of failing; a server default keeps the strict check.
-    """
-    cap = config.budget if config.mode == "enabled" else ctx.profile.reasoning.default_thinking_budget
-    if cap is None or ctx.parser is None:
-        return None
-    open_at_start = starts_in_reasoning(prompt, ctx.parser)
-    if config.mode == "enabled":
-        # the close sequence, one answer token, and the opener when the model emits it
-        need = len(ctx.tokenizer.encode(ctx.parser.budget_close)) + 1 + (0 if open_at_start else 1)
-        if cap < room < cap + need:
-            cap = room - need if room > need else None
-    param = "thinking.budget_tokens" if config.mode == "enabled" else "max_tokens"
-    return thinking_budget(ctx.tokenizer, ctx.parser, cap, room, open_at_start, param=param)
+    preserve = preserve_default if req.preserve_thinking is None else req.preserve_thinking
+    return PromptOptions(thinking, preserve, effort if thinking else None)

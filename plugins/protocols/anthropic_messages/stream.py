@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from ninfer.engine.request import GenerationEvent
+from ninfer.frontend.choice_output import ChoiceEvent
 from ninfer_plugins.protocols.anthropic_messages.output import BlockDelta, BlockEvent, BlockStart, MessageState
 from ninfer_plugins.protocols.anthropic_messages.schema import Message, encoder
 
@@ -47,7 +47,7 @@ def message_end(state: MessageState) -> list[bytes]:
     return [frame("message_delta", delta), frame("message_stop", {"type": "message_stop"})]
 
 
-async def frames(state: MessageState, events: AsyncIterator[GenerationEvent], message_id: str,
+async def frames(state: MessageState, events: AsyncIterator[ChoiceEvent], message_id: str,
                  model: str) -> AsyncIterator[bytes]:
     """Every frame of the stream. Nothing is sent before the engine's first (admission)
     event, so a request refused at admission still gets a plain HTTP error."""

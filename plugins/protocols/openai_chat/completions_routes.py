@@ -13,19 +13,17 @@ import attrs
 from litestar import Request, Response, post
 from msgspec import UNSET, Struct, UnsetType
 
-from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
-from ninfer.frontend.fanout import generate_all
-from ninfer.frontend.prompt_limits import check_prompt_length
+from ninfer.frontend.pipeline import Pipeline, Run
+from ninfer.frontend.pipeline_request import GenerateRequest, TextPrompt
 from ninfer.sampling_params import SamplingParams
 from ninfer.sampling_schema import Limits
 from ninfer.sampling_wire import WireField
-from ninfer.server.admission import request_id
 from ninfer.server.body import strict_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
-from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings
+from ninfer_plugins.protocols.openai_chat.choice import finish_reason, timings, token_text
 from ninfer_plugins.protocols.openai_chat.schema import (
     SAMPLING as CHAT_SAMPLING,
     CompletionTokensDetails,
@@ -132,7 +130,7 @@ def _params(req: CompletionRequest, vocab_size: int) -> SamplingParams:
     return SamplingParams(**values)
 
 
-def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int,
+def _legacy_logprobs(tokenizer: Any, positions: list[Any], offset: int,
                      prompt: Optional[tuple[list[int], list[Any]]] = None) -> LegacyLogprobs:
     """Positions in the legacy shape; offsets count characters of the returned text.
 
@@ -143,9 +141,9 @@ def _legacy_logprobs(choice: ChoiceState, positions: list[Any], offset: int,
     if prompt is not None:
         at = 0
         for token_id, pos in zip(*prompt):
-            at += _add_position(out, choice.token_text(token_id), pos, at)
+            at += _add_position(out, token_text(tokenizer, token_id), pos, at)
     for pos in positions:
-        offset += _add_position(out, choice.token_text(pos.token_id), pos, offset)
+        offset += _add_position(out, token_text(tokenizer, pos.token_id), pos, offset)
     return out
 
 
@@ -163,15 +161,13 @@ def _add_position(out: LegacyLogprobs, text: str, pos: Any, offset: int) -> int:
 
 
 @attrs.define
-class _Run:
-    """One HTTP request's engine requests (prompt-major, ``n`` per prompt) and their state."""
+class _Answer:
+    """Renders one pipeline run (prompt-major, ``n`` choices per prompt) in the legacy shape."""
 
-    state: Any
+    run: Run
+    tokenizer: Any
     id: str
     model: str
-    requests: list[EngineRequest]
-    choices: list[ChoiceState]
-    n: int
     echo: list[str]  # text put before each choice's output
     want_logprobs: bool
     scores_prompt: bool = False  # echo with log probabilities: the prompt's own lead each choice's
@@ -181,48 +177,46 @@ class _Run:
               prompt_logprobs: Optional[list[Any]] = None) -> CompletionChoice:
         lp = None
         if self.want_logprobs:
-            prompt = None if prompt_logprobs is None else (self.requests[k].prompt_token_ids, prompt_logprobs)
-            lp = _legacy_logprobs(self.choices[k], positions, offset, prompt)
+            prompt = None if prompt_logprobs is None else (self.run.requests[k].prompt_token_ids, prompt_logprobs)
+            lp = _legacy_logprobs(self.tokenizer, positions, offset, prompt)
         return CompletionChoice(k, text, finish, lp)
 
     def envelope(self, choices: list[CompletionChoice], final: bool = False) -> Completion:
         out = Completion(self.id, self.created, self.model, choices)
         if final:
-            out.usage, out.timings = self.usage(), timings(self.choices)
+            counts = self.run.usage()
+            out.usage = Usage(counts.prompt_tokens, counts.completion_tokens, counts.total_tokens,
+                              PromptTokensDetails(counts.cached_tokens), CompletionTokensDetails(0))
+            out.timings = timings(self.run.choices)
         return out
-
-    def usage(self) -> Usage:
-        heads = self.choices[:: self.n]  # a prompt's counts, once per prompt
-        prompt = sum(c.prompt_tokens for c in heads)
-        completion = sum(c.completion_tokens for c in self.choices)
-        return Usage(prompt, completion, prompt + completion, PromptTokensDetails(sum(c.cached_tokens for c in heads)),
-                     CompletionTokensDetails(0))
 
     async def aggregate(self) -> bytes:
         texts = [[e] for e in self.echo]
-        positions: list[list[Any]] = [[] for _ in self.requests]
-        prompts: list[Optional[list[Any]]] = [None for _ in self.requests]
-        async with aclosing(generate_all(self.state, self.requests)) as events:
-            async for k, event in events:
-                texts[k] += [d.text for d in self.choices[k].feed(event)]
+        positions: list[list[Any]] = [[] for _ in self.run.choices]
+        prompts: list[Optional[list[Any]]] = [None for _ in self.run.choices]
+        async with aclosing(self.run.events()) as events:
+            async for event in events:
+                k = event.index
+                texts[k] += [d.text for d in event.deltas]
                 positions[k] += event.logprobs or []
                 prompts[k] = event.prompt_logprobs if event.prompt_logprobs is not None else prompts[k]
-        out = [self.piece(k, "".join(texts[k]), positions[k], len(self.echo[k]), c.finish_reason,
+        out = [self.piece(k, "".join(texts[k]), positions[k], len(self.echo[k]), finish_reason(c),
                           prompts[k] if self.scores_prompt else None)
-               for k, c in enumerate(self.choices)]
+               for k, c in enumerate(self.run.choices)]
         return encoder.encode(self.envelope(out, final=True))
 
     async def frames(self, include_usage: bool) -> AsyncIterator[bytes]:
         offsets = [len(e) for e in self.echo]
         pending_echo = list(self.echo)
-        async with aclosing(generate_all(self.state, self.requests)) as events:
-            async for k, event in events:
-                text = "".join(d.text for d in self.choices[k].feed(event))
+        async with aclosing(self.run.events()) as events:
+            async for event in events:
+                k = event.index
+                text = "".join(d.text for d in event.deltas)
                 prompt = event.prompt_logprobs if self.scores_prompt else None
                 # a scored echo waits for the event that carries the prompt's log probabilities
                 if not self.scores_prompt or prompt is not None or event.finished:
                     text, pending_echo[k] = pending_echo[k] + text, ""
-                finish = self.choices[k].finish_reason if event.finished else None
+                finish = finish_reason(event.choice) if event.finished else None
                 if text or finish or event.logprobs or prompt is not None:
                     chunk = self.piece(k, text, event.logprobs or [], offsets[k], finish, prompt)
                     if event.logprobs:  # the next generated token starts where this chunk's last ends
@@ -239,6 +233,7 @@ def _frame(chunk: Completion) -> bytes:
 
 def completion_routes(state: Any) -> list:
     tokenizer = state.tokenizer
+    pipeline = Pipeline(state)
     vocab_size = state.engine.engine.vocab_size
 
     @post("/v1/completions", summary="Create a text completion (legacy)", tags=["OpenAI"], status_code=200,
@@ -254,21 +249,14 @@ def completion_routes(state: Any) -> list:
         _validate(data)
         params = _params(data, vocab_size)
         n = data.n or 1
-        state.gate.reserve()
-        encoded = [await state.run_blocking(tokenizer.encode, p) if isinstance(p, str) else p for p in prompts]
-        for ids in encoded:
-            check_prompt_length(len(ids), state.max_model_len, param="prompt")
-        texts = [p if isinstance(p, str) else await state.run_blocking(tokenizer.decode, p, False) for p in prompts]
-        rid = request_id()
-        lora = state.lora_for(data.model)
-        requests = [EngineRequest(f"{rid}-{i * n + j}", ids, params, prompt=texts[i], lora_name=lora, sample_index=j)
-                    for i, ids in enumerate(encoded) for j in range(n)]
-        run = _Run(state, f"cmpl-{rid}", data.model or state.model_id, requests,
-                   [ChoiceState(k, tokenizer) for k in range(len(requests))], n,
-                   [texts[k // n] if data.echo else "" for k in range(len(requests))], data.logprobs is not None,
-                   params.prompt_logprobs is not None)
+        prompts = [TextPrompt(text=p) if isinstance(p, str) else TextPrompt(token_ids=p) for p in prompts]
+        run = await pipeline.prepare(GenerateRequest(prompts, params, n=n, lora=state.lora_for(data.model),
+                                                     prompt_param="prompt"))
+        echo = [run.prompts[k // n].text if data.echo else "" for k in range(len(run.choices))]
+        answer = _Answer(run, tokenizer, f"cmpl-{run.request_id}", data.model or state.model_id, echo,
+                         data.logprobs is not None, params.prompt_logprobs is not None)
         if data.stream:
-            return sse_response(run.frames(bool(data.stream_options and data.stream_options.include_usage)))
-        return Response(await cancel_on_disconnect(request, run.aggregate()), media_type=JSON)
+            return sse_response(answer.frames(bool(data.stream_options and data.stream_options.include_usage)))
+        return Response(await cancel_on_disconnect(request, answer.aggregate()), media_type=JSON)
 
     return [create_completion]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ninfer.frontend.output_split import Delta, ReasoningDelta, TextDelta, ToolCallArgs, ToolCallEnd, ToolCallStart
-from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings, usage
+from ninfer.frontend.choice_output import ChoiceProgress
+from ninfer_plugins.protocols.openai_chat.choice import finish_reason, timings, usage
 from ninfer_plugins.protocols.openai_chat.schema import (
     AssistantOut,
     ChatCompletion,
@@ -56,10 +57,10 @@ class MessageBuilder:
 
 
 def completion(
-    request_id: str, created: int, model: str, states: Sequence[ChoiceState], builders: Sequence[MessageBuilder]
+    request_id: str, created: int, model: str, states: Sequence[ChoiceProgress], builders: Sequence[MessageBuilder]
 ) -> ChatCompletion:
     choices = [
-        Choice(index=s.index, message=b.message(), finish_reason=s.finish_reason, logprobs=b.choice_logprobs())
+        Choice(index=s.index, message=b.message(), finish_reason=finish_reason(s), logprobs=b.choice_logprobs())
         for s, b in zip(states, builders)
     ]
     return ChatCompletion(

@@ -10,11 +10,11 @@ frames each payload as an SSE event and ends with ``[DONE]``.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Sequence
 
-from ninfer.engine.request import GenerationEvent
+from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress
 from ninfer.frontend.output_split import Delta, ReasoningDelta, TextDelta, ToolCallArgs, ToolCallStart
-from ninfer_plugins.protocols.openai_chat.choice import ChoiceState, timings, usage
+from ninfer_plugins.protocols.openai_chat.choice import finish_reason, timings, usage, wire_logprobs
 from ninfer_plugins.protocols.openai_chat.schema import (
     ChatCompletionChunk,
     ChoiceLogprobs,
@@ -45,10 +45,11 @@ def wire_delta(d: Delta) -> WireDelta | None:
 class ChunkStream:
     """Builds the chunk sequence of one streamed request."""
 
-    def __init__(self, request_id: str, created: int, model: str, states: Sequence[ChoiceState], *,
-                 want_logprobs: bool, include_usage: bool, timings_per_token: bool, return_progress: bool):
+    def __init__(self, request_id: str, created: int, model: str, states: Sequence[ChoiceProgress], tokenizer: Any,
+                 *, want_logprobs: bool, include_usage: bool, timings_per_token: bool, return_progress: bool):
         self.rid, self.created, self.model = request_id, created, model
         self.states = states
+        self.tokenizer = tokenizer
         self.want_logprobs = want_logprobs
         self.include_usage = include_usage
         self.timings_per_token = timings_per_token
@@ -72,7 +73,7 @@ class ChunkStream:
     def opening(self) -> list[str]:
         return [self._chunk([ChunkChoice(s.index, WireDelta(role="assistant", content=""))]) for s in self.states]
 
-    def progress(self, state: ChoiceState, final: bool = False) -> list[str]:
+    def progress(self, state: ChoiceProgress, final: bool = False) -> list[str]:
         """A prompt-progress chunk when the count moved (the first choice's prompt only)."""
         if not self.return_progress or state is not self.states[0] or self._output_started:
             return []
@@ -86,15 +87,15 @@ class ChunkStream:
                                   time_ms=int(elapsed * 1000))
         return [self._chunk([], prompt_progress=progress)]
 
-    def on_event(self, state: ChoiceState, event: GenerationEvent) -> list[str]:
-        """Chunks for one engine event of one choice (finish chunks included)."""
-        deltas = state.feed(event)
+    def on_event(self, event: ChoiceEvent) -> list[str]:
+        """Chunks for one event of one choice (finish chunks included)."""
+        state, deltas = event.choice, event.deltas
         out = self.progress(state)
         if event.token_ids or event.finished:
             out += self.progress(state, final=True)  # the prompt is done before any output
             self._output_started = True
         if self.want_logprobs:
-            self._pending_logprobs[state.index] += state.logprobs(event.logprobs)
+            self._pending_logprobs[state.index] += wire_logprobs(self.tokenizer, event.logprobs)
         for d in deltas:
             wire = wire_delta(d)
             if wire is None:
@@ -105,10 +106,10 @@ class ChunkStream:
             out.append(self._finish(state))
         return out
 
-    def _finish(self, state: ChoiceState) -> str:
+    def _finish(self, state: ChoiceProgress) -> str:
         last = not self.include_usage and all(s.finished_at is not None for s in self.states)
         extra = {"timings": timings(self.states)} if last else {}
-        choice = ChunkChoice(state.index, WireDelta(), finish_reason=state.finish_reason,
+        choice = ChunkChoice(state.index, WireDelta(), finish_reason=finish_reason(state),
                              logprobs=self._logprobs(state.index))
         return self._chunk([choice], **extra)
 
@@ -118,20 +119,19 @@ class ChunkStream:
         return [self._chunk([], usage=usage(self.states), timings=timings(self.states))]
 
 
-async def chunks(stream: ChunkStream, events: AsyncIterator[tuple[int, GenerationEvent]]) -> AsyncIterator[str]:
+async def chunks(stream: ChunkStream, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[str]:
     """Every JSON payload of the stream, in order (without the ``[DONE]`` sentinel).
 
     Nothing is produced before the engine's first event, so a request refused at
     admission still gets a plain HTTP error.
     """
-    by_index = {s.index: s for s in stream.states}
     opened = False
-    async for index, event in events:
+    async for event in events:
         if not opened:
             opened = True
             for payload in stream.opening():
                 yield payload
-        for payload in stream.on_event(by_index[index], event):
+        for payload in stream.on_event(event):
             yield payload
     for payload in stream.closing():
         yield payload

@@ -1,32 +1,25 @@
-"""A validated chat request -> prompt text, token ids, sampling parameters and thinking mode."""
+"""A validated chat request -> the pipeline's request: conversation, tools, template options, sampling."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import attrs
-import jinja2
 import msgspec
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
-from ninfer.frontend.chat_messages import parse_messages, template_messages
-from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options, template_kwargs
-from ninfer.frontend.template_caps import TemplateCaps, detect_caps
+from ninfer.frontend.chat_messages import parse_messages
+from ninfer.frontend.pipeline import render_prompt
+from ninfer.frontend.pipeline_request import ChatPrompt, GenerateRequest, TemplateOptions
+from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options
+from ninfer.frontend.template_caps import TemplateCaps
 from ninfer.sampling_params import SamplingParams
+from ninfer_plugins.protocols.openai_chat.guided import answer_guide, tool_request
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import callable_tools
 
 #: chat_template_kwargs keys with a meaning here; other non-null keys are refused
 TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
-
-
-@attrs.frozen
-class Prepared:
-    prompt: str
-    prompt_ids: list[int]
-    options: PromptOptions
-    #: effective tool definitions (rendered into the prompt; the only callable ones)
-    tools: list[dict[str, Any]]
 
 
 def _both_spellings(req: ChatCompletionRequest, key: str) -> bool | None:
@@ -42,40 +35,53 @@ def _both_spellings(req: ChatCompletionRequest, key: str) -> bool | None:
     return top if top is not None else nested
 
 
-def resolve_options(req: ChatCompletionRequest, caps: TemplateCaps, thinking_default: bool,
-                    preserve_default: bool) -> PromptOptions:
-    """Thinking switch, effort and history reasoning from the request, the template and the server."""
+def template_options(req: ChatCompletionRequest) -> TemplateOptions:
+    """Thinking switch, effort and history reasoning as the request spells them."""
     for key, value in (req.chat_template_kwargs or {}).items():
         if key not in TEMPLATE_KWARGS and value is not None:
             raise UnsupportedFeatureError(
                 f"chat_template_kwargs.{key} is not supported (only {', '.join(TEMPLATE_KWARGS)})",
                 param=f"chat_template_kwargs.{key}",
             )
-    return resolve_prompt_options(
-        caps,
-        effort=req.reasoning_effort,
-        enable=_both_spellings(req, "enable_thinking"),
-        preserve=_both_spellings(req, "preserve_thinking"),
-        thinking_default=thinking_default,
-        preserve_default=preserve_default,
+    return TemplateOptions(effort=req.reasoning_effort, enable=_both_spellings(req, "enable_thinking"),
+                           preserve=_both_spellings(req, "preserve_thinking"))
+
+
+def resolve_options(req: ChatCompletionRequest, caps: TemplateCaps, thinking_default: bool,
+                    preserve_default: bool) -> PromptOptions:
+    """Thinking switch, effort and history reasoning from the request, the template and the server."""
+    asked = template_options(req)
+    return resolve_prompt_options(caps, effort=asked.effort, enable=asked.enable, preserve=asked.preserve,
+                                  thinking_default=thinking_default, preserve_default=preserve_default)
+
+
+def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
+    """The conversation, its callable tools and the requested template options."""
+    options = template_options(req)
+    return ChatPrompt(parse_messages(msgspec.to_builtins(req.messages)), callable_tools(req), options)
+
+
+def generate_request(req: ChatCompletionRequest, params: SamplingParams, lora: str | None) -> GenerateRequest:
+    """What the pipeline runs for a validated request (``n`` choices of one prompt)."""
+    return GenerateRequest(
+        [chat_prompt(req)], params, n=req.n or 1, lora=lora, tools=tool_request(req), answer=answer_guide(req),
+        max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
     )
 
 
+@attrs.frozen
+class Prepared:
+    prompt: str
+    prompt_ids: list[int]
+    options: PromptOptions
+    #: effective tool definitions (rendered into the prompt; the only callable ones)
+    tools: list[dict[str, Any]]
+
+
 def prepare(req: ChatCompletionRequest, tokenizer: Any, profile: Any) -> Prepared:
-    """Render and tokenize the prompt (blocking: run it off the event loop)."""
-    caps = detect_caps(tokenizer.chat_template_source)
-    options = resolve_options(req, caps, profile.reasoning.thinking, profile.reasoning.preserve_thinking)
-    turns = parse_messages(msgspec.to_builtins(req.messages))
-    tools = callable_tools(req)
-    try:
-        prompt = tokenizer.apply_chat_template(
-            template_messages(turns), tools=tools or None, add_generation_prompt=True,
-            **template_kwargs(options, caps),
-        )
-    except jinja2.TemplateError as exc:  # the template itself refused this conversation
-        raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
-                                  code="invalid_prompt") from exc
-    return Prepared(prompt, tokenizer.encode(prompt), options, tools)
+    """Render and tokenize the prompt the way the pipeline does (blocking)."""
+    rendered = render_prompt(chat_prompt(req), tokenizer, profile)
+    return Prepared(rendered.text, rendered.token_ids, rendered.options, list(rendered.tools))
 
 
 def sampling_params(req: ChatCompletionRequest, vocab_size: int) -> SamplingParams:

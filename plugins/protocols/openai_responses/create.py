@@ -1,4 +1,4 @@
-"""POST /v1/responses: prepare, generate, store, answer as JSON or as events."""
+"""POST /v1/responses: lower (with the stored parent), run the pipeline, store, answer as JSON or events."""
 
 from __future__ import annotations
 
@@ -8,23 +8,20 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
 import msgspec
 from litestar import Request, Response
 
-from ninfer.engine.request import EngineRequest
-from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import NotFoundError
+from ninfer.frontend.pipeline import Pipeline, Rendered, Run
+from ninfer.frontend.pipeline_request import GenerateRequest
 from ninfer.frontend.prompt_limits import check_prompt_length
-from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
-from ninfer.frontend.thinking import thinking_budget
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
-from ninfer_plugins.protocols.openai_responses.guided import response_guide
-from ninfer_plugins.protocols.openai_responses.prepare import Prepared, PromptContext, prepare
+from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
+from ninfer_plugins.protocols.openai_responses.prepare import Lowered, Prepared, PromptContext, lower, prepare
 from ninfer_plugins.protocols.openai_responses.response import Echo, Turn, new_response_id
 from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, PromptFields
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore, StoredResponse, conversation_bytes
 from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
 from ninfer_plugins.protocols.openai_responses.validate import check_create, sampling_params
-from ninfer.frontend.tool_guide import tool_parser
 
 if TYPE_CHECKING:
     from ninfer.server.state import ServerState
@@ -55,27 +52,12 @@ async def prepare_prompt(state: ServerState, ctx: PromptContext, store: Response
     return prepared, parent
 
 
-def default_thinking_budget(state: ServerState, prepared: Prepared,
-                            max_tokens: Optional[int]) -> Optional[ThinkingBudget]:
-    """The server's ``--default-thinking-budget`` for a request that thinks (None: uncapped).
-
-    The output limit it must fit in is the request's, or else the one the engine applies.
-    """
-    budget = state.profile.reasoning.default_thinking_budget
-    if budget is None or not prepared.options.thinking:
-        return None
-    if max_tokens is None:
-        max_tokens = min(state.profile.engine.default_max_tokens, state.max_model_len - len(prepared.prompt_ids))
-    parser = reasoning_parser(state)
-    return thinking_budget(state.tokenizer, parser, budget, max_tokens,
-                           open_at_start=starts_in_reasoning(prepared.prompt, parser), param="max_output_tokens")
-
-
 class Creation:
     """One Create request from preparation to its stored, rendered answer."""
 
     def __init__(self, state: ServerState, ctx: PromptContext, store: ResponseStore):
         self.state, self.ctx, self.store = state, ctx, store
+        self.pipeline = Pipeline(state)
 
     async def __call__(self, request: Request, req: CreateRequest) -> Response:
         state = self.state
@@ -84,52 +66,51 @@ class Creation:
         params = sampling_params(req, state.engine.engine.vocab_size)
         state.gate.reserve()  # a full server answers 429 before any preparation work
         keep = req.store is not False
-        prepared, parent = await prepare_prompt(state, self.ctx, self.store, req, keep)
-        params.guided = await state.run_blocking(response_guide, req.text, prepared.tools, tool_parser(state))
+        parent = parent_of(req, self.store)
+        lowered = await state.run_blocking(lower, req, self.ctx, parent, keep)
+        answer = text_format_guide(req.text)
+        rid = new_response_id()
+        run = await self.pipeline.prepare(GenerateRequest(
+            [lowered.prompt], params, lora=state.lora_for(req.model), tools=lowered.tools.request, answer=answer,
+            request_id=rid, prompt_param="input", max_tokens_param="max_output_tokens"))
+        rendered = run.prompts[0]
         earlier_bytes = parent.conversation_bytes if parent is not None else 0
         if keep:  # a Response that can never be stored fails before it is generated
-            self.store.check_fits(earlier_bytes + 2 * conversation_bytes(prepared.input_items))
-        rid = new_response_id()
-        turn = Turn(rid, Echo.of(req, state.model_id),
-                    make_splitter(state, prepared.prompt, prepared.tools.definitions),
-                    prepared.tools.identities, req.include)
-        engine_request = EngineRequest(rid, prepared.prompt_ids, params, prompt=prepared.prompt,
-                                       thinking=prepared.options.thinking, lora_name=state.lora_for(req.model),
-                                       thinking_budget=default_thinking_budget(state, prepared, params.max_tokens))
+            self.store.check_fits(earlier_bytes + 2 * conversation_bytes(lowered.input_items))
+        turn = Turn(rid, Echo.of(req, state.model_id), run.choices[0], lowered.tools.identities, req.include)
 
         async def finalize() -> dict[str, Any]:
             response = turn.response()
             if keep:
-                self.store.put(rid, self._record(prepared, response, earlier_bytes, turn))
+                self.store.put(rid, self._record(lowered, rendered, response, earlier_bytes, turn))
             return response
 
         if req.stream:
-            return sse_response(self._frames(turn, engine_request, finalize))
-        result = await cancel_on_disconnect(request, self._aggregate(turn, engine_request, finalize))
+            return sse_response(self._frames(turn, run, finalize))
+        result = await cancel_on_disconnect(request, self._aggregate(turn, run, finalize))
         return Response(msgspec.json.encode(result), media_type=JSON)
 
-    def _record(self, prepared: Prepared, response: dict[str, Any], earlier_bytes: int,
+    def _record(self, lowered: Lowered, rendered: Rendered, response: dict[str, Any], earlier_bytes: int,
                 turn: Turn) -> StoredResponse:
-        new = (*prepared.input_items, *response["output"])
+        new = (*lowered.input_items, *response["output"])
+        assert rendered.options is not None
         return StoredResponse(
             response=response,
-            input_items=prepared.input_items,
-            conversation=(*prepared.earlier, *new),
+            input_items=lowered.input_items,
+            conversation=(*lowered.earlier, *new),
             conversation_bytes=earlier_bytes + conversation_bytes(new),
-            preserve_thinking=prepared.options.preserve_thinking,
-            transcript=Transcript.of(prepared.prompt, prepared.prompt_ids, turn.output_ids, self.ctx.tokenizer),
+            preserve_thinking=rendered.options.preserve_thinking,
+            transcript=Transcript.of(rendered.text, rendered.token_ids, turn.output_ids, self.ctx.tokenizer),
         )
 
-    async def _aggregate(self, turn: Turn, engine_request: EngineRequest, finalize: Finalize) -> dict[str, Any]:
+    async def _aggregate(self, turn: Turn, run: Run, finalize: Finalize) -> dict[str, Any]:
         # aclosing: a failure here must abort the engine request now, not at GC
-        async with aclosing(self.state.generate(engine_request)) as events:
+        async with aclosing(run.events()) as events:
             async for event in events:
                 turn.feed(event)
         return await finalize()
 
-    async def _frames(self, turn: Turn, engine_request: EngineRequest, finalize: Finalize) -> AsyncIterator[bytes]:
-        async with aclosing(self.state.generate(engine_request)) as events, \
-                aclosing(frames(turn, events, finalize)) as out:
+    async def _frames(self, turn: Turn, run: Run, finalize: Finalize) -> AsyncIterator[bytes]:
+        async with aclosing(run.events()) as events, aclosing(frames(turn, events, finalize)) as out:
             async for frame in out:
                 yield frame
-

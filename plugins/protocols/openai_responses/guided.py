@@ -1,21 +1,18 @@
-"""``text.format`` -> the guide of a Response's answer, and the request's whole guide.
+"""``text.format`` -> the guide of a Response's answer (the pipeline combines it with the tools').
 
 Formats: ``text`` (free), ``json_object`` and ``json_schema`` (``name``, ``schema``,
 optional ``description`` and ``strict``; the schema is enforced either way). Tool
-constraints come from :mod:`.tools` and are combined by
-:func:`ninfer.frontend.tool_guide.request_guide`.
+constraints come from :mod:`.tools` (``ToolSet.request``) and are combined by
+:func:`ninfer.frontend.tool_guide.request_guide` inside the request pipeline.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ninfer.capabilities import ToolParser
 from ninfer.errors import InvalidRequestError
 from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.openai_responses.schema import TextOptions
-from ninfer_plugins.protocols.openai_responses.tools import ToolSet
-from ninfer.frontend.tool_guide import request_guide
 
 
 def text_format_guide(text: Optional[TextOptions]) -> Optional[GuideSpec]:
@@ -35,8 +32,3 @@ def text_format_guide(text: Optional[TextOptions]) -> Optional[GuideSpec]:
     if not isinstance(fmt.get("schema"), dict):
         raise InvalidRequestError("text.format.schema must be a JSON schema object", param="text.format.schema")
     return GuideSpec("json_schema", fmt["schema"], "text.format.schema")
-
-
-def response_guide(text: Optional[TextOptions], tools: ToolSet, parser: Optional[ToolParser]) -> Optional[GuideSpec]:
-    """The guide of a Create request (blocking: strict tool schemas are compiled)."""
-    return request_guide(tools.request, text_format_guide(text), parser)

@@ -6,14 +6,15 @@ prompt Create would run: same parent lookup, tool set, call-ID checks and templa
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Optional
 
 import attrs
-import jinja2
 
-from ninfer.errors import InvalidRequestError
-from ninfer.frontend.chat_messages import ChatTurn, template_messages
-from ninfer.frontend.prompt_options import PromptOptions, pick_spelling, resolve_prompt_options, template_kwargs
+from ninfer.frontend.chat_messages import ChatTurn
+from ninfer.frontend.pipeline import render_prompt
+from ninfer.frontend.pipeline_request import ChatPrompt
+from ninfer.frontend.prompt_options import PromptOptions, pick_spelling, resolve_prompt_options
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer_plugins.protocols.openai_responses.history import lower_items
 from ninfer_plugins.protocols.openai_responses.items import Item, canonical_input
@@ -70,8 +71,18 @@ def resolve_options(req: PromptFields, ctx: PromptContext, parent: Optional[Stor
     )
 
 
-def prepare(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Prepared:
-    """Render and tokenize (blocking: run it off the event loop)."""
+@attrs.frozen
+class Lowered:
+    """A request's conversation as the pipeline renders it, with what the Response keeps."""
+
+    prompt: ChatPrompt
+    tools: ToolSet
+    input_items: list[Item]
+    earlier: tuple[Item, ...]
+
+
+def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Lowered:
+    """Options, tools and the whole conversation (the parent's, then this input)."""
     options = resolve_options(req, ctx, parent)
     tools = resolve_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     items = canonical_input(req.input, has_parent=parent is not None, unique_ids=store)
@@ -81,14 +92,16 @@ def prepare(req: PromptFields, ctx: PromptContext, parent: Optional[StoredRespon
     turns = lower_items(located)
     if req.instructions:
         turns.insert(0, ChatTurn("developer", req.instructions))
-    try:
-        prompt = ctx.tokenizer.apply_chat_template(
-            template_messages(turns), tools=tools.definitions or None, add_generation_prompt=True,
-            **template_kwargs(options, ctx.caps),
-        )
-    except jinja2.TemplateError as exc:  # the template itself refused this conversation
-        raise InvalidRequestError(f"the chat template cannot render this conversation: {exc}", param="input",
-                                  code="invalid_prompt") from exc
     transcript = parent.transcript if parent is not None else None
-    ids = encode_prompt(prompt, ctx.tokenizer, ctx.markers, transcript)
-    return Prepared(prompt, ids, options, tools, items, earlier)
+    # a continuation keeps its parent's exact tokens where the re-rendered prompt allows
+    encode = partial(encode_prompt, tokenizer=ctx.tokenizer, markers=ctx.markers, parent=transcript)
+    prompt = ChatPrompt(turns, tools.definitions, options, encode=encode, param="input", what="this conversation")
+    return Lowered(prompt, tools, items, earlier)
+
+
+def prepare(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Prepared:
+    """Lower and render the way the pipeline does (blocking: run it off the event loop)."""
+    lowered = lower(req, ctx, parent, store)
+    rendered = render_prompt(lowered.prompt, ctx.tokenizer, None, ctx.caps)
+    return Prepared(rendered.text, rendered.token_ids, rendered.options, lowered.tools, lowered.input_items,
+                    lowered.earlier)

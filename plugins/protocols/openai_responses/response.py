@@ -8,9 +8,8 @@ from typing import Any, Optional
 
 import attrs
 
-from ninfer.engine.request import GenerationEvent
 from ninfer.errors import NinferError
-from ninfer.frontend.output_split import OutputSplitter
+from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress
 from ninfer_plugins.protocols.openai_responses.output import Event, OutputAssembler
 from ninfer_plugins.protocols.openai_responses.schema import CreateRequest
 from ninfer_plugins.protocols.openai_responses.tools import ToolIdentity
@@ -60,32 +59,28 @@ class Echo:
 
 
 class Turn:
-    """One generation: engine events in, Items, events and usage out."""
+    """One generation: the pipeline's choice events in, Items, events and usage out."""
 
-    def __init__(self, response_id: str, echo: Echo, splitter: OutputSplitter,
+    def __init__(self, response_id: str, echo: Echo, choice: ChoiceProgress,
                  identities: dict[str, ToolIdentity], include: Optional[list[str]]):
         self.id = response_id
         self.created_at = int(time.time())
         self.echo = echo
-        self.splitter = splitter
+        self.choice = choice
         self.output = OutputAssembler(identities, seal_reasoning=ENCRYPTED_REASONING in (include or []))
-        self.prompt_tokens = self.cached_tokens = self.output_tokens = 0
-        self.output_ids: list[int] = []
-        self.finish_reason: Optional[str] = None
 
-    def feed(self, event: GenerationEvent) -> list[Event]:
-        """Account one engine event; returns the semantic events it released."""
-        if event.error is not None:
-            raise event.error
-        self.prompt_tokens, self.cached_tokens = event.num_prompt_tokens, event.num_cached_tokens
-        self.output_tokens = event.num_output_tokens
-        self.output_ids += event.token_ids
-        events = []
-        if event.text or event.token_ids:
-            events = self.output.feed(self.splitter.feed(event.text, len(event.token_ids)))
+    @property
+    def output_ids(self) -> list[int]:
+        return self.choice.output_ids
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return self.choice.finish_reason
+
+    def feed(self, event: ChoiceEvent) -> list[Event]:
+        """Render one choice event; returns the semantic events it released."""
+        events = self.output.feed(event.deltas)
         if event.finished:
-            self.finish_reason = event.finish_reason
-            events += self.output.feed(self.splitter.finish())
             events += self.output.finish(self.status)
         return events
 
@@ -96,12 +91,13 @@ class Turn:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
     def usage(self) -> dict[str, Any]:
+        c = self.choice
         return {
-            "input_tokens": self.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": self.cached_tokens},
-            "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self.splitter.reasoning_tokens},
-            "total_tokens": self.prompt_tokens + self.output_tokens,
+            "input_tokens": c.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.cached_tokens},
+            "output_tokens": c.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": c.reasoning_tokens},
+            "total_tokens": c.prompt_tokens + c.completion_tokens,
         }
 
     def response(self, error: Optional[NinferError] = None) -> dict[str, Any]:

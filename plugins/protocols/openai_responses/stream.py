@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import msgspec
 from loguru import logger
 
-from ninfer.engine.request import GenerationEvent
+from ninfer.frontend.choice_output import ChoiceEvent
 from ninfer.errors import NinferError
 from ninfer.server.errors import INTERNAL_MESSAGE
 from ninfer_plugins.protocols.openai_responses.output import Event
@@ -35,7 +35,7 @@ class Framer:
         return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
 
 
-async def frames(turn: Turn, events: AsyncIterator[GenerationEvent], finalize: Finalize) -> AsyncIterator[bytes]:
+async def frames(turn: Turn, events: AsyncIterator[ChoiceEvent], finalize: Finalize) -> AsyncIterator[bytes]:
     """The whole stream; a ``finalize`` failure (a Response the store cannot hold) fails it too."""
     framer = Framer()
     started = False

@@ -1,0 +1,193 @@
+"""The one path from a protocol's parsed request to its choices' output events.
+
+Every front door runs the same sequence: admission (a full server answers before any
+work), prompt rendering and tokenizing off the event loop, the prompt-length refusal,
+the output guide, the thinking budget, one engine request per choice (``sample_index``
+picks the seed: the engine's one rule), then the interleaved events of all choices.
+A protocol only parses its body into a :class:`GenerateRequest` and renders the
+:class:`ChoiceEvent` stream and the final :class:`UsageCounts` / :class:`TimingCounts`.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+from typing import Any, AsyncIterator, Optional, Sequence
+
+import attrs
+import jinja2
+
+from ninfer.capabilities import ReasoningParser, ToolParser
+from ninfer.engine.request import EngineRequest
+from ninfer.engine.thinking_budget import ThinkingBudget
+from ninfer.errors import InvalidRequestError
+from ninfer.frontend.chat_messages import template_messages
+from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress, TimingCounts, UsageCounts, timings, usage
+from ninfer.frontend.fanout import generate_all
+from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
+from ninfer.frontend.pipeline_request import GenerateRequest, Prompt, TemplateOptions, TextPrompt
+from ninfer.frontend.prompt_limits import check_prompt_length
+from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options, template_kwargs
+from ninfer.frontend.template_caps import TemplateCaps, detect_caps
+from ninfer.frontend.thinking import thinking_budget
+from ninfer.frontend.tool_guide import request_guide, tool_parser
+from ninfer.guided.spec import GuideSpec
+from ninfer.server.admission import current_ticket, request_id
+
+
+@attrs.frozen
+class Rendered:
+    """A prompt as the engine runs it."""
+
+    text: str
+    token_ids: list[int]
+    #: whether the request thinks (None: a raw prompt, the process default)
+    thinking: Optional[bool] = None
+    options: Optional[PromptOptions] = None
+    tools: Sequence[dict[str, Any]] = ()
+
+
+def resolve_options(requested: TemplateOptions | PromptOptions, caps: TemplateCaps, profile: Any) -> PromptOptions:
+    """Requested template options checked against the template, server defaults filled in."""
+    if isinstance(requested, PromptOptions):
+        return requested
+    reasoning = profile.reasoning
+    return resolve_prompt_options(
+        caps, effort=requested.effort, enable=requested.enable, preserve=requested.preserve,
+        thinking_default=reasoning.thinking if requested.thinking_default is None else requested.thinking_default,
+        preserve_default=(reasoning.preserve_thinking if requested.preserve_default is None
+                          else requested.preserve_default),
+        effort_param=requested.effort_param,
+    )
+
+
+def render_prompt(prompt: Prompt, tokenizer: Any, profile: Any, caps: Optional[TemplateCaps] = None) -> Rendered:
+    """Template and tokenize one prompt; a token-id prompt is decoded for its text (blocking)."""
+    if isinstance(prompt, TextPrompt):
+        if prompt.token_ids is not None:
+            ids = list(prompt.token_ids)
+            return Rendered(tokenizer.decode(ids, False), ids)
+        return Rendered(prompt.text or "", tokenizer.encode(prompt.text or ""))
+    caps = caps if caps is not None else detect_caps(tokenizer.chat_template_source)
+    options = resolve_options(prompt.options, caps, profile)
+    try:
+        text = tokenizer.apply_chat_template(
+            template_messages(prompt.turns), tools=list(prompt.tools) or None,
+            continue_final_message=prompt.continue_final, **template_kwargs(options, caps))
+    except (jinja2.TemplateError, ValueError) as exc:  # the template refused, or dropped a prefill's text
+        raise InvalidRequestError(f"the chat template cannot render {prompt.what}: {exc}", param=prompt.param,
+                                  code="invalid_prompt") from exc
+    ids = prompt.encode(text) if prompt.encode is not None else tokenizer.encode(text)
+    return Rendered(text, ids, options.thinking, options, tuple(prompt.tools))
+
+
+def choose_thinking_budget(tokenizer: Any, parser: Optional[ReasoningParser], profile: Any, max_context: int,
+                           req: GenerateRequest, rendered: Rendered) -> Optional[ThinkingBudget]:
+    """The request's cap, else the server default, for a prompt that thinks (None: uncapped).
+
+    The output limit it must fit in is the request's, or else the one the engine applies.
+    """
+    asked = req.thinking.budget
+    cap = asked if asked is not None else profile.reasoning.default_thinking_budget
+    if not rendered.thinking or cap is None or parser is None:
+        return None
+    room = req.params.max_tokens
+    if room is None:
+        room = max(min(profile.engine.default_max_tokens, max_context - len(rendered.token_ids)), 0)
+    open_at_start = starts_in_reasoning(rendered.text, parser)
+    if asked is not None and req.thinking.fit:
+        # the close sequence, one answer token, and the opener when the model emits it
+        need = len(tokenizer.encode(parser.budget_close)) + 1 + (0 if open_at_start else 1)
+        if cap < room < cap + need:
+            cap = room - need if room > need else None
+    param = req.thinking.param if asked is not None else req.max_tokens_param
+    return thinking_budget(tokenizer, parser, cap, room, open_at_start, param=param)
+
+
+def output_guide(req: GenerateRequest, parser: Optional[ToolParser]) -> Optional[GuideSpec]:
+    """The guide every choice follows (blocking: schemas are compiled)."""
+    if not (req.tools.tools or req.tools.forced or req.answer is not None):
+        return None
+    return request_guide(req.tools, req.answer, parser)
+
+
+class Pipeline:
+    """Built once per server from its :class:`ninfer.server.state.ServerState`."""
+
+    def __init__(self, state: Any):
+        self.state = state
+        self.tokenizer = state.tokenizer
+        self.profile = state.profile
+        self.caps: TemplateCaps = detect_caps(state.tokenizer.chat_template_source)
+        self.reasoning = reasoning_parser(state)
+        self.tool_parser = tool_parser(state)
+
+    def render(self, prompt: Prompt) -> Rendered:
+        """:func:`render_prompt` with this server's tokenizer (blocking: run it off the loop)."""
+        return render_prompt(prompt, self.tokenizer, self.profile, self.caps)
+
+    def thinking_budget(self, req: GenerateRequest, rendered: Rendered) -> Optional[ThinkingBudget]:
+        return choose_thinking_budget(self.tokenizer, self.reasoning, self.profile, self.state.max_model_len,
+                                      req, rendered)
+
+    # -- one request ----------------------------------------------------------------
+    async def prepare(self, req: GenerateRequest) -> Run:
+        """Everything before generation; errors here are plain HTTP errors."""
+        state = self.state
+        if current_ticket() is not None:  # outside an HTTP request a slot is held only while generating
+            state.gate.reserve()  # a full server answers 429 before any preparation work
+        rendered = [await state.run_blocking(self.render, p) for p in req.prompts]
+        for r in rendered:
+            check_prompt_length(len(r.token_ids), state.max_model_len, param=req.prompt_param)
+        params = req.params
+        guide = await state.run_blocking(output_guide, req, self.tool_parser)
+        if guide is not None:
+            params.guided = guide
+        rid = req.request_id or request_id()
+        requests, choices = [], []
+        for i, r in enumerate(rendered):
+            budget = self.thinking_budget(req, r)
+            for j in range(req.n):
+                k = i * req.n + j
+                requests.append(EngineRequest(f"{rid}-{k}", r.token_ids, params, prompt=r.text, thinking=r.thinking,
+                                              thinking_budget=budget, lora_name=req.lora, sample_index=j))
+                splitter = make_splitter(state, r.text, r.tools) if r.options is not None else None
+                choices.append(ChoiceProgress(k, splitter))
+        return Run(state, rid, rendered, requests, choices, req.n)
+
+
+@attrs.define
+class Run:
+    """One prepared request: its engine requests (prompt-major, ``n`` per prompt) and choices."""
+
+    state: Any
+    request_id: str
+    prompts: list[Rendered]
+    requests: list[EngineRequest]
+    choices: list[ChoiceProgress]
+    n: int
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        """Every choice's events in arrival order; closing this aborts every engine request.
+
+        Nothing comes before the engine admits the first choice, so a refusal at admission
+        is still raised here before any output; an event carrying an error raises it.
+        """
+        async with aclosing(generate_all(self.state, self.requests)) as events:
+            async for index, event in events:
+                yield self.choices[index].feed(event)
+
+    async def drain(self) -> None:
+        """Run every choice to its end (an aggregate answer reads :attr:`choices` after)."""
+        async with aclosing(self.events()) as events:
+            async for _ in events:
+                pass
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.choices)
+
+    def usage(self) -> UsageCounts:
+        return usage(self.choices, self.n)
+
+    def timings(self) -> TimingCounts:
+        return timings(self.choices)

@@ -1,0 +1,95 @@
+"""What a protocol extracts from its wire body for :class:`ninfer.frontend.pipeline.Pipeline`.
+
+A protocol lowers its own message and tool spellings; everything from admission on
+(rendering, the guide, the thinking budget, the engine requests, per-choice output and
+usage) is the pipeline's. The ``*_param`` fields are the wire names the pipeline's
+errors blame, since each protocol spells its fields differently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Union
+
+import attrs
+
+from ninfer.frontend.chat_messages import ChatTurn
+from ninfer.frontend.prompt_options import PromptOptions
+from ninfer.frontend.tool_guide import ToolRequest
+from ninfer.guided.spec import GuideSpec
+from ninfer.sampling_params import SamplingParams
+
+
+@attrs.frozen
+class TemplateOptions:
+    """A request's thinking switch, effort and history reasoning, before the template checks them."""
+
+    effort: Optional[str] = None
+    enable: Optional[bool] = None
+    preserve: Optional[bool] = None
+    #: the field that spelled ``effort`` (errors name it)
+    effort_param: str = "reasoning_effort"
+    #: overrides of the server's defaults (a stored parent's preserve_thinking, say)
+    thinking_default: Optional[bool] = None
+    preserve_default: Optional[bool] = None
+
+
+@attrs.frozen
+class ChatPrompt:
+    """A conversation to render with the chat template."""
+
+    turns: Sequence[ChatTurn]
+    #: template-shaped function tools: rendered into the prompt, and the only callable ones
+    tools: Sequence[dict[str, Any]] = ()
+    #: requested options (checked against the template), or options the protocol resolved itself
+    options: Union[TemplateOptions, PromptOptions] = TemplateOptions()
+    #: leave the last (assistant) message open instead of starting a new turn (a prefill)
+    continue_final: bool = False
+    #: tokenizes the rendered text instead of the tokenizer (a protocol reusing stored tokens)
+    encode: Optional[Callable[[str], list[int]]] = None
+    #: the field a template refusal blames, and how its message names the conversation
+    param: str = "messages"
+    what: str = "these messages"
+
+
+@attrs.frozen
+class TextPrompt:
+    """A raw prompt: text (tokenized as is) or token ids (decoded for its text)."""
+
+    text: Optional[str] = None
+    token_ids: Optional[Sequence[int]] = None
+
+
+Prompt = Union[ChatPrompt, TextPrompt]
+
+
+@attrs.frozen
+class ThinkingRequest:
+    """The request's own reasoning cap; absent, the server's ``--default-thinking-budget`` applies."""
+
+    budget: Optional[int] = None
+    #: the field that set ``budget``
+    param: str = "thinking"
+    #: lower a cap that leaves no room for the close sequence and one answer token
+    #: (instead of refusing the request): clients that send a budget just under max_tokens
+    fit: bool = False
+
+
+@attrs.define
+class GenerateRequest:
+    """One request as every protocol hands it to the pipeline."""
+
+    #: one prompt, or several (each gets ``n`` choices, indexed prompt-major)
+    prompts: Sequence[Prompt]
+    params: SamplingParams
+    n: int = 1
+    #: the LoRA adapter to run with (None: the base model)
+    lora: Optional[str] = None
+    #: what the tool calls must be, and what a plain answer must match
+    tools: ToolRequest = ToolRequest()
+    answer: Optional[GuideSpec] = None
+    thinking: ThinkingRequest = ThinkingRequest()
+    #: the engine requests' id prefix (default: the HTTP request's id)
+    request_id: Optional[str] = None
+    #: wire names for errors: the prompt's field, and the output limit's
+    prompt_param: str = "messages"
+    max_tokens_param: str = "max_tokens"

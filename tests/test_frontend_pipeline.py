@@ -1,0 +1,103 @@
+"""The protocol-neutral pipeline on a real tiny engine: prepare, n choices, events, usage, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ninfer.cli.serve import build_parser
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError
+from ninfer.frontend.chat_messages import ChatTurn
+from ninfer.frontend.output_split import TextDelta
+from ninfer.frontend.pipeline import Pipeline
+from ninfer.frontend.pipeline_request import ChatPrompt, GenerateRequest, TemplateOptions, TextPrompt
+from ninfer.frontend.tool_guide import ToolRequest
+from ninfer.plugins import load_registry
+from ninfer.profile import load_profile, resolve
+from ninfer.profile.flags import overrides_from_args
+from ninfer.sampling_params import SamplingParams
+from ninfer.server.run import build_state
+
+
+@pytest.fixture(scope="module")
+def state(tiny_qwen3):
+    args = build_parser().parse_args(["--model", str(tiny_qwen3), "--device", "cpu", "--max-context", "256",
+                                      "--default-thinking-budget", "4"])
+    profile = resolve(load_profile(args.profile, args.model, overrides_from_args(args)))
+    served = build_state(profile, load_registry(profile.plugins.allow))
+    yield served
+    served.engine.shutdown()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def chat(text="hi", **kw):
+    return ChatPrompt([ChatTurn("user", text)], **kw)
+
+
+async def collect(pipeline, req):
+    prepared = await pipeline.prepare(req)
+    events = [e async for e in prepared.events()]
+    return prepared, events
+
+
+def test_n_choices_stream_per_choice_events_and_usage(state):
+    pipeline = Pipeline(state)
+    req = GenerateRequest([chat(options=TemplateOptions(enable=False))], SamplingParams(max_tokens=5, seed=3), n=3)
+    prepared, events = run(collect(pipeline, req))
+    assert [r.sample_index for r in prepared.requests] == [0, 1, 2]
+    assert len({r.request_id for r in prepared.requests}) == 3
+    assert {e.index for e in events} == {0, 1, 2} and prepared.finished
+    assert [e.first for e in events if e.index == 1].count(True) == 1
+    for choice in prepared.choices:
+        assert choice.completion_tokens == len(choice.output_ids) <= 5
+        assert choice.finish_reason in ("stop", "length")
+    usage = prepared.usage()
+    assert usage.prompt_tokens == len(prepared.prompts[0].token_ids)  # the shared prompt counts once
+    assert usage.completion_tokens == sum(c.completion_tokens for c in prepared.choices)
+    assert prepared.timings().predicted_n == usage.completion_tokens
+    # thinking off: no budget even with a server default; the prompt says so to the template
+    assert prepared.requests[0].thinking is False and prepared.requests[0].thinking_budget is None
+
+
+def test_thinking_gets_the_server_default_budget_and_raw_prompts_no_splitter(state):
+    pipeline = Pipeline(state)
+    thinking = run(pipeline.prepare(GenerateRequest([chat(options=TemplateOptions(enable=True))],
+                                                    SamplingParams(max_tokens=100))))
+    assert thinking.requests[0].thinking_budget.budget == 4
+    run(thinking.drain())
+    raw = GenerateRequest([TextPrompt(text="hello"), TextPrompt(token_ids=[1, 2, 3])],
+                          SamplingParams(max_tokens=2), n=2, prompt_param="prompt")
+    prepared, events = run(collect(pipeline, raw))
+    assert [c.splitter for c in prepared.choices] == [None] * 4
+    assert prepared.prompts[1].token_ids == [1, 2, 3] and prepared.requests[3].prompt_token_ids == [1, 2, 3]
+    assert [r.sample_index for r in prepared.requests] == [0, 1, 0, 1]
+    text = "".join(d.text for e in events if e.index == 0 for d in e.deltas if isinstance(d, TextDelta))
+    assert prepared.usage().prompt_tokens == len(prepared.prompts[0].token_ids) + 3  # each prompt once
+    assert isinstance(text, str)
+
+
+def test_refusals_name_the_protocols_fields(state):
+    pipeline = Pipeline(state)
+    long = GenerateRequest([TextPrompt(token_ids=[5] * 300)], SamplingParams(max_tokens=1), prompt_param="input")
+    with pytest.raises(ContextLengthExceededError) as e:
+        run(pipeline.prepare(long))
+    assert e.value.param == "input"
+    forced = GenerateRequest([chat()], SamplingParams(), tools=ToolRequest((), forced=True, choice_param="tool_choice"))
+    with pytest.raises(InvalidRequestError) as e:
+        run(pipeline.prepare(forced))
+    assert e.value.param == "tool_choice"
+    bad_effort = GenerateRequest([chat(options=TemplateOptions(effort="extreme", effort_param="reasoning.effort"))],
+                                 SamplingParams())
+    with pytest.raises(InvalidRequestError) as e:
+        run(pipeline.prepare(bad_effort))
+    assert e.value.param == "reasoning.effort"
+    # the server default budget cannot close within this output limit: the limit's wire name is blamed
+    tight = GenerateRequest([chat(options=TemplateOptions(enable=True))], SamplingParams(max_tokens=20),
+                            max_tokens_param="max_output_tokens")
+    with pytest.raises(InvalidRequestError) as e:
+        run(pipeline.prepare(tight))
+    assert (e.value.param, e.value.code) == ("max_output_tokens", "thinking_budget_capacity_insufficient")
