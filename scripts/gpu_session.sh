@@ -27,7 +27,8 @@ bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/
 case "$stage" in
 check)
     timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
-        tests/test_gated_delta_decode.py tests/test_prefill_kernels.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+        tests/test_gated_delta_decode.py tests/test_prefill_kernels.py tests/test_skinny_linear.py \
+        tests/test_lora.py tests/test_sampler.py tests/test_kernels_triton.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
     timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -14
     timeout 60 python3 scripts/gpu_prefill_kernels_check.py --out "$OUT/prefill_kernels.jsonl" 2>&1 | tail -14
     bench 330 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
