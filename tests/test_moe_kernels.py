@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
 from ninfer_kernels.triton import moe_route as t_route  # noqa: E402
+from ninfer_kernels.triton import moe_shapes as t_shapes  # noqa: E402
 from ninfer_kernels.triton import moe_single_token as t_one  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
@@ -269,7 +270,7 @@ def test_config_selection_takes_the_nearest_m_at_or_above(monkeypatch, tmp_path)
     key = t_fused.shape_key(9, 64, 32, 3, torch.float32)
     assert key == "E=9,H=64,I=32,k=3,fp32"
     (tmp_path / "cpu.json").write_text(json.dumps({"_comment": "x", key: {"4": small, "64": big}}))
-    monkeypatch.setattr(t_fused, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(t_shapes, "CONFIG_DIR", tmp_path)
     t_fused.load_table.cache_clear()
     try:
         pick = lambda t: t_fused.select_config(torch.device("cpu"), 9, 64, 32, 3, torch.float32, t)  # noqa: E731

@@ -53,7 +53,7 @@ def test_choice_follows_the_table_by_shape_and_rows(monkeypatch, tmp_path):
     entry = {"BLOCK_N": 32, "BLOCK_K": 128, "SPLITS": 2, "num_warps": 4, "num_stages": 3}
     (tmp_path / "cuda.json").write_text(json.dumps({"_comment": "test", "N=64,K=32,float32": {"1": entry, "4": entry}}))
     monkeypatch.setattr(sk, "CONFIG_DIR", tmp_path)
-    monkeypatch.setattr(sk, "_device_name", lambda device: device.type)
+    monkeypatch.setattr(sk, "device_name", lambda device: device.type)
     sk.load_table.cache_clear()
 
     class FakeCuda:  # only the attributes choose() reads

@@ -24,18 +24,12 @@ stay vectorised and the pipeline's shared memory is allocated once.
 Under PDL (:mod:`.pdl`) each kernel is launched while the one before it finishes and
 waits for it before reading anything, which hides its launch latency.
 
-Block shapes are chosen on the host from the token count alone (:func:`select_config`):
-a tuned table per device in ``moe_configs/<device name>.json`` (written by
-scripts/gpu_moe_tune.py), else a heuristic by pairs per expert.
+Block shapes are chosen on the host from the token count alone (:mod:`.moe_shapes`).
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 import triton
@@ -43,105 +37,14 @@ import triton.language as tl
 
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_route import moe_align
-from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, SingleTokenConfig, expert_rows_one_token
+from ninfer_kernels.triton.moe_shapes import (  # noqa: F401  (re-exported: the tuning scripts use them)
+    CONFIG_DIR, GemmConfig, MoeConfig, device_name, heuristic_config, load_table, select_config, shape_key,
+)
+from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, expert_rows_one_token
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: columns per program of the final per-token sum
 SUM_BLOCK = 1024
-CONFIG_DIR = Path(__file__).parent / "moe_configs"
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-# -- block shapes ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Launch shape of one grouped GEMM (BLOCK_M is the call's, shared by both)."""
-
-    BLOCK_N: int
-    BLOCK_K: int
-    GROUP_M: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def clipped(self, max_n: int, max_k: int) -> GemmConfig:
-        return replace(self, BLOCK_N=min(self.BLOCK_N, max_n), BLOCK_K=min(self.BLOCK_K, max_k))
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """One call's shapes: ``block_m`` (the alignment of the runs) and each GEMM's; for one
-    token, optionally the single-token kernels' (their defaults when absent)."""
-
-    block_m: int
-    gate_up: GemmConfig
-    down: GemmConfig
-    one_token: SingleTokenConfig | None = None
-
-    @classmethod
-    def from_json(cls, entry: dict) -> MoeConfig:
-        one = entry.get("one_token")
-        return cls(int(entry["block_m"]), GemmConfig(**entry["gate_up"]), GemmConfig(**entry["down"]),
-                   SingleTokenConfig(**one) if one else None)
-
-    def to_json(self) -> dict:
-        out = {"block_m": self.block_m, "gate_up": asdict(self.gate_up), "down": asdict(self.down)}
-        if self.one_token is not None:
-            out["one_token"] = asdict(self.one_token)
-        return out
-
-
-def shape_key(num_experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
-    """The tables' key for a layer: ``"E=257,H=2048,I=512,k=9,bf16"``. E and k count the
-    shared expert when there is one (E = routed experts + 1, k = top_k + 1: the ids'
-    columns), I is one expert's intermediate width (w13 holds 2I rows)."""
-    return f"E={num_experts},H={hidden},I={inter},k={top_k},{DTYPE_NAMES.get(dtype, str(dtype))}"
-
-
-@functools.lru_cache(maxsize=None)
-def device_name(device: torch.device) -> str:
-    """The tables' file stem: the CUDA device name with spaces as underscores ("NVIDIA_H200")."""
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device).replace(" ", "_")
-
-
-@functools.lru_cache(maxsize=None)
-def load_table(name: str) -> dict[str, dict[int, MoeConfig]]:
-    """``moe_configs/<name>.json`` as {shape key: {M: config}}; empty when there is none.
-    Read once per device name (keys starting with "_" are comments)."""
-    path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    return {key: {int(m): MoeConfig.from_json(c) for m, c in per_m.items()}
-            for key, per_m in raw.items() if not key.startswith("_")}
-
-
-def heuristic_config(num_experts: int, top_k: int, num_tokens: int) -> MoeConfig:
-    """Without a tuned entry: decode-sized calls (a few rows per expert) are bound by
-    reading the weights, so short blocks and long K tiles; prefill-sized ones by math."""
-    per_expert = num_tokens * top_k / max(num_experts, 1)
-    if per_expert <= 16:
-        small = GemmConfig(BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)
-        return MoeConfig(16, small, small)
-    if per_expert <= 48:
-        mid = GemmConfig(BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3)
-        return MoeConfig(32, mid, mid)
-    return MoeConfig(64, GemmConfig(BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-                     GemmConfig(BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4))
-
-
-def select_config(device: torch.device, num_experts: int, hidden: int, inter: int, top_k: int,
-                  dtype: torch.dtype, num_tokens: int) -> MoeConfig:
-    """The tuned entry with the nearest M at or above ``num_tokens`` (else the largest M),
-    or the heuristic when this device or shape has no table. Host-side, from T alone."""
-    table = load_table(device_name(device)).get(shape_key(num_experts, hidden, inter, top_k, dtype))
-    if not table:
-        return heuristic_config(num_experts, top_k, num_tokens)
-    at_or_above = [m for m in table if m >= num_tokens]
-    return table[min(at_or_above) if at_or_above else max(table)]
 
 
 # -- kernels --------------------------------------------------------------------------

@@ -20,7 +20,6 @@ than cuBLAS; today the routers: 4.2 us) or None, meaning cuBLAS.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import triton.language as tl
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
+from ninfer_kernels.triton.tuned_tables import device_name, read_table
 
 CONFIG_DIR = Path(__file__).parent / "linear_configs"
 #: most rows of x this kernel takes (one tl.dot tile)
@@ -55,19 +55,10 @@ def table_key(n: int, k: int, dtype: torch.dtype) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else device.type
-
-
-@functools.lru_cache(maxsize=None)
 def load_table(name: str) -> dict[str, dict[int, SkinnyConfig]]:
     """``linear_configs/<name>.json`` as {key: {rows: config}} (keys starting "_" are comments)."""
-    path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
     return {key: {int(m): SkinnyConfig(**c) for m, c in per_m.items()}
-            for key, per_m in raw.items() if not key.startswith("_")}
+            for key, per_m in read_table(CONFIG_DIR, name).items()}
 
 
 def choose(x: torch.Tensor, weight: torch.Tensor) -> SkinnyConfig | None:
@@ -76,7 +67,7 @@ def choose(x: torch.Tensor, weight: torch.Tensor) -> SkinnyConfig | None:
     if x.device.type != "cuda" or x.dim() != 2 or x.shape[0] > MAX_ROWS or not enabled():
         return None
     rows = x.shape[0]
-    per_rows = load_table(_device_name(x.device)).get(table_key(weight.shape[0], weight.shape[1], x.dtype))
+    per_rows = load_table(device_name(x.device)).get(table_key(weight.shape[0], weight.shape[1], x.dtype))
     if not per_rows:
         return None
     at_or_above = [m for m in per_rows if m >= rows]

@@ -1,0 +1,30 @@
+"""Per-device tables of tuned launch shapes, written by the GPU sweep scripts.
+
+A table is ``<dir>/<device name>.json``: keys starting with "_" are comments, every other
+key names a shape. The MoE kernels (:mod:`.moe_shapes`) and the few-row linear kernel
+(:mod:`.skinny_linear`) each keep one folder of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: torch.device) -> str:
+    """The tables' file stem: the CUDA device name with spaces as underscores ("NVIDIA_H200")."""
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def read_table(folder: Path, name: str) -> dict:
+    """``folder/name.json`` without its comment keys; empty when there is no such file."""
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        return {}
+    return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
