@@ -137,11 +137,11 @@ def check_conv(report: Report, shape: str, case: str, specs: list[tuple[int, int
     scratch = states0.clone()
     for block_t, block_c, warps in CONV_CONFIGS:
         got_states = states0.clone()
-        got = t_conv.causal_conv1d(x, weight, got_states, batch, block_t, block_c, warps)
+        got = t_conv.causal_conv1d(x, weight, got_states, batch, block_t=block_t, block_c=block_c, num_warps=warps)
         report.add({**base, "impl": f"token_parallel t{block_t} c{block_c} w{warps}", "rel_err": rel_err(got, want),
                     "states_equal": bool(torch.equal(got_states, want_states))})
         _timed(report, {**base, "impl": f"token_parallel t{block_t} c{block_c} w{warps}"},
-               lambda: t_conv.causal_conv1d(x, weight, scratch, batch, block_t, block_c, warps), nbytes)
+               lambda: t_conv.causal_conv1d(x, weight, scratch, batch, block_t=block_t, block_c=block_c, num_warps=warps), nbytes)
     got_states = states0.clone()
     got = token_loop_conv(x, weight, got_states, batch)
     report.add({**base, "impl": "token_loop (old)", "rel_err": rel_err(got, want),

@@ -119,7 +119,7 @@ def _causal_conv_kernel(
 
 def causal_conv1d(
     x: torch.Tensor, weight: torch.Tensor, states: torch.Tensor, batch: ForwardBatch,
-    split: Sequence[int] | None = None, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
+    split: Sequence[int] | None = None, *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Same contract as :func:`ninfer_kernels.causal_conv.causal_conv1d`, plus negative
     ``state_slots`` (zero history, nothing written). With ``split`` the parts are written
