@@ -65,12 +65,3 @@ class GuidedDecodingBackend:
     #: ``factory(tokenizer, vocab_size)`` -> :class:`ninfer.guided.backend.GuideCompiler`,
     #: built once per engine (``tokenizer`` is a :class:`ninfer.tokenizer.Tokenizer`)
     factory: Callable[..., Any] | None = None
-
-
-@attrs.frozen
-class MediaProcessor:
-    name: str
-    description: str = ""
-    #: modalities handled, e.g. ("image",)
-    modalities: tuple[str, ...] = ()
-    factory: Callable[..., Any] | None = None

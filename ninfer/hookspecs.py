@@ -71,11 +71,3 @@ def register_guided_decoding_backends(register):
 
     Compiles schemas, regexes and grammars into per-step token masks.
     """
-
-
-@hookspec
-def register_media_processors(register):
-    """Offer media processors: ``register(ninfer.capabilities.MediaProcessor(...))``.
-
-    Decodes and prepares image or video inputs for a vision tower (``--vision``).
-    """

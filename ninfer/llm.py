@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from ninfer.engine.builder import LoadedEngine, build_engine
-from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.engine.request import GenerationEvent
 from ninfer.outputs import CompletionOutput, RequestOutput
 from ninfer.plugins import load_registry
 from ninfer.sampling_params import SamplingParams
@@ -63,11 +63,34 @@ class LLM:
         self.loaded: LoadedEngine = build_engine(self.profile, self.registry, weights,
                                                  decode_ahead_on_cpu=decode_ahead_on_cpu)
         self.engine = self.loaded.engine
+        self._pipeline = None
         for name, path in (lora_modules or {}).items():
             self.load_lora(name, path)
 
     def get_tokenizer(self):
         return self.loaded.tokenizer
+
+    # what ninfer.frontend.pipeline.Pipeline reads of its owner (as of the server's state)
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def family(self):
+        return self.loaded.family
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.max_context
+
+    @property
+    def pipeline(self):
+        """The generation pipeline every front door shares, here without a server around it."""
+        if self._pipeline is None:
+            from ninfer.frontend.pipeline import Pipeline
+
+            self._pipeline = Pipeline(self)
+        return self._pipeline
 
     def load_lora(self, name: str, path: Union[str, Path]) -> None:
         """Serve the PEFT LoRA adapter at ``path`` (a directory or its ``.safetensors``) as ``name``."""
@@ -87,15 +110,11 @@ class LLM:
         ``lora_name`` names a loaded adapter for every prompt, or gives one name (or
         None for the base model) per prompt; prompts with different adapters share batches.
         """
+        from ninfer.frontend.pipeline_request import TextPrompt
+
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = self._params_per_prompt(sampling_params, len(prompts))
-        lora_names = self._loras_per_prompt(lora_name, len(prompts))
-        requests = []
-        for prompt, params in zip(prompts, params_list):
-            text, ids = self._tokenize(prompt)
-            requests.append((text, ids, params))
-        return self._run(requests, thinking, lora_names)
+        return self._run([_text_prompt(p, thinking, TextPrompt) for p in prompts], sampling_params, lora_name)
 
     def chat(
         self,
@@ -104,20 +123,30 @@ class LLM:
         *,
         tools: Optional[list[dict]] = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: Optional[dict] = None,
         lora_name: Union[str, None, Sequence[Optional[str]]] = None,
     ) -> list[RequestOutput]:
-        """Render each conversation with the checkpoint's chat template, then generate."""
+        """Render each conversation with the checkpoint's chat template, then generate.
+
+        ``chat_template_kwargs`` takes the template options the server accepts:
+        ``enable_thinking``, ``preserve_thinking`` and ``reasoning_effort``.
+        """
+        from ninfer.frontend.chat_messages import parse_messages
+        from ninfer.frontend.pipeline_request import ChatPrompt, TemplateOptions
+
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         kwargs = dict(chat_template_kwargs or {})
-        thinking = kwargs.get("enable_thinking", self.profile.reasoning.thinking)
-        kwargs.setdefault("enable_thinking", thinking)
-        tok = self.loaded.tokenizer
-        prompts = [
-            tok.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
-            for conv in conversations
-        ]
-        return self.generate(prompts, sampling_params, thinking=thinking, lora_name=lora_name)
+        unknown = sorted(set(kwargs) - _TEMPLATE_OPTIONS)
+        if unknown:
+            raise ValueError(f"chat_template_kwargs: unknown option {unknown[0]!r} "
+                             f"(supported: {', '.join(sorted(_TEMPLATE_OPTIONS))})")
+        options = TemplateOptions(effort=kwargs.get("reasoning_effort"), enable=kwargs.get("enable_thinking"),
+                                  preserve=kwargs.get("preserve_thinking"))
+        prompts = [ChatPrompt(parse_messages(conv), tools=tuple(tools or ()), options=options,
+                              continue_final=continue_final_message, add_generation_prompt=add_generation_prompt)
+                   for conv in conversations]
+        return self._run(prompts, sampling_params, lora_name)
 
     # -- internals -------------------------------------------------------------
     @staticmethod
@@ -138,35 +167,32 @@ class LLM:
             self.engine.lora_slot(name)
         return names
 
-    def _tokenize(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.loaded.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        return None, list(prompt)
+    def _run(self, prompts: Sequence[Any], sampling_params, lora_name) -> list[RequestOutput]:
+        """One pipeline request per prompt, every engine request fed to the engine together."""
+        from ninfer.frontend.pipeline_request import GenerateRequest
 
-    def _run(
-        self, requests: Iterable[tuple], thinking: Optional[bool], lora_names: Optional[Sequence[Optional[str]]] = None
-    ) -> list[RequestOutput]:
+        params_list = self._params_per_prompt(sampling_params, len(prompts))
+        lora_names = self._loras_per_prompt(lora_name, len(prompts))
         outputs: list[RequestOutput] = []
         by_id: dict[str, tuple[RequestOutput, CompletionOutput]] = {}
         try:
             # A request the engine refuses (e.g. a guide that does not compile) withdraws
             # the ones queued before it: nothing of this call is left in the engine.
-            for position, (text, ids, params) in enumerate(requests):
-                lora_name = lora_names[position] if lora_names is not None else None
-                result = RequestOutput(uuid.uuid4().hex, text, ids, [], finished=False)
+            for prompt, params, lora in zip(prompts, params_list, lora_names):
+                rid = uuid.uuid4().hex
+                plan = self.pipeline.plan(GenerateRequest([prompt], params, n=params.n, lora=lora,
+                                                          prompt_param="prompt"), rid)
+                rendered = plan.prompts[0]
+                # token-id prompts report no text, as in vLLM
+                token_only = getattr(prompt, "token_ids", None) is not None and prompt.text is None
+                text = None if token_only else rendered.text
+                result = RequestOutput(rid, text, rendered.token_ids, [], finished=False)
                 outputs.append(result)
-                sub = _evolve(params, n=1) if params.n > 1 else params
-                for index in range(params.n):  # each sample its own engine request (seed: sample_index)
-                    rid = f"{result.request_id}-{index}"
+                for index, engine_request in enumerate(plan.requests):  # one per sample (seed: sample_index)
                     completion = CompletionOutput(index, "", [], logprobs=[] if params.logprobs is not None else None)
                     result.outputs.append(completion)
-                    by_id[rid] = (result, completion)
-                    self.engine.add_request(
-                        EngineRequest(rid, ids, sub, prompt=text, thinking=thinking, lora_name=lora_name,
-                                      sample_index=index)
-                    )
+                    by_id[engine_request.request_id] = (result, completion)
+                    self.engine.add_request(engine_request)
             while self.engine.has_unfinished():
                 for event in self.engine.step():
                     _apply(event, *by_id[event.request_id])
@@ -181,10 +207,17 @@ class LLM:
         return outputs
 
 
-def _evolve(params: SamplingParams, **changes) -> SamplingParams:
-    import attrs
+#: the chat-template options ``LLM.chat`` passes on (the ones the server's requests may set)
+_TEMPLATE_OPTIONS = frozenset({"enable_thinking", "preserve_thinking", "reasoning_effort"})
 
-    return attrs.evolve(params, **changes)
+
+def _text_prompt(prompt: PromptType, thinking: Optional[bool], make: Any) -> Any:
+    """A raw prompt for the pipeline: text, token ids, or vLLM's ``{"prompt_token_ids": ...}``."""
+    if isinstance(prompt, str):
+        return make(text=prompt, thinking=thinking)
+    if isinstance(prompt, dict):
+        return make(text=prompt.get("prompt"), token_ids=list(prompt["prompt_token_ids"]), thinking=thinking)
+    return make(token_ids=list(prompt), thinking=thinking)
 
 
 def _apply(event: GenerationEvent, result: RequestOutput, completion: CompletionOutput) -> None:

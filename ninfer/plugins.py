@@ -29,7 +29,6 @@ KINDS: dict[str, str] = {
     "register_reasoning_parsers": "reasoning_parser",
     "register_protocols": "protocol",
     "register_guided_decoding_backends": "guided_decoding",
-    "register_media_processors": "media_processor",
 }
 
 

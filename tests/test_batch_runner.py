@@ -13,7 +13,7 @@ import pytest
 from ninfer.batch import BatchInputError, parse_batch, parse_batch_json
 from ninfer.batch import runner as runner_mod
 from ninfer.batch.output import output_document, write_json_atomic
-from ninfer.batch.runner import _Preparer, render_prompt, run_batch
+from ninfer.batch.runner import _Preparer, batch_prompt, run_batch
 
 RUN = Path(sys.executable).with_name("ninfer-run")
 MODEL_FLAGS = ["--device", "cpu", "--dtype", "fp32", "--max-context", "256"]
@@ -175,11 +175,11 @@ def test_raw_mode_concatenates_message_texts_and_template_mode_renders(llm):
     raw = parse_batch({"apply_chat_template": False, "max_generate_length": 2, "requests": [{"messages": messages}]})
     templated = parse_batch({"max_generate_length": 2, "requests": [{"messages": messages}]})
     no_gen = parse_batch({"add_generation_prompt": False, "enable_thinking": True, "requests": [{"messages": messages}]})
-    assert render_prompt(tok, raw, raw.requests[0]) == "Be brief.Hi there"
-    text = render_prompt(tok, templated, templated.requests[0])
+    assert llm.pipeline.render(batch_prompt(raw, raw.requests[0])).text == "Be brief.Hi there"
+    text = llm.pipeline.render(batch_prompt(templated, templated.requests[0])).text
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>") and "Hi there" in text
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking is off by default
-    assert not render_prompt(tok, no_gen, no_gen.requests[0]).endswith("assistant\n")
+    assert not llm.pipeline.render(batch_prompt(no_gen, no_gen.requests[0])).text.endswith("assistant\n")
     results = run_batch(llm, raw, warn=print).results + run_batch(llm, templated, warn=print).results
     assert results[0].prompt_tokens == len(tok.encode("Be brief.Hi there"))
     assert results[1].prompt_tokens == len(tok.encode(text))

@@ -118,6 +118,24 @@ def test_chat_renders_template(llm):
     assert out.prompt_token_ids == tok.encode(rendered)
 
 
+def test_chat_takes_the_servers_template_options_and_names_the_unknown_ones(llm):
+    """LLM.chat renders through the front doors' pipeline: same options, same refusals."""
+    from ninfer.errors import InvalidRequestError
+
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    tok = llm.get_tokenizer()
+    off = llm.chat(conv[:1], SamplingParams(max_tokens=1), chat_template_kwargs={"enable_thinking": False})[0]
+    assert off.prompt.endswith("<think>\n\n</think>\n\n")
+    history = llm.chat(conv, SamplingParams(max_tokens=1), add_generation_prompt=False)[0]
+    prefill = llm.chat(conv, SamplingParams(max_tokens=1), continue_final_message=True)[0]
+    assert not history.prompt.endswith("assistant\n") and prefill.prompt.endswith("Hel")
+    assert prefill.prompt_token_ids == tok.encode(prefill.prompt)
+    with pytest.raises(ValueError, match="enable_thinkng"):
+        llm.chat(conv[:1], chat_template_kwargs={"enable_thinkng": True})
+    with pytest.raises(InvalidRequestError, match="reasoning_effort"):
+        llm.chat(conv[:1], chat_template_kwargs={"reasoning_effort": "extreme"})
+
+
 def test_n_samples(llm):
     out = llm.generate("n", SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True))[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]

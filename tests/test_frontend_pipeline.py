@@ -101,3 +101,34 @@ def test_refusals_name_the_protocols_fields(state):
     with pytest.raises(InvalidRequestError) as e:
         run(pipeline.prepare(tight))
     assert (e.value.param, e.value.code) == ("max_output_tokens", "thinking_budget_capacity_insufficient")
+
+
+def test_rendering_and_tokenizing_run_off_the_event_loop(state):
+    """A large body's template and tokenizer work must not hold the loop other clients need."""
+    import threading
+
+    pipeline = Pipeline(state)
+    seen = []
+    render = pipeline.render
+
+    def watched(prompt):
+        seen.append(threading.current_thread())
+        return render(prompt)
+
+    pipeline.render = watched
+    prepared = run(pipeline.prepare(GenerateRequest([chat("x " * 50)], SamplingParams(max_tokens=1))))
+    run(prepared.drain())
+    assert seen and all(t is not threading.main_thread() for t in seen)
+
+
+def test_plan_shortens_a_ceiling_max_tokens_and_keeps_the_cache_policy(state):
+    from ninfer.frontend.pipeline_request import CachePolicy
+
+    pipeline = Pipeline(state)
+    req = GenerateRequest([TextPrompt(token_ids=[5] * 250)], SamplingParams(max_tokens=100), fit_max_tokens=True,
+                          cache=CachePolicy(lookup=False, commit=True, commit_generated=False))
+    (engine_request,) = pipeline.plan(req, "r").requests
+    assert engine_request.params.max_tokens == 6 and req.params.max_tokens == 100  # the caller's params untouched
+    assert (engine_request.lookup_prefix_cache, engine_request.commit_prefix_cache,
+            engine_request.commit_generated) == (False, True, False)
+    assert engine_request.request_id == "r-0"

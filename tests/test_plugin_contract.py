@@ -32,7 +32,6 @@ def test_every_hook_is_documented(hook):
 #: hooks no built-in plugin implements yet, and the work that will (each must go or get one)
 AWAITING_IMPLEMENTATION = {
     "register_speculative_backends": "speculative decoding (issue #19)",
-    "register_media_processors": "vision input (not filed yet)",
 }
 
 

@@ -1,6 +1,9 @@
 """Running a parsed batch on an :class:`ninfer.LLM`'s engine.
 
-The runner feeds the engine directly (``add_request`` / ``step``) and keeps at most
+Each request goes through the generation pipeline every front door shares
+(:mod:`ninfer.frontend.pipeline`: rendering, the prompt-length check, the thinking
+budget, the engine request); the runner then feeds the engine directly
+(``add_request`` / ``step``) and keeps at most
 ``batch_size`` requests in flight: a finished request's slot is refilled at once, in
 input order, and results are stored by input position. A request that cannot run
 (media content, a guide that does not compile, an adapter this build cannot load, a
@@ -27,7 +30,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import jinja2
 from tqdm import tqdm
 
 from ninfer.batch.guides import guide_spec
@@ -35,6 +37,8 @@ from ninfer.batch.lora_hook import apply_lora
 from ninfer.batch.schema import BatchInput, BatchRequest
 from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import EngineDeadError, NinferError
+from ninfer.frontend.chat_messages import parse_messages
+from ninfer.frontend.pipeline_request import CachePolicy, ChatPrompt, GenerateRequest, Prompt, TemplateOptions, TextPrompt
 from ninfer.outputs import TokenLogprob
 from ninfer.sampling_params import SamplingParams
 
@@ -104,14 +108,14 @@ def message_text(content: Any) -> str:
     return "".join(item["text"] for item in content if item.get("type") == "text")
 
 
-def render_prompt(tokenizer: Any, batch: BatchInput, req: BatchRequest) -> str:
-    """The prompt text of a request (see the module docstring for the raw rule)."""
+def batch_prompt(batch: BatchInput, req: BatchRequest) -> Prompt:
+    """The prompt of a request for the pipeline (see the module docstring for the raw rule)."""
     if not batch.apply_chat_template:
-        return "".join(message_text(m["content"]) for m in req.messages)
+        return TextPrompt("".join(message_text(m["content"]) for m in req.messages), thinking=batch.enable_thinking)
     messages = [{"role": m["role"], "content": message_text(m["content"])} for m in req.messages]
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=batch.add_generation_prompt, enable_thinking=batch.enable_thinking
-    )
+    return ChatPrompt(parse_messages(messages, param=f"requests[{req.index}].messages"),
+                      options=TemplateOptions(enable=batch.enable_thinking),
+                      add_generation_prompt=batch.add_generation_prompt, param=f"requests[{req.index}].messages")
 
 
 class _Preparer:
@@ -143,37 +147,26 @@ class _Preparer:
 
     def __call__(self, req: BatchRequest) -> EngineRequest:
         self.check_support(req)
-        tokenizer = self.llm.get_tokenizer()
-        text = render_prompt(tokenizer, self.batch, req)
-        ids = tokenizer.encode(text)
-        room = self.llm.engine.config.max_context - len(ids)
-        # a maximum, not a demand: shorten it to the context left (no room -> the engine's error)
-        max_tokens = min(self.batch.max_generate_length, room) if room > 0 else self.batch.max_generate_length
         k = self.widths[req.index]
         params = SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             seed=req.sampling_seed,
-            max_tokens=max_tokens,
+            max_tokens=self.batch.max_generate_length,
             stop=list(req.stop),
             logprobs=k if k > 0 else None,
             logit_bias={t: b for t, b in req.logit_bias.items() if t < self.vocab_size},
             guided=guide_spec(req.guided_decoding, req.guided_decoding_path) if req.guided_decoding else None,
         )
         use_cache = self.batch.lookup_policy == "use_cache"
-        extra = {"lora_name": req.lora_name} if req.lora_name is not None else {}
-        return EngineRequest(
-            request_id=f"batch-{req.index}",
-            prompt_token_ids=ids,
-            params=params,
-            prompt=text,
-            thinking=self.batch.enable_thinking,
-            lookup_prefix_cache=use_cache,
-            commit_prefix_cache=use_cache,
-            commit_generated=self.batch.commit_policy == "including_generated_tokens",
-            **extra,
-        )
+        cache = CachePolicy(lookup=use_cache, commit=use_cache,
+                            commit_generated=self.batch.commit_policy == "including_generated_tokens")
+        request = GenerateRequest([batch_prompt(self.batch, req)], params, lora=req.lora_name, cache=cache,
+                                  fit_max_tokens=True, prompt_param=f"requests[{req.index}].messages",
+                                  max_tokens_param="max_generate_length")
+        (engine_request,) = self.llm.pipeline.plan(request, f"batch-{req.index}").requests
+        return engine_request
 
 
 def _load_adapters(llm: Any, batch: BatchInput) -> Optional[str]:
@@ -249,7 +242,7 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
                     try:
                         engine_req = prepare(req)
                         engine.add_request(engine_req)
-                    except (RequestFailed, NinferError, ValueError, jinja2.TemplateError) as e:
+                    except (RequestFailed, NinferError, ValueError) as e:
                         _fail(results[req.index], _error_text(e, engine_req))
                         bar.update(1)
                         continue

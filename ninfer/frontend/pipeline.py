@@ -65,13 +65,15 @@ def render_prompt(prompt: Prompt, tokenizer: Any, profile: Any, caps: Optional[T
     if isinstance(prompt, TextPrompt):
         if prompt.token_ids is not None:
             ids = list(prompt.token_ids)
-            return Rendered(tokenizer.decode(ids, False), ids)
-        return Rendered(prompt.text or "", tokenizer.encode(prompt.text or ""))
+            text = prompt.text if prompt.text is not None else tokenizer.decode(ids, False)
+            return Rendered(text, ids, prompt.thinking)
+        return Rendered(prompt.text or "", tokenizer.encode(prompt.text or ""), prompt.thinking)
     caps = caps if caps is not None else detect_caps(tokenizer.chat_template_source)
     options = resolve_options(prompt.options, caps, profile)
     try:
         text = tokenizer.apply_chat_template(
             template_messages(prompt.turns), tools=list(prompt.tools) or None,
+            add_generation_prompt=prompt.add_generation_prompt and not prompt.continue_final,
             continue_final_message=prompt.continue_final, **template_kwargs(options, caps))
     except (jinja2.TemplateError, ValueError) as exc:  # the template refused, or dropped a prefill's text
         raise InvalidRequestError(f"the chat template cannot render {prompt.what}: {exc}", param=prompt.param,
@@ -131,28 +133,53 @@ class Pipeline:
 
     # -- one request ----------------------------------------------------------------
     async def prepare(self, req: GenerateRequest) -> Run:
-        """Everything before generation; errors here are plain HTTP errors."""
+        """Everything before generation, off the event loop; errors here are plain HTTP errors."""
         state = self.state
         if current_ticket() is not None:  # outside an HTTP request a slot is held only while generating
             state.gate.reserve()  # a full server answers 429 before any preparation work
-        rendered = [await state.run_blocking(self.render, p) for p in req.prompts]
+        rid = req.request_id or request_id()  # read on the loop: the id lives in the request's context
+        plan = await state.run_blocking(self.plan, req, rid)
+        return Run(state, rid, plan.prompts, plan.requests, plan.choices, req.n)
+
+    def plan(self, req: GenerateRequest, rid: str) -> Plan:
+        """Render, check, guide and fan out one request (blocking): what every caller runs.
+
+        The server runs it off the loop through :meth:`prepare`; ``LLM`` and the batch
+        runner call it directly and feed the engine requests to their own engine loop.
+        """
+        rendered = [self.render(p) for p in req.prompts]
         for r in rendered:
-            check_prompt_length(len(r.token_ids), state.max_model_len, param=req.prompt_param)
+            check_prompt_length(len(r.token_ids), self.state.max_model_len, param=req.prompt_param)
         params = req.params
-        guide = await state.run_blocking(output_guide, req, self.tool_parser)
+        guide = output_guide(req, self.tool_parser)
         if guide is not None:
-            params.guided = guide
-        rid = req.request_id or request_id()
+            params = attrs.evolve(params, guided=guide)
+        if params.n != 1:  # each choice is its own engine request
+            params = attrs.evolve(params, n=1)
         requests, choices = [], []
         for i, r in enumerate(rendered):
+            if req.fit_max_tokens and params.max_tokens is not None:
+                room = self.state.max_model_len - len(r.token_ids)
+                params = attrs.evolve(params, max_tokens=max(1, min(req.params.max_tokens, room)))
             budget = self.thinking_budget(req, r)
             for j in range(req.n):
                 k = i * req.n + j
-                requests.append(EngineRequest(f"{rid}-{k}", r.token_ids, params, prompt=r.text, thinking=r.thinking,
-                                              thinking_budget=budget, lora_name=req.lora, sample_index=j))
-                splitter = make_splitter(state, r.text, r.tools) if r.options is not None else None
+                requests.append(EngineRequest(
+                    f"{rid}-{k}", r.token_ids, params, prompt=r.text, thinking=r.thinking, thinking_budget=budget,
+                    lora_name=req.lora, sample_index=j, lookup_prefix_cache=req.cache.lookup,
+                    commit_prefix_cache=req.cache.commit, commit_generated=req.cache.commit_generated))
+                splitter = make_splitter(self.state, r.text, r.tools) if r.options is not None else None
                 choices.append(ChoiceProgress(k, splitter))
-        return Run(state, rid, rendered, requests, choices, req.n)
+        return Plan(rendered, requests, choices)
+
+
+@attrs.frozen
+class Plan:
+    """A request made ready for the engine: its prompts, engine requests and choices (prompt-major)."""
+
+    prompts: list[Rendered]
+    requests: list[EngineRequest]
+    choices: list[ChoiceProgress]
 
 
 @attrs.define

@@ -44,6 +44,8 @@ class ChatPrompt:
     options: Union[TemplateOptions, PromptOptions] = TemplateOptions()
     #: leave the last (assistant) message open instead of starting a new turn (a prefill)
     continue_final: bool = False
+    #: open the assistant turn after the conversation (False: render the history only)
+    add_generation_prompt: bool = True
     #: tokenizes the rendered text instead of the tokenizer (a protocol reusing stored tokens)
     encode: Optional[Callable[[str], list[int]]] = None
     #: the field a template refusal blames, and how its message names the conversation
@@ -53,10 +55,12 @@ class ChatPrompt:
 
 @attrs.frozen
 class TextPrompt:
-    """A raw prompt: text (tokenized as is) or token ids (decoded for its text)."""
+    """A raw prompt: text (tokenized as is) or token ids (decoded for its text unless given)."""
 
     text: Optional[str] = None
     token_ids: Optional[Sequence[int]] = None
+    #: whether the model is taken to be thinking (None: the process default)
+    thinking: Optional[bool] = None
 
 
 Prompt = Union[ChatPrompt, TextPrompt]
@@ -74,6 +78,16 @@ class ThinkingRequest:
     fit: bool = False
 
 
+@attrs.frozen
+class CachePolicy:
+    """Whether a request reuses and publishes prefix-cache pages (the batch format sets these)."""
+
+    lookup: bool = True
+    commit: bool = True
+    #: publish the generated tokens' pages too, not only the prompt's
+    commit_generated: bool = True
+
+
 @attrs.define
 class GenerateRequest:
     """One request as every protocol hands it to the pipeline."""
@@ -88,6 +102,10 @@ class GenerateRequest:
     tools: ToolRequest = ToolRequest()
     answer: Optional[GuideSpec] = None
     thinking: ThinkingRequest = ThinkingRequest()
+    cache: CachePolicy = CachePolicy()
+    #: ``params.max_tokens`` is a ceiling, shortened to the context a prompt leaves (the batch
+    #: format's max_generate_length) rather than a demand the prompt must leave room for
+    fit_max_tokens: bool = False
     #: the engine requests' id prefix (default: the HTTP request's id)
     request_id: Optional[str] = None
     #: wire names for errors: the prompt's field, and the output limit's

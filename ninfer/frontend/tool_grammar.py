@@ -5,19 +5,19 @@ from these pieces.
 
 A tool-call grammar is llguidance lark text (:class:`ninfer.guided.spec.GuideSpec` kind
 ``lark``). Each format supplies one rule per tool (the call body between the tags);
-this module wraps the bodies in the format's markers (:class:`CallMarkers`; by default
-``<tool_call>`` / ``</tool_call>``) and arranges the calls for a mode:
+this module wraps the bodies in the format's markers (:class:`CallMarkers`, which the
+plugin supplies) and arranges the calls for a mode:
 
 * ``required``: the answer is one call (several when ``parallel``) and nothing else;
 * ``auto``: free text, then optionally calls; with an ``answer`` guide the non-call
   output must follow that JSON schema instead of being free text.
 
-Qwen tokenizers hold the tags as single added tokens, which llguidance treats as
-special tokens, so the grammar names them ``<tool_call>`` (a quoted string would make
-the model spell the tag out byte by byte, which it never does). Free text cannot
-contain the tag token, nor the tag spelled out, so once a call opens it must be valid.
-Calls are separated by one newline and nothing may follow the last one, as the strict
-tool parser expects. With thinking on, the engine starts the guide after the reasoning
+Markers that the tokenizer holds as single added tokens are special tokens to
+llguidance, so a plugin names them ``<tag>`` (a quoted string would make the model spell
+the tag out byte by byte, which it never does). Free text cannot contain the opening
+marker, token or spelled out, so once a call opens it must be valid. Calls are
+separated by the markers' separator and nothing may follow the last one, as the strict
+tool parsers expect. With thinking on, the engine starts the guide after the reasoning
 and the blank line that follows it, where the answer starts.
 """
 
@@ -143,12 +143,8 @@ class CallMarkers:
     separator: Optional[str] = None
 
 
-#: Qwen's and Hermes' ``<tool_call>`` ... ``</tool_call>``, one call per line
-TOOL_CALL_TAGS = CallMarkers('<tool_call> "\\n"', '"\\n" </tool_call>', "<tool_call>", separator='"\\n"')
-
-
 def build_grammar(tools: Sequence[ToolSpec], mode: str, body: BodyRules, *, parallel: bool = True,
-                  answer: Optional[GuideSpec] = None, markers: CallMarkers = TOOL_CALL_TAGS) -> GuideSpec:
+                  markers: CallMarkers, answer: Optional[GuideSpec] = None) -> GuideSpec:
     """The lark grammar for ``mode`` whose calls are ``body`` rules of ``tools``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")

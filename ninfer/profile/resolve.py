@@ -77,8 +77,8 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
 def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
     """Options this install cannot honour yet: refused rather than silently ignored."""
     errors = []
-    if profile.media.vision and not registry.names("media_processor"):
-        errors.append("media.vision: needs a media_processor plugin (none installed)")
+    if profile.media.vision:
+        errors.append("media.vision: image and video input is not available in this build yet")
     if profile.logging.request_log_jsonl is not None:
         errors.append("logging.request_log_jsonl: the structured request log is not available in this build yet")
     if profile.engine.context_cost_presets is not None:

@@ -34,6 +34,7 @@ from ninfer.frontend.tool_grammar import (
     embedded_json,
     lark_string,
 )
+from ninfer_plugins.tool_parsers.markers import TOOL_CALL_GRAMMAR
 
 VALUE_END = lark_string("\n</parameter>\n")
 #: shared terminals: text without the format's markers, and such a value with its close
@@ -134,5 +135,5 @@ def _body(tool: ToolSpec, rule: str) -> str:
 def qwen3_xml_grammar(tools: Sequence[ToolSpec], mode: str, *, parallel: bool = True,
                       answer: Optional[GuideSpec] = None) -> GuideSpec:
     """:attr:`ninfer.capabilities.ToolParser.grammar` for qwen3_xml."""
-    spec = build_grammar(tools, mode, _body, parallel=parallel, answer=answer)
+    spec = build_grammar(tools, mode, _body, parallel=parallel, markers=TOOL_CALL_GRAMMAR, answer=answer)
     return GuideSpec(spec.kind, spec.value + SHARED + "\n", spec.param)
