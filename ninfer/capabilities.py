@@ -19,8 +19,14 @@ class SpeculativeBackend:
     description: str = ""
     #: inclusive range of ``--draft-tokens`` the backend accepts
     draft_tokens: tuple[int, int] = (1, 1)
-    #: builds the proposer for a loaded target model: ``factory(model, profile) -> proposer``
+    #: builds the proposer: ``factory(ninfer.engine.spec.proposer.ProposerContext) -> Proposer``
     factory: Callable[..., Any] | None = None
+    #: ``attention_specs(model) -> [ninfer.model.interface.AttentionSpec]``: the draft
+    #: layers' KV caches, allocated in the paged pool beside the target's (None: none)
+    attention_specs: Callable[..., Any] | None = None
+    #: the backend drafts through the target's LM head and can score a shortlist of it
+    #: instead (``--lm-head-draft``)
+    lm_head_draft: bool = False
 
 
 @attrs.frozen

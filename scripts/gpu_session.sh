@@ -12,6 +12,8 @@
 #   scripts/gpu_session.sh insitu   35B-A3B step profiles with and without those kernels, a 27B 8k prefill profile
 #   scripts/gpu_session.sh prefill  prefill kernel tests, the 27B 8k prefill against transformers, 30B-A3B decode
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
+#   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
+#                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -72,6 +74,16 @@ insitu)
         random:qwen3.6-35b-a3b --concurrency 1 --steps 20 --top 40 2>&1 | tee "$OUT/profile_35b_before.jsonl" | tail -1)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192 --top 30 2>&1 \
         | tee "$OUT/profile_27b_prefill.jsonl" | tail -1
+    ;;
+spec)
+    timeout 200 python3 -m pytest -q -x -m gpu tests/test_spec_gpu.py tests/test_spec_acceptance.py \
+        tests/test_cuda_graph.py 2>&1 | tail -8 | tee "$OUT/pytest.txt"
+    bench 300 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
+        --spec-context 512,32768 --no-transformers
+    if [ -n "${TRAINED:-}" ]; then
+        bench 240 "$TRAINED" --dtype bf16 --only decode --spec mtp --draft-tokens 1,2,3,4,5 --concurrency 1,8 \
+            --decode-prompt-len 256 --decode-output-len 256 --spec-prompts "$TRAINED/heldout.txt" --no-transformers
+    fi
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

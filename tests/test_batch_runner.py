@@ -70,7 +70,9 @@ def test_cli_runs_a_batch_and_failed_requests_do_not_stop_the_others(tmp_path, t
     summary = doc["summary"]
     assert (summary["requests"], summary["succeeded"], summary["failed"]) == (4, 2, 2)
     assert summary["generated_tokens"] == 16 and summary["seconds"] > 0 and summary["output_tokens_per_second"] > 0
-    assert summary["speculative_decoding"] == {"backend": None, "proposal_sampling": "greedy", "requests_disabling": 1}
+    assert summary["speculative_decoding"] == {"backend": None, "proposal_sampling": "greedy", "requests_disabling": 1,
+                                               "rounds": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                                               "acceptance_length": None}
     assert "it/s" not in result.stderr and "req/s" not in result.stderr  # no progress bar off a terminal
     assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.json", "results.json"]  # no temp file left
 

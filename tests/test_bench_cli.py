@@ -116,3 +116,23 @@ def test_decode_traffic_counts_only_the_experts_a_step_reaches(tiny_qwen3_moe):
     # tied embeddings: the head reads the whole table, so every parameter counts once
     assert many == everything
     assert one == everything - routed + per_token
+
+
+def test_random_hybrid_shapes_get_an_mtp_head_so_mtp_speculation_runs(monkeypatch):
+    """transformers builds no MTP layer; the family's random_extras adds one, in the
+    released tensor names, and speculation over it stays lossless."""
+    import torch
+
+    from ninfer import LLM, SamplingParams
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe-mtp", {**TINY_HYBRID_MOE, "mtp_num_hidden_layers": 1})
+    llm = LLM("random:tiny-hybrid-moe-mtp", device="cpu", dtype="fp32", spec="mtp", draft_tokens=2)
+    assert llm.engine.model.mtp is not None
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ours = llm.generate([[7, 8, 9, 300]], params)[0].outputs[0]
+    hf = random_weights.build_hf("tiny-hybrid-moe-mtp", torch.float32, torch.device("cpu"), seed=0)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([[7, 8, 9, 300]]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                             pad_token_id=0)[0, 4:].tolist()
+    assert ours.token_ids == theirs and llm.engine.stats.total_drafted > 0

@@ -31,7 +31,6 @@ def test_every_hook_is_documented(hook):
 
 #: hooks no built-in plugin implements yet, and the work that will (each must go or get one)
 AWAITING_IMPLEMENTATION = {
-    "register_speculative_backends": "speculative decoding (issue #19)",
 }
 
 

@@ -59,9 +59,15 @@ def summary_json(run: BatchRun, batch: BatchInput, model: str, load_seconds: flo
         "output_tokens_per_second": round(generated / seconds, 3) if seconds > 0 else 0.0,
         "requests_per_second": round(len(results) / seconds, 3) if seconds > 0 else 0.0,
         "speculative_decoding": {
-            "backend": None,  # this build loads no speculative decoder
+            "backend": run.spec_backend,  # None: no speculative decoder loaded
             "proposal_sampling": batch.spec_proposal_sampling,
             "requests_disabling": run.spec_decode_disabled,
+            "rounds": run.spec_rounds,
+            "draft_tokens": run.spec_drafted,
+            "accepted_tokens": run.spec_accepted,
+            # tokens each verify round committed: the kept drafts plus the target's own
+            "acceptance_length": round((run.spec_accepted + run.spec_rounds) / run.spec_rounds, 4)
+            if run.spec_rounds else None,
         },
         "warnings": [*batch.warnings, *run.warnings],
     }

@@ -84,9 +84,14 @@ class RequestResult:
 class BatchRun:
     results: list[RequestResult]
     seconds: float
-    #: requests that asked to skip speculative decoding (a no-op without a backend)
+    #: requests that asked to skip speculative decoding (honoured per request)
     spec_decode_disabled: int = 0
     warnings: list[str] = field(default_factory=list)
+    #: the speculative backend (None: none loaded), and its rounds, drafts and kept drafts
+    spec_backend: Optional[str] = None
+    spec_rounds: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
 
 def logprob_widths(batch: BatchInput) -> list[int]:
@@ -163,8 +168,9 @@ class _Preparer:
         cache = CachePolicy(lookup=use_cache, commit=use_cache,
                             commit_generated=self.batch.commit_policy == "including_generated_tokens")
         request = GenerateRequest([batch_prompt(self.batch, req)], params, lora=req.lora_name, cache=cache,
-                                  fit_max_tokens=True, prompt_param=f"requests[{req.index}].messages",
-                                  max_tokens_param="max_generate_length")
+                                  fit_max_tokens=True, speculate=not req.disable_spec_decode,
+                                  proposal=self.batch.spec_proposal_sampling,
+                                  prompt_param=f"requests[{req.index}].messages", max_tokens_param="max_generate_length")
         (engine_request,) = self.llm.pipeline.plan(request, f"batch-{req.index}").requests
         return engine_request
 
@@ -226,6 +232,16 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
     """Run every request of ``batch`` on ``llm.engine``; results keep input order."""
     engine = llm.engine
     warnings = _warn_outside_vocab(batch, engine.vocab_size, warn)
+    backend = llm.profile.speculative.backend if engine.proposer is not None else None
+    probabilistic = batch.spec_proposal_sampling == "probabilistic"
+    if backend is not None and probabilistic and not hasattr(engine.proposer, "draft_probs"):
+        # a proposer without a distribution of its own (ngram) can only propose greedily;
+        # verification keeps sampled outputs exact either way
+        message = (f"spec_proposal_sampling: the {backend} backend has no proposal distribution; it proposes "
+                   "greedily (outputs are still sampled exactly)")
+        warn(message)
+        warnings.append(message)
+    before = (engine.stats.total_rounds, engine.stats.total_drafted, engine.stats.total_accepted)
     prepare = _Preparer(llm, batch, _load_adapters(llm, batch))
     results = [RequestResult(r.index) for r in batch.requests]
     for result, k in zip(results, prepare.widths):
@@ -264,4 +280,6 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
                 engine.abort_request(request_id)
             raise
     disabled = sum(r.disable_spec_decode for r in batch.requests)
-    return BatchRun(results, time.perf_counter() - started, disabled, warnings)
+    after = (engine.stats.total_rounds, engine.stats.total_drafted, engine.stats.total_accepted)
+    rounds, drafted, accepted = (b - a for a, b in zip(before, after))
+    return BatchRun(results, time.perf_counter() - started, disabled, warnings, backend, rounds, drafted, accepted)

@@ -44,15 +44,19 @@ class Bench:
         self.llm = self.hf = None
         self.copy_bw: float | None = None
 
-    def load(self, model: str, decode_levels: list[int], prefill_lens: list[int], offline: bool) -> None:
-        """Our engine for ``model``: a checkpoint directory, ``tiny:FAMILY`` or ``random:SHAPE``."""
+    def load(self, model: str, decode_levels: list[int], prefill_lens: list[int], offline: bool,
+             draft_tokens: int = 0) -> None:
+        """Our engine for ``model``: a checkpoint directory, ``tiny:FAMILY`` or ``random:SHAPE``;
+        with ``draft_tokens``, speculating with ``--spec``'s backend."""
         from ninfer import LLM
         from ninfer.engine.builder import resolve_device, resolve_dtype
+        from ninfer.model.sources import resolve_source
+        from ninfer.plugins import load_registry
 
         a = self.args
         self.unload()
         longest = max([a.input_len[1] + a.output_len[1], a.decode_prompt_len + a.decode_output_len]
-                      + [n + 1 for n in prefill_lens])
+                      + [n + 1 for n in prefill_lens] + ([max(a.spec_context) + 64] if "spec_cost" in a.only else []))
         max_seqs = max([a.max_concurrency] + decode_levels)
         # KV for the largest decode batch, a whole offline run at its longest, or one long prompt
         kv = max(longest, (a.decode_prompt_len + a.decode_output_len) * max(decode_levels or [1]),
@@ -60,10 +64,11 @@ class Bench:
         device_arg = int(a.device) if a.device.isdigit() else a.device
         device = resolve_device(device_arg)
         dtype = resolve_dtype(a.dtype, device)
-        path, weights = random_weights.model_source(model, dtype, device, a.seed)
-        self.llm = LLM(path, device=device_arg, dtype=a.dtype,
+        path, weights = resolve_source(model, load_registry(), dtype, device, a.seed)
+        spec = dict(spec=a.spec, draft_tokens=draft_tokens) if draft_tokens else {}
+        self.llm = LLM(str(path), device=device_arg, dtype=a.dtype,
                        max_num_seqs=max_seqs, max_context=longest, kv_capacity=kv, prefill_chunk=a.prefill_chunk,
-                       cuda_graph=not a.no_cuda_graph, weights=weights)
+                       cuda_graph=not a.no_cuda_graph, weights=weights, **spec)
         _free_memory()  # what is left of transformers' copy
         loaded = self.llm.loaded
         self.device, self.dtype, self.vocab = loaded.device, loaded.dtype, loaded.tokenizer.vocab_size
@@ -111,6 +116,49 @@ class Bench:
                 record["graph_replay_ms"] = replay
             self.emit(record)
         engine.set_decode_ahead(modes[0] and engine.device.type == "cuda")
+
+    def spec_cost(self, acceptance: list[float]) -> None:
+        """The cost of one speculative round at each ``--spec-context`` (see :mod:`ninfer.bench.spec_cost`)."""
+        from ninfer.bench.spec_cost import round_cost
+
+        a = self.args
+        for context in a.spec_context:
+            record = round_cost(self.llm.engine, context, acceptance, self.vocab)
+            self.emit({"figure": "spec_round_cost", "engine": "ninfer", "spec": a.spec, **self.common, **record})
+
+    def spec_decode(self, model: str, levels: list[int], ks: list[int]) -> None:
+        """Decode at each concurrency without speculation, then with each draft count in
+        ``ks``: tok/s, tokens per round, per-position acceptance and the speedup."""
+        a = self.args
+        plain: dict[int, float] = {}
+        for k in [0, *ks]:
+            self.load(model, levels, [], offline=False, draft_tokens=k)
+            engine = self.llm.engine
+            for c in levels:
+                engine.stats.take_interval()  # the interval counters now cover this run only
+                ours = ninfer_runs.decode_throughput(engine, self._spec_work(c))
+                s = engine.stats.take_interval()
+                record = {"figure": "spec_decode", "engine": "ninfer", "spec": a.spec if k else None,
+                          "draft_tokens": k, "concurrency": c, **self.common, **ours}
+                if k:
+                    record.update(tokens_per_round=s.acceptance_length, position_acceptance=s.position_acceptance,
+                                  speedup=ours["decode_tok_s"] / plain[c] if plain.get(c) else None)
+                else:
+                    plain[c] = ours["decode_tok_s"]
+                self.emit(record)
+        self.unload()
+
+    def _spec_work(self, c: int):
+        a = self.args
+        if not a.spec_prompts:
+            return self._decode_work(c, a.decode_output_len)
+        from pathlib import Path
+
+        from ninfer.bench.workload import text_workload
+
+        text = Path(a.spec_prompts).read_text(encoding="utf-8", errors="replace")
+        ids = self.llm.get_tokenizer().encode(text)
+        return text_workload(c, ids, a.decode_prompt_len, a.decode_output_len)
 
     def prefill(self, lengths: list[int]) -> None:
         for n in lengths:

@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", choices=["gpu"], help="preset figure set (see above); explicit flags still apply")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
     p.add_argument("--dtype", default="auto", type=_dtype, help="auto, bf16, fp16 or fp32 (or vLLM's names)")
-    p.add_argument("--only", default="offline,decode", help="figures: bandwidth, decode, prefill, offline, guided")
+    p.add_argument("--only", default="offline,decode", help="figures: bandwidth, decode, prefill, offline, guided, "
+                   "spec_cost")
     p.add_argument("--num-requests", type=int, default=64, help="offline run: number of requests")
     p.add_argument("--input-len", type=_range, default=(100, 1024), help="offline prompt lengths LO,HI (uniform)")
     p.add_argument("--output-len", type=_range, default=(100, 1024), help="offline output lengths LO,HI (uniform)")
@@ -74,6 +75,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-hf-offline", action="store_true", help="skip transformers in the offline figure only")
     p.add_argument("--guided", help="also the guided-decoding overhead figure for these guides (comma-separated: "
                    "json_schema, json_object, regex, ebnf) at each --concurrency level")
+    p.add_argument("--spec", help="speculative backend (mtp, ngram): adds the spec_decode figure (decode without "
+                   "speculation, then with each --draft-tokens) and, with --only spec_cost, the round cost")
+    p.add_argument("--draft-tokens", default="3", help="draft counts for --spec (comma-separated; the round cost "
+                   "uses the first)")
+    p.add_argument("--spec-context", type=_ints, default=[32768], help="spec_cost: context lengths of the timed "
+                   "sequence (comma-separated)")
+    p.add_argument("--spec-acceptance", default="0.8,0.65,0.55,0.45,0.4",
+                   help="spec_cost: per-position acceptance the implied speedup assumes (a trained model's)")
+    p.add_argument("--spec-prompts", help="spec_decode: a text file whose tokens make the prompts (random ids "
+                   "otherwise, which a trained model drafts badly)")
     p.add_argument("--seed", type=int, default=0)
     if p.parse_known_args(argv)[0].suite == "gpu":
         p.set_defaults(**GPU_SUITE)  # explicit flags still win
@@ -121,6 +132,11 @@ def main(argv=None) -> int:
             bench.baseline(args.model, [c for c in levels if decode and c in _ints(args.hf_dynamic)],
                            [c for c in levels if decode and c in _ints(args.hf_compiled)],
                            lens if "prefill" in only else [], hf_offline)
+    if args.spec and "spec_cost" in only:
+        bench.load(args.model, [1], [], offline=False, draft_tokens=_ints(args.draft_tokens)[0])
+        bench.spec_cost([float(a) for a in args.spec_acceptance.split(",")])
+    if args.spec and "decode" in only:
+        bench.spec_decode(args.model, levels, _ints(args.draft_tokens))
     if "offline" in only and args.offline_model:
         bench.load(args.offline_model, [], [], offline=True)
         bench.offline()

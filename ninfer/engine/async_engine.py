@@ -156,7 +156,8 @@ def throughput_line(s: IntervalStats, scheduler, kv_usage: float, before: Contex
 
     ``prefix hit`` is the share of prompt tokens found cached by the lookups made during
     the interval (between the counters ``before`` and ``now``); it is left out when the
-    interval made none.
+    interval made none. With speculative decoding it adds the tokens each verify round
+    committed on average and, per draft position, the share of rounds that kept it.
     """
     line = (f"throughput: prefill {s.prefill_tps:.1f} tok/s, decode {s.decode_tps:.1f} tok/s, "
             f"running {scheduler.num_running}, waiting {scheduler.num_waiting}, "
@@ -164,6 +165,9 @@ def throughput_line(s: IntervalStats, scheduler, kv_usage: float, before: Contex
     looked_up = now.lookup_tokens - before.lookup_tokens
     if looked_up > 0:
         line += f", prefix hit {(now.hit_tokens - before.hit_tokens) / looked_up:.0%}"
+    if s.rounds:
+        per_position = " ".join(f"{a:.2f}" for a in s.position_acceptance)
+        line += f", spec: {s.acceptance_length:.2f} tokens/round, acceptance by position {per_position}"
     return line
 
 

@@ -21,6 +21,8 @@ from ninfer.engine.parts import (
     EngineParts, KVPool, allocate_kv_pool, allocate_recurrent_state, build_host_kv, prefix_reuse_on, snapshot_rows,
     state_pool_bytes,
 )
+from ninfer.engine.spec.proposer import ProposerContext
+from ninfer.engine.spec.verify_graphs import VerifyGraphs
 from ninfer.engine.state_slots import RecurrentState
 from ninfer.engine.warmup import warm_up
 from ninfer.model.loader import load_model
@@ -60,17 +62,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def kv_capacity_tokens(profile, kv_format, model, dtype, device) -> int:
+def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=()) -> int:
     value = profile.engine.kv_capacity
     if value != "auto":
         return int(value)
-    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in model.attention_specs()) * kv_format.bytes_per_element(dtype)
+    specs = [*model.attention_specs(), *draft_specs]
+    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs) * kv_format.bytes_per_element(dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # 1 GiB headroom for activations and the allocator; hybrid families' recurrent
-        # state pool (one slot per admitted request, plus the snapshot rows) is
-        # allocated after the KV pool
-        rows = profile.engine.max_concurrency + (profile.cache.device_state_slots or 0)
+        # state pool (one slot per admitted request, the snapshot rows and, with
+        # speculation, per-position verify rows) is allocated after the KV pool
+        width = profile.speculative.draft_tokens + 1 if profile.speculative.backend else 0
+        rows = profile.engine.max_concurrency * (1 + width) + (profile.cache.device_state_slots or 0)
         budget = free - (1 << 30) - state_pool_bytes(model, rows)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency
@@ -88,6 +92,7 @@ def engine_config(profile, kv_tokens: int) -> EngineConfig:
         default_max_tokens=profile.engine.default_max_tokens,
         thinking=profile.reasoning.thinking,
         kv_dtype=profile.engine.kv_dtype,
+        draft_tokens=profile.speculative.draft_tokens or 0 if profile.speculative.backend else 0,
         device_state_slots=profile.cache.device_state_slots,
         host_state_slots=profile.cache.host_state_slots,
         host_kv_mib=profile.cache.host_kv_mib,
@@ -124,12 +129,16 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
     tokenizer = Tokenizer.from_pretrained(model_dir)
     logger.info("loaded {} ({}) in {:.1f} s", model_dir, family.name, time.perf_counter() - started)
     presets = family.presets(config) if family.presets else None
-    kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device)
+    spec = profile.speculative.backend
+    backend = registry.get("speculative_backend", spec, key="speculative.backend") if spec else None
+    draft_specs = backend.attention_specs(model) if backend is not None and backend.attention_specs else ()
+    kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs)
     cfg = engine_config(profile, kv_tokens)
     # multimodal checkpoints (Qwen3.5/3.6) keep the text model's settings in text_config
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     guided = build_guided_decoding(profile, registry, tokenizer, family, vocab_size)
-    parts = engine_parts(profile, model, family, cfg, kv_format, dtype, device, guided, decode_ahead_on_cpu)
+    parts = engine_parts(profile, model, family, cfg, kv_format, dtype, device, guided, decode_ahead_on_cpu, backend,
+                         vocab_size, Path(model_dir))
     engine = LLMEngine(model, tokenizer, cfg, parts, presets, device, vocab_size)
     if device.type == "cuda":
         warm_up(engine)  # Triton compiles now rather than inside the first requests
@@ -139,11 +148,13 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
 
 def engine_parts(
     profile, model, family, cfg: EngineConfig, kv_format, dtype: torch.dtype, device: torch.device,
-    guided: Optional[GuidedDecoding] = None, decode_ahead_on_cpu: bool = False,
+    guided: Optional[GuidedDecoding] = None, decode_ahead_on_cpu: bool = False, speculative=None,
+    vocab_size: int = 0, model_dir: Optional[Path] = None,
 ) -> EngineParts:
     """The engine's pieces, in the order they take device memory: the KV pool, the
     recurrent-state pool (hybrid families), then the decode graphs captured over both."""
-    kv = allocate_kv_pool(model, kv_format, cfg, dtype, device)
+    draft_specs = speculative.attention_specs(model) if speculative is not None and speculative.attention_specs else ()
+    kv = allocate_kv_pool(model, kv_format, cfg, dtype, device, draft_specs)
     state = allocate_recurrent_state(model, cfg, device)
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
     _log_memory_ledger(model, kv, state, cfg, device)
@@ -152,9 +163,20 @@ def engine_parts(
         graphs = capture_decode_graphs(model, cfg.max_concurrency, cfg.max_context, cfg.block_size, device)
         if graphs is None:
             logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
-    # queue each decode step behind the previous one (on CPU nothing would overlap)
-    ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu)
-    return EngineParts(kv, state, host_kv, guided, graphs, ahead)
+    proposer = None
+    if speculative is not None:  # a ninfer.capabilities.SpeculativeBackend
+        proposer = speculative.factory(ProposerContext(model, profile, cfg, kv.draft_caches, device, vocab_size,
+                                                       model_dir))
+        logger.info("speculative decoding: {} proposes up to {} tokens per round", speculative.name, cfg.draft_tokens)
+    verify_graphs = None
+    if proposer is not None and graphs is not None:
+        verify_graphs = VerifyGraphs(model, cfg.max_concurrency, cfg.draft_tokens + 1, cfg.max_context,
+                                     cfg.block_size, device, state.scratch if state is not None else None)
+        verify_graphs.capture()
+    # queue each decode step behind the previous one (on CPU nothing would overlap); a
+    # speculative round needs its verdict on the host before the next one is proposed
+    ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu) and proposer is None
+    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs)
 
 
 def _size(nbytes: float) -> str:

@@ -19,6 +19,8 @@ class EngineConfig:
     default_max_tokens: int = 8192
     thinking: bool = True
     kv_dtype: str = "bf16"
+    #: speculative tokens proposed per decode row and round (0: no speculative decoding)
+    draft_tokens: int = 0
     #: context-cache capacities (profile ``cache``); None when prefix reuse is off
     device_state_slots: Optional[int] = None  # snapshot rows on the device (hybrid families)
     host_state_slots: Optional[int] = None  # snapshot rows in pinned host memory

@@ -26,6 +26,9 @@ from ninfer.engine.pending_step import InFlight, SampledRow
 from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
 from ninfer.engine.sampling_metadata import to_device
 from ninfer.engine.scheduler import Scheduler, SchedulerOutput
+from ninfer.engine.spec.distribution import PROPOSAL_POLICIES
+from ninfer.engine.spec.proposer import StepRecord
+from ninfer.engine.spec.verify_step import query_lens
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
 from ninfer.engine.thinking_budget import ThinkingBudgetTracker
@@ -81,7 +84,8 @@ class LLMEngine:
             self.num_blocks, config.block_size, enable_prefix_reuse=prefix_reuse_on(config, state),
             host_kv=parts.host_kv, frontier_index=state.snapshots if state is not None else None,
         )
-        self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk, state=state)
+        self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk, state=state,
+                                   draft_tokens=config.draft_tokens)
         self.loras = LoraRegistry(model)  # empty until LLM.load_lora / the batch runner adds adapters
         #: guided decoding (None: off); the runner masks the guided rows it samples
         self.guided = parts.guided
@@ -90,7 +94,12 @@ class LLMEngine:
             if self.guided is not None else None
         )
         self.runner = ModelRunner(model, config.block_size, device, vocab_size, self.loras,
-                                  guided=self.guided_masks, graphs=parts.graphs)
+                                  guided=self.guided_masks, graphs=parts.graphs,
+                                  scratch=state.scratch if state is not None else None,
+                                  keep_hidden=parts.proposer is not None and parts.proposer.needs_hidden,
+                                  verify_graphs=parts.verify_graphs)
+        #: the speculative proposer (None: plain decoding); its rounds are verified in the step
+        self.proposer = parts.proposer
         self.stats = EngineStats()
         self.eos_token_ids = list(tokenizer.eos_token_ids)
         self._requests: dict[str, _Tracked] = {}
@@ -126,6 +135,8 @@ class LLMEngine:
             raise InvalidRequestError(f"duplicate request id {req.request_id!r}", param="request_id")
         params = req.params
         params.validate(self.vocab_size)
+        if req.proposal not in PROPOSAL_POLICIES:
+            raise InvalidRequestError(f"proposal must be one of {', '.join(PROPOSAL_POLICIES)}", param="proposal")
         n_prompt = len(req.prompt_token_ids)
         if n_prompt == 0:
             raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -149,6 +160,7 @@ class LLMEngine:
             commit_generated=req.commit_generated,
             lora_slot=lora_slot,
             lora_name=req.lora_name,
+            proposal=req.proposal,
         )
         if not self.scheduler.fits_ever(seq):
             raise ContextLengthExceededError(
@@ -240,7 +252,7 @@ class LLMEngine:
     def _schedule_and_launch(self, events: list[GenerationEvent]) -> Optional[InFlight]:
         """Schedule a step and launch it; its admissions are reported into ``events`` (the
         prefix-cache hit is final then). None when there is nothing to run."""
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._drafts())
         if sched.is_empty:
             return None
         now = time.monotonic()
@@ -249,7 +261,8 @@ class LLMEngine:
             tracked.timings.admitted = now
             events.append(self._event(tracked, "", []))
         try:
-            return InFlight(sched, self.runner.launch(sched, self._prompt_logprobs), time.perf_counter())
+            q = self._draft_probs(sched)
+            return InFlight(sched, self.runner.launch(sched, self._prompt_logprobs, draft_probs=q), time.perf_counter())
         except Exception as exc:
             raise _BatchFailed(sched) from exc
 
@@ -269,7 +282,23 @@ class LLMEngine:
         done = time.perf_counter()
         self.stats.record_step(current.sched, done - max(current.launched, self._last_step_done))
         self._last_step_done = done
-        return self._process(current.sched, rows, prompt_rows)
+        sched = current.sched
+        starts = [c.seq.num_computed_tokens for c in sched.chunks]
+        events = self._process(sched, rows, prompt_rows)
+        if self.proposer is not None:
+            self._tell_proposer(sched, starts, current.pending)
+        return events
+
+    def _tell_proposer(self, sched: SchedulerOutput, starts: list[int], pending) -> None:
+        """Hand the proposer what the target computed (a draft model's failure only costs drafts)."""
+        hidden = pending.hidden
+        q_lens = query_lens(sched, pending.width or None)
+        row_starts = [0, *itertools.accumulate(q_lens)][:-1]
+        kept = [c.seq.num_computed_tokens - s for c, s in zip(sched.chunks, starts)]
+        try:
+            self.proposer.after_step(StepRecord(sched.chunks, starts, row_starts, kept, hidden))
+        except Exception:
+            logger.opt(exception=True).warning("the speculative proposer failed; this step proposes nothing")
 
     def _process(
         self, sched: SchedulerOutput, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]]
@@ -283,8 +312,11 @@ class LLMEngine:
             row = next(rows_iter) if chunk.sample else None
             if seq.is_finished:
                 continue  # ended while this step was computed ahead: its row is dropped
-            self.scheduler.mark_computed(chunk)
             tracked = self._requests[seq.request_id]
+            if isinstance(row, list):  # a verify row: the tokens its round commits
+                events.append(self._commit_round(tracked, chunk, row, now))
+                continue
+            self.scheduler.mark_computed(chunk)
             try:
                 for r in prompt_rows.get(seq.seq_id, ()):
                     tracked.prompt_logprobs.append(tracked.out.logprobs(r.token_id, r.logprob, r.top_ids, r.top_logprobs))
@@ -298,6 +330,71 @@ class LLMEngine:
                 logger.exception("request {} failed while processing its output", seq.request_id)
                 events.append(self._error_event(tracked, exc))
         return events
+
+    # -- speculative rounds ---------------------------------------------------------------
+    def _drafts(self) -> Optional[dict[int, list[int]]]:
+        """This step's proposals, per decode-ready sequence that may speculate."""
+        if self.proposer is None:
+            return None
+        drafts = {}
+        for seq in self.scheduler.running:
+            if not seq.is_decode or not self._may_speculate(seq):
+                continue
+            # every kept draft and the target's token must fit the output budget and context
+            room = min(seq.max_tokens - seq.num_output_tokens, self.config.max_context - seq.num_tokens) - 1
+            limit = min(self.config.draft_tokens, room)
+            if limit > 0:
+                proposed = self.proposer.propose(seq, limit)[:limit]
+                if proposed:
+                    drafts[seq.seq_id] = proposed
+        return drafts
+
+    def _draft_probs(self, sched: SchedulerOutput) -> Optional[dict]:
+        """The q each verify row's drafts were drawn from, by seq id (absent: proposed greedily)."""
+        probs = getattr(self.proposer, "draft_probs", None)
+        if probs is None or not sched.num_verify:
+            return None
+        found = {c.seq.seq_id: probs(c.seq) for c in sched.chunks[: sched.num_verify]}
+        return {k: v for k, v in found.items() if v is not None} or None
+
+    def _may_speculate(self, seq: Sequence) -> bool:
+        """Rows whose next tokens depend on host-side state each step (a guide, a thinking
+        budget, log probabilities) decode plainly, as does a request that opted out."""
+        tracked = self._requests.get(seq.request_id)
+        return (
+            tracked is not None
+            and tracked.req.speculate
+            and tracked.guided is None
+            and tracked.budget is None
+            and seq.sampling.logprobs is None
+            and seq.seq_id not in self._prompt_logprobs
+        )
+
+    def _commit_round(self, tracked: _Tracked, chunk, rows: list, now: float) -> GenerationEvent:
+        """Commit a verify row's accepted drafts and the target's token, in order; a stop
+        among them ends the request there and drops the rest."""
+        seq, out = tracked.seq, tracked.out
+        try:
+            self.scheduler.settle_verified(chunk, len(rows))
+            tracked.timings.last_token = now
+            tracked.timings.draft_tokens += len(chunk.drafts)
+            tracked.timings.draft_accepted += len(rows) - 1
+            if chunk.drafts:  # a row padded into another row's verify step proposed nothing
+                self.stats.record_round(len(chunk.drafts), len(rows) - 1)
+            text, committed = "", []
+            for row in rows:
+                self.scheduler.mark_computed(chunk, 1)
+                text += self._append(tracked, row.token_id, committed)
+                if not out.finished and seq.num_tokens >= self.config.max_context:
+                    text += out.finish("length")
+                if out.finished:
+                    self.scheduler.finish(seq, out.finish_reason)
+                    return self._final_event(tracked, text, committed)
+            self.scheduler.commit(seq)
+            return self._event(tracked, text, committed)
+        except Exception as exc:  # one request's processing failed: fail it alone
+            logger.exception("request {} failed while processing its output", seq.request_id)
+            return self._error_event(tracked, exc)
 
     def _launch_ahead(self, current: InFlight) -> Optional[InFlight]:
         """Queue the decode step after ``current`` now, if it cannot depend on ``current``'s

@@ -25,6 +25,9 @@ from ninfer.engine.pending_step import PendingStep, SampledRow
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
+from ninfer.engine.spec.scratch import VerifyScratch
+from ninfer.engine.spec.verify_graphs import VerifyGraphs
+from ninfer.engine.spec.verify_step import query_lens, sample_verify_rows, verify_rows_for, verify_width
 from ninfer.lora import LoraBatch, LoraRegistry
 from ninfer.model.forward_batch import ForwardBatch
 
@@ -47,8 +50,17 @@ class ModelRunner:
         loras: Optional[LoraRegistry] = None,
         guided: Optional[GuidedMasks] = None,
         graphs: Optional[DecodeGraphs] = None,
+        scratch: Optional[VerifyScratch] = None,
+        keep_hidden: bool = False,
+        verify_graphs: Optional[VerifyGraphs] = None,
     ):
         self.model = model
+        #: hand each step's hidden states to the pending step (a draft model reads them)
+        self.keep_hidden = keep_hidden
+        #: captured verify steps (speculative decoding on CUDA; None: verify runs eagerly)
+        self.verify_graphs = verify_graphs
+        #: per-position state rows of verify steps (hybrid families with speculation on)
+        self.scratch = scratch
         self.loras = loras
         self.block_size = block_size
         self.device = device
@@ -82,18 +94,26 @@ class ModelRunner:
         self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, torch.Tensor, ForwardBatch]:
         """Input ids, positions and the batch; ``ahead_ids``: a decode step launched ahead
-        (each sequence one token further along, whose id is on the device)."""
+        (each sequence one token further along, whose id is on the device).
+
+        In a verify step (some decode rows have drafts; they come first) each of those
+        becomes a verify row of the same width, ``1 +`` the most drafts any row has:
+        shorter rows are padded with copies of their last token, which are never
+        accepted, and padding positions past a row's pages write no KV."""
         chunks = sched.chunks
         shift = 0 if ahead_ids is None else 1
+        width = verify_width(sched)
         starts = [c.seq.num_computed_tokens + shift for c in chunks]
-        q_lens = [c.num_tokens for c in chunks]
+        q_lens = query_lens(sched)
         seq_lens = [s + n for s, n in zip(starts, q_lens)]
         input_ids: list[int] = []
         if ahead_ids is None:
             for c, s, n in zip(chunks, starts, q_lens):
-                input_ids += c.seq.token_ids[s : s + n]
-        width = max(len(c.seq.block_table) for c in chunks)
-        tables = torch.zeros(len(chunks), width, dtype=torch.int64)
+                tokens = c.seq.token_ids[s : s + 1] + list(c.drafts) if c.drafts else c.seq.token_ids[s : s + n]
+                input_ids += tokens + tokens[-1:] * (n - len(tokens))
+        width_pages = max(len(c.seq.block_table) for c in chunks)
+        tables = torch.zeros(len(chunks), width_pages, dtype=torch.int64)
+        pages = torch.tensor([len(c.seq.block_table) for c in chunks], dtype=torch.int64)
         for i, c in enumerate(chunks):
             tables[i, : len(c.seq.block_table)] = torch.tensor(c.seq.block_table, dtype=torch.int64)
 
@@ -104,9 +124,16 @@ class ModelRunner:
         offsets = torch.arange(sum(q_lens)) - query_start[row_seq]
         positions = torch.tensor(starts, dtype=torch.int64)[row_seq] + offsets
         bs = self.block_size
-        slots = tables[row_seq, positions // bs] * bs + positions % bs
-        sample_rows = [i for i, c in enumerate(chunks) if c.sample]
-        logits_indices = query_start[1:][sample_rows] - 1
+        page = positions // bs
+        inside = page < pages[row_seq]  # only verify padding can reach past a row's pages
+        slots = torch.where(inside, tables[row_seq, page.clamp(max=width_pages - 1)] * bs + positions % bs, -1)
+        if width:  # every row of a verify chunk is scored, then the last of every other sampling chunk
+            verify_rows = torch.arange(sched.num_verify * width)
+            tail = [i for i, c in enumerate(chunks) if c.sample and i >= sched.num_verify]
+            logits_indices = torch.cat([verify_rows, query_start[1:][tail] - 1])
+        else:
+            sample_rows = [i for i, c in enumerate(chunks) if c.sample]
+            logits_indices = query_start[1:][sample_rows] - 1
 
         dev = self.device
         batch = ForwardBatch(
@@ -122,7 +149,10 @@ class ModelRunner:
             seq_lens_host=seq_lens,
         )
         if chunks[0].seq.state_slot is not None:  # the family keeps recurrent state
-            batch.state_slots = torch.tensor([c.seq.state_slot for c in chunks], dtype=torch.int64, device=dev)
+            state_slots = [c.seq.state_slot for c in chunks]
+            batch.state_slots = torch.tensor(state_slots, dtype=torch.int64, device=dev)
+            if width:
+                batch.verify = verify_rows_for(batch, sched.num_verify, width, state_slots, self.scratch)
         if self.loras:
             batch.lora = LoraBatch.build([c.seq.lora_slot for c in chunks], q_lens, dev)
         ids = ahead_ids if ahead_ids is not None else torch.tensor(input_ids, dtype=torch.int64).to(dev)
@@ -134,6 +164,7 @@ class ModelRunner:
         sched: SchedulerOutput,
         prompt_logprobs: Optional[Mapping[int, int]] = None,
         ahead_ids: Optional[torch.Tensor] = None,
+        draft_probs: Optional[Mapping[int, torch.Tensor]] = None,
     ) -> PendingStep:
         """Queue one step; nothing here waits for the device. Its :class:`PendingStep` gives
         one row per chunk with ``sample`` set, in order, and the prompt positions scored for
@@ -141,11 +172,17 @@ class ModelRunner:
 
         ``ahead_ids`` (int64 [B] on the device) launches a decode step ahead: every chunk
         is a decode row whose sequence is one token past its host state, and
-        ``ahead_ids[i]`` is that token for chunk ``i``.
+        ``ahead_ids[i]`` is that token for chunk ``i``. ``draft_probs``: per seq id, the
+        [drafts, vocab] distribution a verify row's drafts were drawn from (absent: greedy).
         """
         if self._replayable(sched, prompt_logprobs):
             # the graph's rows are the sampled rows already: no gather needed
-            return self._sample(sched, self._replay(sched, ahead_ids), ahead_ids is not None)
+            hidden = self._replay(sched, ahead_ids)
+            return self._kept(self._sample(sched, hidden, ahead_ids is not None), hidden, 0)
+        if self._verify_replayable(sched, prompt_logprobs):
+            width = self.verify_graphs.width
+            hidden = self._replay_verify(sched, width)
+            return self._kept(self._sample_verify(sched, hidden, {}, width, draft_probs), hidden, width)
         input_ids, positions, batch = self.build_batch(sched, ahead_ids)
         if batch.lora is None:
             hidden = self.model(input_ids, positions, batch)
@@ -153,7 +190,37 @@ class ModelRunner:
             with self.loras.step(batch.lora):
                 hidden = self.model(input_ids, positions, batch)
         prompt = self._score_prompt(sched, hidden, prompt_logprobs) if prompt_logprobs else {}
-        return self._sample(sched, hidden[batch.logits_indices], ahead_ids is not None, prompt)
+        width = verify_width(sched)
+        if width:
+            verdict = self._sample_verify(sched, hidden[batch.logits_indices], prompt, width, draft_probs)
+            return self._kept(verdict, hidden, width)
+        return self._kept(self._sample(sched, hidden[batch.logits_indices], ahead_ids is not None, prompt), hidden, 0)
+
+    def _kept(self, pending: PendingStep, hidden: torch.Tensor, width: int) -> PendingStep:
+        pending.hidden = hidden if self.keep_hidden else None
+        pending.width = width
+        return pending
+
+    def _verify_replayable(self, sched: SchedulerOutput, prompt_logprobs) -> bool:
+        graphs = self.verify_graphs
+        return (
+            graphs is not None
+            and not prompt_logprobs
+            and sched.num_verify == len(sched.chunks)
+            and 0 < verify_width(sched) <= graphs.width
+            and graphs.bucket_for(len(sched.chunks)) is not None
+            and (not self.loras or all(c.seq.lora_slot == 0 for c in sched.chunks))
+        )
+
+    def _replay_verify(self, sched: SchedulerOutput, width: int) -> torch.Tensor:
+        """Hidden rows of a replayed verify step, ``width`` per chunk (drafts padded)."""
+        seqs = [c.seq for c in sched.chunks]
+        ids: list[int] = []
+        for c in sched.chunks:
+            row = c.seq.token_ids[c.seq.num_computed_tokens : c.seq.num_computed_tokens + 1] + list(c.drafts)
+            ids += row + row[-1:] * (width - len(row))
+        slots = [s.state_slot for s in seqs] if self.verify_graphs.scratch is not None else None
+        return self.verify_graphs.run(ids, [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs], slots)
 
     def _score_prompt(
         self, sched: SchedulerOutput, hidden: torch.Tensor, wanted: Mapping[int, int]
@@ -198,9 +265,22 @@ class ModelRunner:
             i += count
         return out
 
-    def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead: bool, prompt_rows=None) -> PendingStep:
-        """Sample from ``sample_rows``: the hidden rows of the chunks with ``sample`` set, in order."""
-        sampled = [c for c in sched.chunks if c.sample]
+    def _sample_verify(self, sched: SchedulerOutput, rows: torch.Tensor, prompt_rows, width: int,
+                       draft_probs: Optional[Mapping[int, torch.Tensor]] = None) -> PendingStep:
+        """A verify step (``width`` rows per verify chunk): the verify rows' verdict, then the
+        other sampling rows (plain decode rows, prompts' last rows) sampled as usual."""
+        n = sched.num_verify * width
+        verify_chunks = sched.chunks[:sched.num_verify]
+        verdict = sample_verify_rows(verify_chunks, width, self.model.compute_logits(rows[:n]), self.device,
+                                     draft_probs)
+        plain = self._sample(sched, rows[n:], False, prompt_rows, skip=sched.num_verify)
+        return plain.with_verdict(verdict, width)
+
+    def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead: bool, prompt_rows=None,
+                skip: int = 0) -> PendingStep:
+        """Sample from ``sample_rows``: the hidden rows of the chunks with ``sample`` set, in
+        order (after the first ``skip`` chunks, which a verify step samples itself)."""
+        sampled = [c for c in sched.chunks[skip:] if c.sample]
         if not sampled:
             return PendingStep(None, [], prompt_rows or {})
         # guided rows' masks, filled on the host while the device still runs the forward pass

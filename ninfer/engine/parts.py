@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from loguru import logger
@@ -21,6 +21,7 @@ from ninfer.engine.config import EngineConfig
 from ninfer.engine.cuda_graph import DecodeGraphs
 from ninfer.engine.guided_setup import GuidedDecoding
 from ninfer.engine.host_kv import HostKVTier
+from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.state_cache import StateSnapshots
 from ninfer.engine.state_slots import RecurrentState, StateSlots
 
@@ -31,6 +32,12 @@ class KVPool:
 
     caches: list
     num_blocks: int
+    #: how many of ``caches`` (the first ones) belong to the target; the rest to draft layers
+    num_target: Optional[int] = None
+
+    @property
+    def draft_caches(self) -> list:
+        return self.caches[self.num_target:] if self.num_target is not None else []
 
     @property
     def nbytes(self) -> int:
@@ -45,7 +52,8 @@ class KVPool:
 class EngineParts:
     """What an engine is built from besides its model, tokenizer and config.
 
-    ``state``: the recurrent-state slots and snapshots (families with state only);
+    ``state``: the recurrent-state slots, snapshots and speculative verify rows
+    (families with state only); ``proposer``: drafts for speculative rounds;
     ``host_kv``: the host tier for evicted prefix pages; ``guided``: the guide compiler
     (None: guided requests are refused); ``graphs``: captured decode graphs (None: decode
     runs eagerly); ``decode_ahead``: launch the next decode step before the current
@@ -58,18 +66,25 @@ class EngineParts:
     guided: Optional[GuidedDecoding] = None
     graphs: Optional[DecodeGraphs] = None
     decode_ahead: bool = False
+    #: the speculative backend's proposer (None: plain decoding; see ninfer.engine.spec)
+    proposer: Optional[Any] = None
+    #: captured verify steps (ninfer.engine.spec.verify_graphs.VerifyGraphs; None: eager)
+    verify_graphs: Optional[Any] = None
 
 
-def allocate_kv_pool(model, kv_format, config: EngineConfig, dtype: torch.dtype, device: torch.device) -> KVPool:
-    """The config's KV capacity in pages of ``config.block_size`` tokens, bound to ``model``."""
+def allocate_kv_pool(model, kv_format, config: EngineConfig, dtype: torch.dtype, device: torch.device,
+                     draft_specs: Sequence = ()) -> KVPool:
+    """The config's KV capacity in pages of ``config.block_size`` tokens, bound to ``model``;
+    ``draft_specs``: a speculative backend's draft layers, paged alike (after the target's)."""
     bs = config.block_size
     num_blocks = ceil(config.kv_capacity_tokens / bs)
+    specs = list(model.attention_specs())
     caches = [
         kv_format.allocate(num_blocks, bs, spec.num_kv_heads, spec.head_dim, dtype, device)
-        for spec in model.attention_specs()
+        for spec in [*specs, *draft_specs]
     ]
-    model.bind_kv_caches(caches)
-    return KVPool(caches, num_blocks)
+    model.bind_kv_caches(caches[: len(specs)])
+    return KVPool(caches, num_blocks, len(specs))
 
 
 def state_pool_bytes(model, num_slots: int) -> int:
@@ -94,19 +109,23 @@ def allocate_recurrent_state(model, config: EngineConfig, device: torch.device) 
     if model.state_bytes_per_slot() == 0:
         return None
     working, snap = config.max_concurrency, snapshot_rows(config)
-    nbytes = model.allocate_state(working + snap, device)
+    width = config.draft_tokens + 1 if config.draft_tokens else 0
+    scratch_rows = VerifyScratch.rows_needed(working, width)
+    nbytes = model.allocate_state(working + snap + scratch_rows, device)
     snapshots = None
     if snap:
         snapshots = StateSnapshots(model.state_tensors(), working, snap, config.host_state_slots or 0)
-    state = RecurrentState(StateSlots(working), snapshots)
+    scratch = VerifyScratch(model.state_tensors(), working + snap, working, width) if width else None
+    state = RecurrentState(StateSlots(working), snapshots, scratch)
     if config.prefix_reuse and not prefix_reuse_on(config, state):
         logger.info("prefix reuse is off: this model keeps recurrent state and has no snapshot slots")
     host = ""
     if snapshots is not None:
         host = f", {snapshots.num_host} host snapshot rows ({snapshots.host_bytes / (1 << 20):.1f} MiB)"
+    verify = f" + {scratch_rows} speculative verify rows" if scratch_rows else ""
     logger.info(
-        "recurrent state: {} slots + {} snapshot rows, {:.1f} MiB on the device{}",
-        working, snap, nbytes / (1 << 20), host,
+        "recurrent state: {} slots + {} snapshot rows{}, {:.1f} MiB on the device{}",
+        working, snap, verify, nbytes / (1 << 20), host,
     )
     return state
 

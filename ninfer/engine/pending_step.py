@@ -25,9 +25,17 @@ class SampledRow:
 
 
 class PendingStep:
-    """The sampler's output of one launched step; :meth:`result` turns it into rows."""
+    """The sampler's output of one launched step; :meth:`result` turns it into rows.
+
+    A verify step's rows come first: for each verify chunk the list of tokens it
+    commits (its accepted drafts, then the target's token)."""
 
     def __init__(self, out: Optional[SamplerOutput], wanted: list[Optional[int]], prompt_rows: dict):
+        self._verdict: Optional[list[torch.Tensor]] = None
+        #: the step's hidden states, flat (kept only for a draft model; see ModelRunner)
+        self.hidden: Optional[torch.Tensor] = None
+        #: rows per decode chunk in ``hidden`` (a verify step's width; 0: one row each)
+        self.width = 0
         #: int64 [B] on the device: what a follow-up decode step feeds as its input ids
         self.token_ids: Optional[torch.Tensor] = out.token_ids if out is not None else None
         self._wanted = wanted  # per sampled row: how many top log probabilities it asked for
@@ -45,12 +53,32 @@ class PendingStep:
         else:
             self._host = parts
 
-    def result(self) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
+    def with_verdict(self, verdict, width: int) -> "PendingStep":
+        """Put a verify step's verdict (:class:`ninfer.engine.spec.acceptance.Verdict`) in front."""
+        parts = [verdict.accepted, verdict.token_ids]
+        if verdict.accepted.device.type == "cuda":
+            self._verdict = [p.to("cpu", non_blocking=True) for p in parts]
+            self._event = torch.cuda.Event()  # recorded after the plain rows' copies too
+            self._event.record()
+        else:
+            self._verdict = parts
+        self.token_ids = None  # nothing can be launched ahead of a verify step
+        return self
+
+    def result(self) -> tuple[list, dict[int, list[SampledRow]]]:
         """Block until the step's tokens are on the host: (one row per sampled chunk, prompt rows)."""
-        if not self._host:
-            return [], self._prompt_rows
         if self._event is not None:
             self._event.synchronize()
+        rows, prompt = self._plain_rows()
+        if self._verdict is None:
+            return rows, prompt
+        accepted, tokens = (p.tolist() for p in self._verdict)
+        committed = [[SampledRow(t) for t in row[: a + 1]] for a, row in zip(accepted, tokens)]
+        return committed + rows, prompt
+
+    def _plain_rows(self) -> tuple[list[SampledRow], dict[int, list[SampledRow]]]:
+        if not self._host:
+            return [], self._prompt_rows
         token_ids, lps, top_ids, top_lps = self._host
         ids = token_ids.tolist()
         if top_ids is None:

@@ -33,6 +33,11 @@ class EngineRequest:
     lora_name: Optional[str] = None  # a loaded LoRA adapter to run with; None: the base model
     #: which of one request's ``n`` samples this is: offsets its seed (ninfer.engine.defaults)
     sample_index: int = 0
+    #: False: decode without speculation even when the engine has a speculative backend
+    speculate: bool = True
+    #: how a draft model proposes for this request: "auto" (greedy for greedy requests, a
+    #: draw from its own distribution for sampled ones), "greedy" or "probabilistic"
+    proposal: str = "auto"
 
 
 @dataclass
@@ -43,6 +48,9 @@ class RequestTimings:
     admitted: Optional[float] = None
     first_token: Optional[float] = None
     last_token: Optional[float] = None
+    #: speculative decoding: tokens drafted for this request, and how many of them were kept
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 @dataclass

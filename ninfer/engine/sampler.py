@@ -53,22 +53,9 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
             raise ValueError(f"logits {tuple(logits.shape)} do not match metadata ({meta.num_rows}, {meta.vocab_size})")
-        logits = logits.float()
-        if meta.bias_rows is not None:
-            logits = logits.index_put((meta.bias_rows, meta.bias_token_ids), meta.bias_values, accumulate=True)
+        logits = apply_logit_bias(logits.float(), meta)
         base_logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
-        logits = _apply_penalties(logits, meta)
-        if meta.banned_stops is not None:
-            # one flat index per (row, stop token): a scatter, whatever the vocabulary size
-            logits = logits.reshape(-1).index_fill(0, meta.banned_stops, -torch.inf).view_as(logits)
-        if meta.token_mask is not None:
-            logits = apply_token_mask(logits, meta.token_mask)
-        if meta.all_greedy:
-            token_ids = logits.argmax(dim=-1)
-        else:
-            token_ids = _sample_random(logits, meta)
-            if meta.greedy_mask is not None:
-                token_ids = torch.where(meta.greedy_mask, logits.argmax(dim=-1), token_ids)
+        token_ids = select_tokens(apply_constraints(logits, meta), meta)
         if base_logprobs is None:
             return SamplerOutput(token_ids=token_ids)
         top_logprobs, top_ids = base_logprobs.topk(meta.max_num_logprobs, dim=-1)
@@ -78,6 +65,54 @@ class Sampler:
             top_ids=top_ids,
             top_logprobs=top_logprobs,
         )
+
+
+def apply_logit_bias(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """``logits`` plus each row's sparse logit bias (the distribution logprobs describe)."""
+    if meta.bias_rows is None:
+        return logits
+    return logits.index_put((meta.bias_rows, meta.bias_token_ids), meta.bias_values, accumulate=True)
+
+
+def apply_constraints(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Biased logits -> the logits every row chooses from: penalties, then stop bans and
+    guide masks. Shared by :class:`Sampler` and speculative verification
+    (:mod:`ninfer.engine.spec`), so both see one processing of the same row."""
+    logits = _apply_penalties(logits, meta)
+    if meta.banned_stops is not None:
+        # one flat index per (row, stop token): a scatter, whatever the vocabulary size
+        logits = logits.reshape(-1).index_fill(0, meta.banned_stops, -torch.inf).view_as(logits)
+    if meta.token_mask is not None:
+        logits = apply_token_mask(logits, meta.token_mask)
+    return logits
+
+
+def select_tokens(
+    logits: torch.Tensor,
+    meta: SamplingMetadata,
+    candidates: Optional[Candidates] = None,
+    rows: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """int64 [B]: the token each row takes from its constrained logits: the argmax for
+    greedy rows, a Gumbel-max draw on the row's own (seed, position) stream from the
+    filtered candidates for random ones (``candidates``: :func:`filter_candidates`'s
+    result when the caller already has it). ``rows`` int64 [N]: only those rows' tokens
+    ([N]), drawing noise for them alone (speculative verification needs one of k+1)."""
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t if rows is None else t.index_select(0, rows)
+
+    if meta.all_greedy:
+        return pick(logits).argmax(dim=-1)
+    if candidates is None:
+        candidates = filter_candidates(logits, meta)
+    if rows is not None:
+        ids = candidates.token_ids
+        candidates = Candidates(pick(candidates.values), None if ids is None else pick(ids))
+    token_ids = draw_candidates(candidates, row_keys(pick(meta.seeds), pick(meta.positions)))
+    if meta.greedy_mask is not None:
+        token_ids = torch.where(pick(meta.greedy_mask), pick(logits).argmax(dim=-1), token_ids)
+    return token_ids
 
 
 def _apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -101,16 +136,25 @@ def apply_token_mask(logits: torch.Tensor, mask: TokenMask) -> torch.Tensor:
     return logits.index_copy(0, mask.rows, guided)
 
 
-def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    keys = row_keys(meta.seeds, meta.positions)
+@attrs.frozen(eq=False)
+class Candidates:
+    """What a random row draws from: ``values`` are its filtered, temperature-scaled logits
+    (-inf = dropped); ``token_ids`` their ids, ``[B, C]`` ranked best first, or None when
+    ``values`` span the whole vocabulary in id order (no ranking was needed)."""
+
+    values: torch.Tensor
+    token_ids: Optional[torch.Tensor]
+
+
+def filter_candidates(logits: torch.Tensor, meta: SamplingMetadata) -> Candidates:
+    """Temperature, min_p, top_k and top_p on constrained logits (random rows only)."""
     if meta.top_k is None and meta.top_p is None:
-        # no ranking needed: filter and draw over the vocabulary in place
+        # no ranking needed: filter over the vocabulary in place
         scaled = logits if meta.temperature is None else logits / meta.temperature
         if meta.log_min_p is not None:
             floor = scaled.amax(dim=-1, keepdim=True) + meta.log_min_p
             scaled = scaled.masked_fill(scaled < floor, -torch.inf)
-        token_ids = torch.arange(meta.vocab_size, device=logits.device).unsqueeze(0)
-        return (scaled + gumbel_noise(keys, token_ids)).argmax(dim=-1)
+        return Candidates(scaled, None)
 
     # Ranked candidates, best first. Temperature preserves the order, so it is applied to
     # the candidates only.
@@ -129,13 +173,28 @@ def _sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
         probs = torch.softmax(values, dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # exactly 0 for the best token
         values = values.masked_fill(mass_before >= meta.top_p, -torch.inf)
+    return Candidates(values, token_ids)
+
+
+def draw_candidates(candidates: Candidates, keys: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: a Gumbel-max draw from ``softmax(candidates.values)`` per row, with the
+    noise of token id t taken from ``keys`` and t alone (not from its rank)."""
+    values, token_ids = candidates.values, candidates.token_ids
+    if token_ids is None:
+        ids = torch.arange(values.shape[-1], device=values.device).unsqueeze(0)
+        return (values + gumbel_noise(keys, ids)).argmax(dim=-1)
     choice = (values + gumbel_noise(keys, token_ids)).argmax(dim=-1, keepdim=True)
     return token_ids.gather(1, choice).squeeze(1)
 
 
-def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """int64 [B]: one hash key per (seed, output position)."""
-    return _mix64(_mix64(seeds) + positions)
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """int64 (the shape of ``seeds + positions``): one hash key per (seed, output position).
+
+    ``stream`` 0 is the sampler's own; any other value keys an unrelated stream for the
+    same (seed, position), so speculative verification's accept tests and residual draws
+    stay independent of the proposals and of each other."""
+    keys = _mix64(_mix64(seeds) + positions)
+    return keys if stream == 0 else _mix64(keys ^ stream)
 
 
 def uniform_noise(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

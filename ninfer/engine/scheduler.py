@@ -23,11 +23,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Mapping, Optional, Sequence as Sequence_, Union
 
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.sequence import Sequence, SequenceStatus
 from ninfer.engine.state_cache import StateSnapshots, prompt_frontiers
+from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.state_slots import RecurrentState, StateSlots
 from ninfer.errors import ContextLengthExceededError
 
@@ -39,13 +40,16 @@ class ScheduledChunk:
     seq: Sequence
     num_tokens: int
     sample: bool  # the chunk reaches the last known token: sample from its last row
+    #: speculative drafts after the decode token (a verify row: ``num_tokens`` counts them too)
+    drafts: tuple[int, ...] = ()
 
 
 @dataclass
 class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # decode rows first
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # verify rows, other decode rows, prefill
     admitted: list[Sequence] = field(default_factory=list)  # newly admitted this step
-    num_decode: int = 0
+    num_decode: int = 0  # decode rows, verify rows included
+    num_verify: int = 0  # decode rows with drafts (the first ones)
     num_prefill: int = 0
 
     @property
@@ -73,11 +77,12 @@ class Scheduler:
         prefill_chunk: int,
         max_batched_tokens: Optional[int] = None,
         state: Optional[RecurrentState] = None,
+        draft_tokens: int = 0,
     ) -> None:
         if max_concurrency < 1 or prefill_chunk < 1:
             raise ValueError("max_concurrency and prefill_chunk must be >= 1")
-        if max_batched_tokens is None:
-            max_batched_tokens = prefill_chunk + max_concurrency
+        if max_batched_tokens is None:  # every decode row with its drafts, plus a prefill chunk
+            max_batched_tokens = prefill_chunk + max_concurrency * (1 + draft_tokens)
         # Every decode row must fit, and with fewer decoders each prefill gets a token.
         if max_batched_tokens < max_concurrency:
             raise ValueError(
@@ -99,6 +104,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order
         self.state_slots: Optional[StateSlots] = state.slots if state is not None else None
         self.snapshots: Optional[StateSnapshots] = snapshots if reuse else None
+        self.scratch: Optional[VerifyScratch] = state.scratch if state is not None else None
+        #: seq id -> {frontier: state row} for the frontiers a verify round passed, until committed
+        self._round_rows: dict[int, dict[int, int]] = {}
 
     # -- gauges ---------------------------------------------------------------------
 
@@ -138,10 +146,23 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def mark_computed(self, chunk: ScheduledChunk) -> None:
-        """The step that ran ``chunk`` is done: its tokens are in the KV cache (and the
-        recurrent state). :meth:`commit` publishes what that completed."""
-        chunk.seq.num_computed_tokens += chunk.num_tokens
+    def mark_computed(self, chunk: ScheduledChunk, num_tokens: Optional[int] = None) -> None:
+        """The step that ran ``chunk`` is done: its tokens (of a verify row: the first
+        ``num_tokens``, the decode token and the drafts kept) are in the KV cache and the
+        recurrent state. :meth:`commit` publishes what that completed."""
+        chunk.seq.num_computed_tokens += chunk.num_tokens if num_tokens is None else num_tokens
+
+    def settle_verified(self, chunk: ScheduledChunk, kept: int) -> None:
+        """Before a verify row's tokens are committed: its working state slot takes the
+        state after the first ``kept`` positions (the decode token and the accepted
+        drafts), and the page frontiers those positions pass remember their scratch rows
+        for :meth:`commit`'s snapshots."""
+        seq = chunk.seq
+        if seq.state_slot is None or self.scratch is None:
+            return
+        self.scratch.settle([seq.state_slot], [kept - 1])
+        start = seq.num_computed_tokens
+        self._round_rows[seq.seq_id] = {start + t + 1: self.scratch.row(seq.state_slot, t) for t in range(kept)}
 
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Commit one output token of ``seq`` (sampled, or forced by a thinking budget or a
@@ -203,13 +224,19 @@ class Scheduler:
             admitted.append(head)
         return admitted
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Optional[Mapping[int, Sequence_[int]]] = None) -> SchedulerOutput:
+        """The next step. ``drafts``: speculative tokens per decode-ready sequence (by seq
+        id); a sequence with drafts gets a verify row of ``1 + len(drafts)`` tokens."""
         out = SchedulerOutput(admitted=self._admit())
         budget = self.max_batched_tokens
+        verify, plain = [], []
         for seq in self.running:
             if seq.is_decode:
-                out.chunks.append(ScheduledChunk(seq, 1, sample=True))
-                budget -= 1
+                proposed = tuple(drafts.get(seq.seq_id, ())) if drafts else ()
+                (verify if proposed else plain).append(ScheduledChunk(seq, 1 + len(proposed), True, proposed))
+                budget -= 1 + len(proposed)
+        out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
+        out.num_verify = len(verify)
         out.num_decode = len(out.chunks)
         for seq in self.running:
             if budget <= 0:
@@ -240,13 +267,18 @@ class Scheduler:
         frontier is one worth keeping (a prompt frontier, or any page boundary while
         generating, as its rolling snapshot)."""
         self.block_manager.commit(seq)
+        rows = self._round_rows.pop(seq.seq_id, None)
         if self.snapshots is None or seq.state_slot is None:
             return
         frontier = seq.num_computed_tokens
-        kind = self._snapshot_kind(seq, frontier)
-        node = self.block_manager.published_node(seq, frontier) if kind else None
-        if node is not None:
-            self.snapshots.capture(node, seq.state_slot, roller=seq.seq_id if kind == "rolling" else None)
+        # after a verify round: each frontier it passed, from the scratch row holding that
+        # state (a round cut short by a stop has committed fewer tokens than it settled)
+        candidates = {frontier: seq.state_slot} if rows is None else {f: r for f, r in rows.items() if f <= frontier}
+        for f, row in sorted(candidates.items()):
+            kind = self._snapshot_kind(seq, f)
+            node = self.block_manager.published_node(seq, f) if kind else None
+            if node is not None:
+                self.snapshots.capture(node, row, roller=seq.seq_id if kind == "rolling" else None)
 
     def captures_after(self, sched: SchedulerOutput) -> bool:
         """Whether committing ``sched`` may snapshot a state slot. Nothing that writes the

@@ -40,6 +40,7 @@ class Sequence:
     commit_generated: bool = True  # ...including pages that hold generated tokens
     lora_slot: int = 0  # LoRA adapter slot (ninfer.lora); 0: none
     lora_name: Optional[str] = None  # that adapter's name; keeps its KV pages apart from others'
+    proposal: str = "auto"  # how a draft model proposes for it (spec_proposal_sampling)
     state_slot: Optional[int] = None  # recurrent-state slot (hybrid families); None: the model keeps none
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ninfer.engine.sequence import Sequence
+from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.state_cache import StateSnapshots
 
 
@@ -65,8 +66,11 @@ class RecurrentState:
     when prefix reuse is on, the snapshots a cached prefix resumes from.
 
     Without snapshots a cached prefix could not be resumed, so prefix reuse is off for
-    such a model (:func:`ninfer.engine.parts.prefix_reuse_on`).
+    such a model (:func:`ninfer.engine.parts.prefix_reuse_on`). ``scratch`` holds the
+    per-position state of speculative verify rows.
     """
 
     slots: StateSlots
     snapshots: Optional[StateSnapshots] = None
+    #: per-position rows for speculative verify steps (None: no speculation)
+    scratch: Optional[VerifyScratch] = None

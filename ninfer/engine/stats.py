@@ -19,6 +19,23 @@ class IntervalStats:
     decode_rows: int
     busy_seconds: float
     finished: int
+    #: speculative rounds: how many, drafts proposed, drafts accepted, and per draft
+    #: position (0 = first) how often a round reached it and kept it
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    reached: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens committed per verify round: accepted drafts plus the target's own."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """Per draft position, the share of rounds that reached it and kept its draft."""
+        return [k / r if r else 0.0 for k, r in zip(self.kept, self.reached)]
 
     @property
     def prefill_tps(self) -> float:
@@ -51,11 +68,21 @@ class EngineStats:
     total_prompt_tokens: int = 0
     #: decode steps launched before the previous step's tokens reached the host
     total_steps_ahead: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    #: whole-run speculative totals (the interval counters above reset)
+    total_rounds: int = 0
+    total_drafted: int = 0
+    total_accepted: int = 0
+    _reached: list = field(default_factory=list)
+    _kept: list = field(default_factory=list)
     _since: float = field(default_factory=time.monotonic)
 
     def record_step(self, sched, seconds: float) -> None:
         decode = sched.num_decode
-        prefill = sched.num_batched_tokens - decode
+        # a verify row's drafts are not prefill; its kept drafts count in record_round
+        prefill = sched.num_batched_tokens - sum(c.num_tokens for c in sched.chunks[:decode])
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         self.total_prefill_tokens += prefill
@@ -64,6 +91,24 @@ class EngineStats:
         self.decode_steps += decode > 0
         self.decode_rows += decode
         self.busy_seconds += seconds
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One verify row: ``drafted`` proposals, the first ``accepted`` of them kept."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.total_rounds += 1
+        self.total_drafted += drafted
+        self.total_accepted += accepted
+        self.decode_tokens += accepted  # the target's own token is the row's decode token
+        self.total_decode_tokens += accepted
+        grow = drafted - len(self._reached)
+        if grow > 0:
+            self._reached += [0] * grow
+            self._kept += [0] * grow
+        for i in range(drafted):
+            self._reached[i] += 1
+            self._kept[i] += i < accepted
 
     def record_finish(self, seq) -> None:
         self.finished += 1
@@ -81,9 +126,15 @@ class EngineStats:
             decode_rows=self.decode_rows,
             busy_seconds=self.busy_seconds,
             finished=self.finished,
+            rounds=self.rounds,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            reached=tuple(self._reached),
+            kept=tuple(self._kept),
         )
         self.prefill_tokens = self.decode_tokens = self.steps = self.decode_steps = self.decode_rows = 0
-        self.finished = 0
+        self.finished = self.rounds = self.drafted = self.accepted = 0
+        self._reached, self._kept = [], []
         self.busy_seconds = 0.0
         self._since = now
         return out

@@ -121,6 +121,10 @@ class TimingCounts:
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    #: speculative decoding (llama.cpp's names): tokens drafted, and how many were kept;
+    #: None when nothing was drafted
+    draft_n: Optional[int] = None
+    draft_n_accepted: Optional[int] = None
 
 
 def _rate(count: int, ms: float) -> float:
@@ -152,6 +156,8 @@ def timings(choices: Sequence[ChoiceProgress], now: Optional[float] = None) -> T
     predicted_ms = max(max(ends) - min(starts), 0.0) * 1000.0 if starts and ends else 0.0
     predicted_n = sum(c.completion_tokens for c in choices)
     intervals = sum(max(c.completion_tokens - 1, 0) for c in choices)
+    drafted = sum(c.timings.draft_tokens for c in choices if c.timings is not None)
+    accepted = sum(c.timings.draft_accepted for c in choices if c.timings is not None)
     return TimingCounts(
         cache_n=first.cached_tokens,
         prompt_n=prompt_n,
@@ -162,4 +168,6 @@ def timings(choices: Sequence[ChoiceProgress], now: Optional[float] = None) -> T
         predicted_ms=predicted_ms,
         predicted_per_token_ms=_per_token(predicted_ms, intervals),
         predicted_per_second=_rate(intervals, predicted_ms),
+        draft_n=drafted if drafted else None,
+        draft_n_accepted=accepted if drafted else None,
     )

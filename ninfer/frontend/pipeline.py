@@ -167,7 +167,8 @@ class Pipeline:
                 requests.append(EngineRequest(
                     f"{rid}-{k}", r.token_ids, params, prompt=r.text, thinking=r.thinking, thinking_budget=budget,
                     lora_name=req.lora, sample_index=j, lookup_prefix_cache=req.cache.lookup,
-                    commit_prefix_cache=req.cache.commit, commit_generated=req.cache.commit_generated))
+                    commit_prefix_cache=req.cache.commit, commit_generated=req.cache.commit_generated,
+                    speculate=req.speculate, proposal=req.proposal))
                 splitter = make_splitter(self.state, r.text, r.tools) if r.options is not None else None
                 choices.append(ChoiceProgress(k, splitter))
         return Plan(rendered, requests, choices)

@@ -106,6 +106,11 @@ class GenerateRequest:
     #: ``params.max_tokens`` is a ceiling, shortened to the context a prompt leaves (the batch
     #: format's max_generate_length) rather than a demand the prompt must leave room for
     fit_max_tokens: bool = False
+    #: False: decode without speculation even when the server has a speculative backend
+    speculate: bool = True
+    #: how a draft model proposes (auto, greedy, probabilistic: the batch format's
+    #: spec_proposal_sampling)
+    proposal: str = "auto"
     #: the engine requests' id prefix (default: the HTTP request's id)
     request_id: Optional[str] = None
     #: wire names for errors: the prompt's field, and the output limit's

@@ -36,6 +36,9 @@ class ModelFamily:
     :class:`ninfer.model.interface.CausalLM` with uninitialised weights.
     ``tiny_config()`` and ``tiny_weights(config, generator)`` let ``ninfer-make-tiny``
     write a small random checkpoint of this family with Hugging Face tensor names.
+    ``random_extras(config, generator)``: random tensors, under their checkpoint names, that
+    released checkpoints of ``config`` hold but transformers' model of it lacks (the MTP
+    head), added to ``random:SHAPE`` models so speculative backends can run on them.
     """
 
     name: str
@@ -45,6 +48,7 @@ class ModelFamily:
     presets: Callable[[dict], SamplingPresets] | None = None
     tiny_config: Callable[[], dict] | None = None
     tiny_weights: Callable[[dict, torch.Generator], dict[str, torch.Tensor]] | None = None
+    random_extras: Callable[[dict, torch.Generator], dict[str, torch.Tensor]] | None = None
     #: the plugins that parse this family's reasoning and tool-call markup (their registry
     #: names); None when the family has none. Families name them: the core assumes no format
     reasoning_parser: str | None = None

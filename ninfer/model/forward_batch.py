@@ -12,6 +12,32 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class VerifyRows:
+    """The speculative verify rows at the head of a batch, for layers with recurrent state.
+
+    The first ``num_seqs`` sequences of the batch each bring ``width`` rows (the last
+    committed token, then the drafts), laid out sequence-major. A recurrent layer runs
+    them position by position as decode steps: step ``t`` first copies each sequence's
+    state row ``src_slots[t]`` to ``dst_slots[t]`` and then advances it there, so the
+    state after every position survives in its own scratch row and rejecting drafts is
+    a copy back, never a recomputation. ``steps[t]`` is the decode batch of step ``t``
+    (one token per sequence, state slots ``dst_slots[t]``); ``rest`` the batch of the
+    sequences after them (prefill chunks; None when there are none).
+    """
+
+    num_seqs: int
+    width: int
+    src_slots: list[torch.Tensor]  # per step: int64 [num_seqs]
+    dst_slots: list[torch.Tensor]
+    steps: list["ForwardBatch"]
+    rest: Optional["ForwardBatch"] = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_seqs * self.width
+
+
+@dataclass
 class ForwardBatch:
     """One engine step for B sequences, their new tokens laid out flat (varlen).
 
@@ -39,6 +65,8 @@ class ForwardBatch:
     #: sequence whose chunk starts at position 0 starts from a zero state; any other
     #: chunk continues from what its slot holds.
     state_slots: Optional[torch.Tensor] = None
+    #: speculative verify rows, laid out for recurrent layers (None: no such rows, or no state)
+    verify: Optional[VerifyRows] = None
 
     @property
     def num_seqs(self) -> int:

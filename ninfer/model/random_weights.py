@@ -17,6 +17,8 @@ the server path at a real shape): the output is noise, and tokens past the token
 
 from __future__ import annotations
 
+import itertools
+
 import json
 from pathlib import Path
 from typing import Iterator
@@ -39,7 +41,7 @@ _QWEN3_6 = {
     "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16, "full_attention_interval": 4,
+    "linear_num_key_heads": 16, "full_attention_interval": 4, "mtp_num_hidden_layers": 1,
 }
 
 #: Hugging Face configs (text decoders), from the released checkpoints' config.json
@@ -119,14 +121,25 @@ def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
         tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
-def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, extras=None):
     """What ``LLM`` needs for ``model``: ``(path, weights)``. For ``random:SHAPE`` the path
     holds only the config and tokenizer and ``weights`` streams a freshly built random
-    model; anything else is passed through with ``weights`` None."""
+    model, then what ``extras(config, generator)`` adds (the family's ``random_extras``:
+    tensors transformers does not build, such as the MTP head); anything else is passed
+    through with ``weights`` None."""
     shape = shape_of(model)
     if shape is None:
         return model, None
     from ninfer.tiny.cache import cache_root
 
     path = config_dir(shape, cache_root().parent / "random")
-    return str(path), consume_weights(build_hf(shape, dtype, device, seed))
+    weights = consume_weights(build_hf(shape, dtype, device, seed))
+    if extras is not None:
+        weights = itertools.chain(weights, _extra_weights(extras, SHAPES[shape], dtype, seed))
+    return str(path), weights
+
+
+def _extra_weights(extras, config: dict, dtype: torch.dtype, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed + 1)
+    for name, tensor in extras(config, generator).items():
+        yield name, tensor.to(dtype)

@@ -22,21 +22,34 @@ RANDOM_PREFIX = "random:"
 Weights = Optional[Iterable[tuple[str, Any]]]
 
 
-def resolve_source(reference: str, registry, dtype: "torch.dtype", device: "torch.device") -> tuple[Path, Weights]:
+def resolve_source(reference: str, registry, dtype: "torch.dtype", device: "torch.device",
+                   seed: int = 0) -> tuple[Path, Weights]:
     """The checkpoint directory for ``reference`` and, for random shapes, the weights that
-    stand in for its files (None: the loader reads the directory's safetensors)."""
+    stand in for its files (None: the loader reads the directory's safetensors); ``seed``
+    draws random shapes' weights."""
     if reference.startswith(RANDOM_PREFIX):
         from ninfer.model import random_weights
 
         logger.info("building {} in device memory: transformers initialises it, then it streams into our loader",
                     reference)
-        path, weights = random_weights.model_source(reference, dtype, device)
+        family = _family_of(random_weights.SHAPES[random_weights.shape_of(reference)], registry)
+        extras = family.random_extras if family is not None else None
+        path, weights = random_weights.model_source(reference, dtype, device, seed, extras=extras)
         return Path(path), weights
     if reference.startswith(TINY_PREFIX):
         from ninfer.tiny.cache import resolve_model_path
 
         return resolve_model_path(reference, registry), None
     return Path(reference), None
+
+
+def _family_of(config: dict, registry):
+    from ninfer.model.loader import find_family
+
+    try:
+        return find_family(registry, config)
+    except LookupError:
+        return None  # the loader reports a missing family with its own error
 
 
 def public_id(reference: str, model_dir: Path) -> str:

@@ -71,6 +71,8 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
             lo, hi = obj.draft_tokens
             if not lo <= draft <= hi:
                 errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
+        if kind == "speculative_backend" and profile.speculative.lm_head_draft and not obj.lm_head_draft:
+            errors.append(f"speculative.lm_head_draft: the {name} backend drafts without an LM head")
     return errors + _unavailable(profile, registry)
 
 

@@ -116,7 +116,10 @@ class Speculative:
                               "(mtp, dflash, dflash2, ...)", flag="spec", metavar="NAME", default_text="off")
     draft_tokens: int | None = opt(None, Optional(_POS), "tokens drafted per round (mtp 1..5, dflash and "
                                    "dflash2 1..15); needs --spec", metavar="N", default_text="unset")
-    lm_head_draft: bool = opt(False, Bool(), "also load the optimised draft proposal head")
+    lm_head_draft: bool = opt(False, Bool(), "draft over a frequency-ranked shortlist of the vocabulary "
+                              "(lm_head_shortlist.json beside the checkpoint); verification keeps the full head")
+    lm_head_draft_size: int = opt(32768, _POS, "vocabulary entries the LM-head draft scores, most frequent first",
+                                  metavar="N")
 
 
 def _sampling_override(field: SamplingField) -> Any:

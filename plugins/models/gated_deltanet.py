@@ -109,13 +109,36 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         assert self.ssm_state is not None, "allocate_state() must run before forward()"
         proj = self.in_proj(x)
+        if batch.verify is not None:
+            return self.out_proj(self._verify(proj, batch.verify))
         if batch.is_decode_only:
-            out = ops.gated_delta_decode(
-                proj, self.conv1d.weight[:, 0], self.conv_state, self.ssm_state, self.A_log, self.dt_bias,
-                self.norm.weight, self.norm.eps, self.num_k_heads, self.head_k_dim, batch,
-            )
-            return self.out_proj(out)
-        tokens = x.shape[0]
+            return self.out_proj(self._decode(proj, batch))
+        return self.out_proj(self._chunks(proj, batch))
+
+    def _decode(self, proj: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return ops.gated_delta_decode(
+            proj, self.conv1d.weight[:, 0], self.conv_state, self.ssm_state, self.A_log, self.dt_bias,
+            self.norm.weight, self.norm.eps, self.num_k_heads, self.head_k_dim, batch,
+        )
+
+    def _verify(self, proj: torch.Tensor, rows) -> torch.Tensor:
+        """Speculative verify rows position by position (see
+        :class:`ninfer.model.forward_batch.VerifyRows`), then the rest of the batch."""
+        n = rows.num_rows
+        out = proj.new_empty(proj.shape[0], self.value_dim)
+        head = proj[:n].view(rows.num_seqs, rows.width, -1)
+        out_head = out[:n].view(rows.num_seqs, rows.width, -1)
+        for t in range(rows.width):
+            for state in (self.conv_state, self.ssm_state):
+                state.index_copy_(0, rows.dst_slots[t], state.index_select(0, rows.src_slots[t]))
+            out_head[:, t] = self._decode(head[:, t].contiguous(), rows.steps[t])
+        if rows.rest is not None:
+            out[n:] = self._chunks(proj[n:], rows.rest)
+        return out
+
+    def _chunks(self, proj: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Prefill chunks: conv, chunked delta rule and norm as separate (large) kernels."""
+        tokens = proj.shape[0]
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         # q, k and v come back as separate contiguous tensors: the chunked kernels want them so
         q, k, v = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch,
@@ -132,4 +155,4 @@ class GatedDeltaNet(nn.Module):
             batch,
         )
         out = self.norm(out, z.unflatten(-1, (self.num_v_heads, self.head_v_dim)))  # z: a view, not a copy
-        return self.out_proj(out.reshape(tokens, self.value_dim))
+        return out.reshape(tokens, self.value_dim)

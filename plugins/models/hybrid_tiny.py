@@ -188,6 +188,27 @@ class _Writer:
             self.randn(f"{prefix}merger.{name}.bias", rows, std=NORM_JITTER)
 
 
+def _mtp(w: _Writer, cfg: HybridConfig, grouped: bool, stacked_experts: bool) -> None:
+    h = cfg.hidden_size
+    w.randn("mtp.fc.weight", h, 2 * h)
+    w.randn("mtp.pre_fc_norm_embedding.weight", h, std=NORM_JITTER)
+    w.randn("mtp.pre_fc_norm_hidden.weight", h, std=NORM_JITTER)
+    for i in range(cfg.mtp_num_layers):
+        w.layer(f"mtp.layers.{i}.", cfg, False, cfg.num_experts > 0, grouped, stacked_experts)
+    w.randn("mtp.norm.weight", h, std=NORM_JITTER)
+
+
+def random_mtp_weights(config: dict, generator: torch.Generator, grouped: bool = False,
+                       stacked_experts: bool = True) -> dict[str, torch.Tensor]:
+    """The MTP head's tensors for a ``random:SHAPE`` model (transformers builds none)."""
+    cfg = HybridConfig.from_hf(config)
+    if not cfg.mtp_num_layers:
+        return {}
+    w = _Writer(generator)
+    _mtp(w, cfg, grouped, stacked_experts)
+    return w.tensors
+
+
 def tiny_hybrid_weights(
     config: dict, generator: torch.Generator, grouped: bool, stacked_experts: bool
 ) -> dict[str, torch.Tensor]:
@@ -203,12 +224,7 @@ def tiny_hybrid_weights(
     w.randn(text + "norm.weight", h, std=NORM_JITTER)
     if not cfg.tie_word_embeddings:
         w.randn("lm_head.weight", cfg.vocab_size, h, std=LM_HEAD_STD)
-    w.randn("mtp.fc.weight", h, 2 * h)
-    w.randn("mtp.pre_fc_norm_embedding.weight", h, std=NORM_JITTER)
-    w.randn("mtp.pre_fc_norm_hidden.weight", h, std=NORM_JITTER)
-    for i in range(cfg.mtp_num_layers):
-        w.layer(f"mtp.layers.{i}.", cfg, False, cfg.num_experts > 0, grouped, stacked_experts)
-    w.randn("mtp.norm.weight", h, std=NORM_JITTER)
+    _mtp(w, cfg, grouped, stacked_experts)
     if nested:
         w.vision("model.visual.", config["vision_config"])
     return w.tensors

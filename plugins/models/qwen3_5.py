@@ -12,7 +12,9 @@ import torch
 from ninfer.hookspecs import hookimpl
 from ninfer.model.family import ModelFamily, SamplingDefaults, SamplingPresets
 from ninfer_plugins.models.hybrid_decoder import build_hybrid
-from ninfer_plugins.models.hybrid_tiny import tiny_hybrid_weights, tiny_text_config, tiny_vision_config, tiny_vocab_size
+from ninfer_plugins.models.hybrid_tiny import (
+    random_mtp_weights, tiny_hybrid_weights, tiny_text_config, tiny_vision_config, tiny_vocab_size,
+)
 
 
 def qwen3_5_presets(config: dict) -> SamplingPresets:
@@ -56,6 +58,10 @@ def tiny_weights(config: dict, generator: torch.Generator) -> dict[str, torch.Te
     return tiny_hybrid_weights(config, generator, grouped=False, stacked_experts=False)
 
 
+def random_extras(config: dict, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    return random_mtp_weights(config, generator, grouped=False, stacked_experts=False)
+
+
 FAMILY = ModelFamily(
     name="qwen3_5",
     architectures=("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
@@ -64,6 +70,7 @@ FAMILY = ModelFamily(
     presets=qwen3_5_presets,
     tiny_config=tiny_config,
     tiny_weights=tiny_weights,
+    random_extras=random_extras,
     reasoning_parser="qwen3",
     tool_parser="qwen3_xml",
     description="Qwen3.5 / Qwen3.6 dense hybrid decoder (Gated DeltaNet + gated attention), text path",

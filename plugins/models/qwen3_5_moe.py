@@ -7,7 +7,7 @@ import torch
 from ninfer.hookspecs import hookimpl
 from ninfer.model.family import ModelFamily
 from ninfer_plugins.models.hybrid_decoder import build_hybrid
-from ninfer_plugins.models.hybrid_tiny import tiny_hybrid_weights, tiny_moe_fields, tiny_text_config
+from ninfer_plugins.models.hybrid_tiny import random_mtp_weights, tiny_hybrid_weights, tiny_moe_fields, tiny_text_config
 from ninfer_plugins.models.qwen3_5 import nested_tiny_config, qwen3_5_presets
 
 
@@ -24,6 +24,10 @@ def tiny_weights(config: dict, generator: torch.Generator) -> dict[str, torch.Te
     return tiny_hybrid_weights(config, generator, grouped=False, stacked_experts=True)
 
 
+def random_extras(config: dict, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    return random_mtp_weights(config, generator, grouped=False, stacked_experts=True)
+
+
 FAMILY = ModelFamily(
     name="qwen3_5_moe",
     architectures=("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
@@ -32,6 +36,7 @@ FAMILY = ModelFamily(
     presets=qwen3_5_presets,
     tiny_config=tiny_config,
     tiny_weights=tiny_weights,
+    random_extras=random_extras,
     reasoning_parser="qwen3",
     tool_parser="qwen3_xml",
     description="Qwen3.5 / Qwen3.6 mixture-of-experts hybrid decoder (shared expert), text path",

@@ -57,4 +57,5 @@ def usage(choices: Sequence[ChoiceProgress], per_prompt: int | None = None) -> U
 
 def timings(choices: Sequence[ChoiceProgress], now: float | None = None) -> Timings:
     """llama.cpp-style timings (see :func:`ninfer.frontend.choice_output.timings`)."""
-    return Timings(**attrs.asdict(timing_counts(choices, now)))
+    counts = attrs.asdict(timing_counts(choices, now))
+    return Timings(**{k: v for k, v in counts.items() if v is not None})  # no draft figures without drafts

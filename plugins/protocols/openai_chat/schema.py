@@ -232,6 +232,9 @@ class Timings(Struct):
     predicted_ms: float
     predicted_per_token_ms: float
     predicted_per_second: float
+    #: with speculative decoding only: tokens drafted, and how many of them were kept
+    draft_n: Union[int, UnsetType] = UNSET
+    draft_n_accepted: Union[int, UnsetType] = UNSET
 
 
 class TopLogprob(Struct):

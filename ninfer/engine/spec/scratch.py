@@ -1,0 +1,55 @@
+"""Per-position recurrent state for speculative verify rows: how rejected drafts leave no trace.
+
+Attention KV needs no undo: a rejected position's entry lies past the sequence's
+computed length, is never read and is overwritten by the next round. Recurrent state
+(Gated DeltaNet's conv history and delta-rule matrices) is different, since every token
+folds into it. A verify step therefore never advances a sequence's working slot: each
+of its ``width`` positions advances a scratch row of its own (position ``t`` starts
+from a copy of position ``t - 1``'s row; see
+:class:`ninfer.model.forward_batch.VerifyRows`). Once the host knows how many drafts
+were accepted, :meth:`VerifyScratch.settle` copies the row of the last accepted
+position back into the working slot. This costs one state copy per position and no
+recomputation, and the state after any accepted prefix is exactly the one plain decode
+would have reached (the same decode kernel advances it).
+
+Scratch rows live after the working slots and the snapshot rows in the model's state
+pools; each working slot owns ``width`` consecutive rows, and one last row takes the
+writes of padding rows in a replayed verify graph.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class VerifyScratch:
+    def __init__(self, state_tensors: list[torch.Tensor], first_row: int, num_slots: int, width: int):
+        self._pools = state_tensors
+        self.first_row, self.num_slots, self.width = first_row, num_slots, width
+
+    @staticmethod
+    def rows_needed(num_slots: int, width: int) -> int:
+        return num_slots * width + 1
+
+    @property
+    def trash_row(self) -> int:
+        """A row nobody reads: graph padding copies and advances its state here."""
+        return self.first_row + self.num_slots * self.width
+
+    def row(self, slot: int, position: int) -> int:
+        """The scratch row holding ``slot``'s state after verify position ``position``."""
+        if not 0 <= position < self.width:
+            raise IndexError(f"verify position {position} outside 0..{self.width - 1}")
+        return self.first_row + slot * self.width + position
+
+    def settle(self, slots: Sequence[int], positions: Sequence[int]) -> None:
+        """Working slot ``slots[i]`` takes the state after its verify position ``positions[i]``."""
+        if not slots:
+            return
+        device = self._pools[0].device
+        src = torch.tensor([self.row(s, p) for s, p in zip(slots, positions)], dtype=torch.int64, device=device)
+        dst = torch.tensor(list(slots), dtype=torch.int64, device=device)
+        for pool in self._pools:
+            pool.index_copy_(0, dst, pool.index_select(0, src))

@@ -1,0 +1,170 @@
+"""Verify steps replayed from CUDA graphs: one captured forward per batch bucket.
+
+A verify step has the decode step's shape problem, more so: ``width`` (1 + the draft
+count) rows per sequence through every layer, and for hybrid families ``width`` decode
+passes of every recurrent layer with their state copies. Eagerly that is thousands of
+launches; captured, one replay. Graphs exist for one width (the engine's
+``draft_tokens + 1``) and the decode buckets up to ``max_batch`` sequences; a step whose
+rows are all verify rows of that width, without LoRA or prompt log probabilities,
+replays the smallest bucket that holds it (other steps run eagerly).
+
+The static inputs: ``width`` token ids, positions and KV slots per sequence, one context
+length and block table per sequence, and for recurrent state the per-position source
+and destination rows (:class:`ninfer.engine.spec.scratch.VerifyScratch`). Padding
+sequences write no KV (slot -1), keep a context of ``width`` keys, and copy and advance
+their state in the scratch pool's trash row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import torch
+from loguru import logger
+
+from ninfer.engine.cuda_graph import _clear_cublas_workspaces, buckets_up_to
+from ninfer.engine.spec.scratch import VerifyScratch
+from ninfer.model.forward_batch import ForwardBatch, VerifyRows
+
+
+class VerifyGraphs:
+    def __init__(self, model, max_batch: int, width: int, max_context: int, block_size: int,
+                 device: torch.device, scratch: Optional[VerifyScratch] = None):
+        self.model, self.width, self.block_size = model, width, block_size
+        self.max_context, self.device, self.scratch = max_context, device, scratch
+        self.buckets = buckets_up_to(max_batch)
+        self.max_blocks = -(-max_context // block_size)
+        n, w = self.buckets[-1], width
+        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(n * w, **i64)
+        self.positions = torch.zeros(n * w, **i64)
+        self.slot_mapping = torch.full((n * w,), -1, **i64)
+        self.seq_lens = torch.full((n,), w, **i64)
+        self.block_tables = torch.zeros(n, self.max_blocks, **i32)
+        self.query_start = torch.arange(n + 1, **i32) * w
+        self.rows = torch.arange(n * w, **i64)
+        self.step_start = torch.arange(n + 1, **i32)
+        if scratch is not None:
+            trash = scratch.trash_row
+            self.state_slots = torch.full((n,), trash, **i64)
+            self.src = torch.full((w, n), trash, **i64)
+            self.dst = torch.full((w, n), trash, **i64)
+            self.step_lens = torch.arange(1, w + 1, **i64)[:, None].repeat(1, n)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._hidden: dict[int, torch.Tensor] = {}
+
+    def _batch(self, bs: int, seq_lens_host: Optional[list[int]] = None) -> ForwardBatch:
+        """Views of the static buffers for bucket ``bs``. CUDA kernels read only device
+        tensors; the CPU reference reads ``seq_lens_host`` (given by :meth:`forward_staged`)."""
+        w = self.width
+        lens = seq_lens_host or [w] * bs
+        batch = ForwardBatch(
+            query_start=self.query_start[: bs + 1], seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
+            slot_mapping=self.slot_mapping[: bs * w], logits_indices=self.rows[: bs * w], block_size=self.block_size,
+            max_query_len=w, max_seq_len=self.max_context, query_lens_host=[w] * bs, seq_lens_host=lens,
+        )
+        if self.scratch is not None:
+            batch.state_slots = self.state_slots[:bs]
+            steps = [
+                ForwardBatch(
+                    query_start=self.step_start[: bs + 1], seq_lens=self.step_lens[t, :bs],
+                    block_tables=batch.block_tables, slot_mapping=batch.slot_mapping, logits_indices=self.rows[:bs],
+                    block_size=self.block_size, max_query_len=1, max_seq_len=self.max_context,
+                    query_lens_host=[1] * bs, seq_lens_host=[n - w + t + 1 for n in lens], state_slots=self.dst[t, :bs],
+                )
+                for t in range(w)
+            ]
+            batch.verify = VerifyRows(bs, w, [self.src[t, :bs] for t in range(w)],
+                                      [self.dst[t, :bs] for t in range(w)], steps)
+        return batch
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        started = time.perf_counter()
+        before = torch.cuda.memory_allocated(self.device)
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.buckets):
+                batch = self._batch(bs)
+                ids, pos = self.input_ids[: bs * self.width], self.positions[: bs * self.width]
+                for _ in range(2):
+                    self.model(ids, pos, batch)
+                torch.cuda.synchronize(self.device)
+                _clear_cublas_workspaces()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._hidden[bs] = self.model(ids, pos, batch)
+                pool = graph.pool()
+                self._graphs[bs] = graph
+        _clear_cublas_workspaces()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        logger.info("captured verify CUDA graphs of width {} for batch sizes {} in {:.1f} s ({:.0f} MiB)",
+                    self.width, ",".join(map(str, self.buckets)), time.perf_counter() - started,
+                    (torch.cuda.memory_allocated(self.device) - before) / 2**20)
+
+    def bucket_for(self, num_seqs: int) -> Optional[int]:
+        return next((b for b in self.buckets if b >= num_seqs), None)
+
+    def replay(self, bucket: int) -> None:
+        self._graphs[bucket].replay()
+
+    def run(self, token_ids: Sequence[int], starts: Sequence[int], block_tables: Sequence[Sequence[int]],
+            state_slots: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Replay the verify step of ``len(starts)`` sequences: sequence ``i`` feeds
+        ``token_ids[i*width:(i+1)*width]`` at positions ``starts[i]...``; returns their
+        hidden rows [B * width, hidden], sequence-major."""
+        bs = self.stage_inputs(token_ids, starts, block_tables, state_slots)
+        self._graphs[bs].replay()
+        return self._hidden[bs][: len(starts) * self.width]
+
+    def forward_staged(self, bucket: int) -> torch.Tensor:
+        """The captured forward run eagerly on the staged inputs (tests check staging on CPU)."""
+        w = self.width
+        return self.model(self.input_ids[: bucket * w], self.positions[: bucket * w],
+                          self._batch(bucket, self.seq_lens[:bucket].tolist()))
+
+    def stage_inputs(self, token_ids: Sequence[int], starts: Sequence[int], block_tables: Sequence[Sequence[int]],
+                     state_slots: Optional[Sequence[int]] = None) -> int:
+        """Fill the static inputs for this step; returns the bucket to replay."""
+        num, w, bsz = len(starts), self.width, self.block_size
+        bs = self.bucket_for(num)
+        assert bs is not None, "batch larger than the largest captured bucket"
+        pos = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(w)
+        width = max(len(t) for t in block_tables)
+        table = torch.zeros(bs, width, dtype=torch.int64)
+        pages = torch.zeros(bs, dtype=torch.int64)
+        for i, t in enumerate(block_tables):
+            table[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+            pages[i] = len(t)
+        page = pos // bsz
+        inside = page < pages[:num, None]  # padding drafts past a row's pages write no KV
+        slots = torch.where(inside, table[torch.arange(num)[:, None], page.clamp(max=width - 1)] * bsz + pos % bsz, -1)
+        dev = self.device
+        self.input_ids[: num * w].copy_(torch.tensor(token_ids, dtype=torch.int64), non_blocking=True)
+        self.positions[: num * w].copy_(pos.reshape(-1), non_blocking=True)
+        self.slot_mapping[: bs * w].fill_(-1)
+        self.slot_mapping[: num * w].copy_(slots.reshape(-1), non_blocking=True)
+        self.seq_lens[:bs].fill_(w)
+        self.seq_lens[:num].copy_(pos[:, -1] + 1, non_blocking=True)
+        self.block_tables[:bs, :width].copy_(table.to(dev, torch.int32), non_blocking=True)
+        if self.scratch is not None:
+            trash = self.scratch.trash_row
+            rows = torch.full((w, bs), trash, dtype=torch.int64)
+            src = rows.clone()
+            slots_t = torch.tensor(list(state_slots), dtype=torch.int64)
+            for t in range(w):
+                rows[t, :num] = torch.tensor([self.scratch.row(s, t) for s in state_slots])
+            src[0, :num] = slots_t
+            src[1:, :num] = rows[:-1, :num]
+            self.dst[:, :bs].copy_(rows, non_blocking=True)
+            self.src[:, :bs].copy_(src, non_blocking=True)
+            lens = torch.arange(1, w + 1)[:, None].repeat(1, bs)
+            lens[:, :num] += torch.tensor(starts, dtype=torch.int64)
+            self.step_lens[:, :bs].copy_(lens, non_blocking=True)
+            self.state_slots[:bs].fill_(trash)
+            self.state_slots[:num].copy_(slots_t, non_blocking=True)
+        return bs

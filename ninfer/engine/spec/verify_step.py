@@ -1,0 +1,112 @@
+"""The verify half of a speculative round inside one engine step.
+
+A step in which some decode rows carry drafts is a verify step: each of those rows
+becomes ``width`` consecutive rows at the head of the batch (its last committed token,
+then its drafts, padded to the step's widest row), scored in the same forward as the
+other decode rows and any prefill chunks scheduled beside them, which the plain sampler
+samples as usual (so guided rows keep their masks and budgets their forced tokens). Here:
+the width, the per-position layout recurrent layers need
+(:class:`ninfer.model.forward_batch.VerifyRows`), and the verdict over the scored rows
+(:func:`ninfer.engine.spec.acceptance.verify` on the sampler's processed distribution).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+from ninfer.engine.spec.acceptance import Verdict, verify
+from ninfer.engine.spec.distribution import bonus_rows, processed_distribution, verify_metadata
+from ninfer.engine.spec.scratch import VerifyScratch
+from ninfer.model.forward_batch import ForwardBatch, VerifyRows
+
+
+def verify_width(sched) -> int:
+    """Rows per verify row in this step: 1 + the most drafts any has; 0 for a plain step."""
+    most = max((len(c.drafts) for c in sched.chunks[: sched.num_verify]), default=0)
+    return most + 1 if most else 0
+
+
+def query_lens(sched, width: Optional[int] = None) -> list[int]:
+    """Rows each chunk takes in the step's flat layout (a verify row: the step's width,
+    or ``width`` when a replayed graph padded it wider)."""
+    width = verify_width(sched) if width is None else width
+    return [width if width and i < sched.num_verify else c.num_tokens for i, c in enumerate(sched.chunks)]
+
+
+def verify_rows_for(
+    batch: ForwardBatch, num_seqs: int, width: int, slots: Sequence[int], scratch: Optional[VerifyScratch]
+) -> VerifyRows:
+    """The per-position layout of the batch's first ``num_seqs`` (verify) sequences."""
+    if scratch is None or scratch.width < width:
+        raise RuntimeError("a verify step of a model with recurrent state needs scratch rows for its width")
+    dev = batch.seq_lens.device
+    head = list(slots[:num_seqs])
+    starts = [batch.seq_lens_host[i] - width for i in range(num_seqs)]  # tokens computed before the round
+    src, dst, steps = [], [], []
+    previous = head
+    for t in range(width):
+        rows = [scratch.row(s, t) for s in head]
+        src.append(torch.tensor(previous, dtype=torch.int64, device=dev))
+        dst.append(torch.tensor(rows, dtype=torch.int64, device=dev))
+        lens = [s + t + 1 for s in starts]
+        steps.append(dataclasses.replace(
+            batch, query_start=torch.arange(num_seqs + 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev), max_query_len=1, max_seq_len=max(lens),
+            query_lens_host=[1] * num_seqs, seq_lens_host=lens, state_slots=dst[-1], verify=None, lora=None,
+        ))
+        previous = rows
+    return VerifyRows(num_seqs, width, src, dst, steps, _rest(batch, num_seqs, width, slots))
+
+
+def _rest(batch: ForwardBatch, num_seqs: int, width: int, slots: Sequence[int]) -> Optional[ForwardBatch]:
+    """The batch of the sequences after the verify rows (other decode rows, prefill chunks), or None."""
+    if len(batch.seq_lens_host) == num_seqs:
+        return None
+    dev = batch.seq_lens.device
+    q_lens = batch.query_lens_host[num_seqs:]
+    lens = batch.seq_lens_host[num_seqs:]
+    start = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0, out=start[1:])
+    return dataclasses.replace(
+        batch, query_start=start.to(dev), seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        max_query_len=max(q_lens), max_seq_len=max(lens), query_lens_host=q_lens, seq_lens_host=lens,
+        state_slots=torch.tensor(list(slots[num_seqs:]), dtype=torch.int64, device=dev), verify=None, lora=None,
+    )
+
+
+def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.device,
+                       draft_probs: Optional[Mapping[int, torch.Tensor]] = None) -> Verdict:
+    """The verdict of every verify chunk: ``logits`` [len(chunks) * width, V], chunk-major;
+    ``draft_probs``: per seq id, the q its drafts were drawn from (absent: greedy, one-hot)."""
+    k = width - 1
+    drafts = [list(c.drafts) + [c.drafts[-1] if c.drafts else 0] * (k - len(c.drafts)) for c in chunks]
+    drafts_t = torch.tensor(drafts, dtype=torch.int64, device=device)
+    num_drafts = torch.tensor([len(c.drafts) for c in chunks], dtype=torch.int64, device=device)
+    settings = [c.seq.sampling for c in chunks]
+    history = any(r.uses_penalties for r in settings)
+    meta = verify_metadata(
+        settings,
+        [c.seq.num_output_tokens for c in chunks],
+        [c.seq.output_token_ids if history else [] for c in chunks],
+        [c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in chunks],
+        drafts_t, num_drafts, logits.shape[-1], device,
+    )
+    target = processed_distribution(logits.float(), meta, bonus_rows(num_drafts, len(chunks), k))
+    q = _draft_q(chunks, drafts_t, logits.shape[-1], draft_probs) if draft_probs else None
+    return verify(drafts_t, num_drafts, target, q)
+
+
+def _draft_q(chunks, drafts: torch.Tensor, vocab: int, draft_probs: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    """float32 [B, k, V]: each row's q, one-hot on its drafts where it proposed greedily
+    (and on the padding, which is never accepted)."""
+    q = torch.zeros(*drafts.shape, vocab, dtype=torch.float32, device=drafts.device)
+    q.scatter_(2, drafts.unsqueeze(2), 1.0)
+    for i, c in enumerate(chunks):
+        probs = draft_probs.get(c.seq.seq_id)
+        if probs is not None:
+            n = min(len(c.drafts), probs.shape[0])
+            q[i, :n] = probs[:n].float()
+    return q
