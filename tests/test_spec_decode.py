@@ -23,8 +23,13 @@ class ReplayProposer:
     """Drafts the reference continuation of each prompt; draft ``i`` of a round is wrong when
     ``(position + i) % period == 0``, so rounds stop at varying positions."""
 
+    needs_hidden = False
+
     def __init__(self, reference: dict[tuple[int, ...], list[int]], period: int = 5):
         self.reference, self.period = reference, period
+
+    def after_step(self, record) -> None:
+        pass
 
     def propose(self, seq, limit: int) -> list[int]:
         prompt = tuple(seq.token_ids[: seq.num_prompt_tokens])
@@ -233,3 +238,15 @@ def test_mtp_proposes_from_its_own_distribution_for_sampled_requests():
 
 def torch_close(values, target: float) -> bool:
     return bool(((values - target).abs() < 1e-4).all())
+
+
+def test_rows_near_the_end_of_their_pages_decode_plainly_beside_wider_rows(pair):
+    """Prompt plus output filling their pages exactly: a row close to its end cannot take
+    the padding of a wider neighbour's verify row, so it decodes plainly; outputs stay exact."""
+    plain, spec = pair
+    prompts = [list(range(5, 10)), list(range(40, 48))]  # 5 and 8 tokens, each + max_tokens = 5 pages of 4
+    params = [SamplingParams(temperature=0, max_tokens=15, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    expected = _run(plain, prompts, params)
+    spec.engine.proposer = ReplayProposer({tuple(p): out for p, out in zip(prompts, expected)}, period=3)
+    assert _run(spec, prompts, params) == expected

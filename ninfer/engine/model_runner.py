@@ -203,11 +203,14 @@ class ModelRunner:
 
     def _verify_replayable(self, sched: SchedulerOutput, prompt_logprobs) -> bool:
         graphs = self.verify_graphs
+        bs = self.block_size
         return (
             graphs is not None
             and not prompt_logprobs
             and sched.num_verify == len(sched.chunks)
             and 0 < verify_width(sched) <= graphs.width
+            # the graph pads every row to its full width: each must have the pages for it
+            and all(c.seq.num_computed_tokens + graphs.width <= len(c.seq.block_table) * bs for c in sched.chunks)
             and graphs.bucket_for(len(sched.chunks)) is not None
             and (not self.loras or all(c.seq.lora_slot == 0 for c in sched.chunks))
         )

@@ -234,7 +234,9 @@ class Scheduler:
             if seq.is_decode:
                 proposed = tuple(drafts.get(seq.seq_id, ())) if drafts else ()
                 (verify if proposed else plain).append(ScheduledChunk(seq, 1 + len(proposed), True, proposed))
-                budget -= 1 + len(proposed)
+        verify, dropped = self._fit_verify_width(verify)
+        plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + plain
+        budget -= sum(c.num_tokens for c in verify) + len(plain)
         out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
         out.num_verify = len(verify)
         out.num_decode = len(out.chunks)
@@ -249,6 +251,21 @@ class Scheduler:
             budget -= num_tokens
         out.num_prefill = len(out.chunks) - out.num_decode
         return out
+
+    def _fit_verify_width(self, verify: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
+        """Verify rows are padded to the widest one; a row whose pages end before that
+        width would reach (its output budget nearly spent) decodes plainly instead, so no
+        row's positions, padding included, ever pass its own pages."""
+        bs = self.block_manager.block_size
+        dropped: list[ScheduledChunk] = []
+        while verify:
+            width = 1 + max(len(c.drafts) for c in verify)
+            fits = [c for c in verify if c.seq.num_computed_tokens + width <= len(c.seq.block_table) * bs]
+            if len(fits) == len(verify):
+                break
+            dropped += [c for c in verify if c not in fits]
+            verify = fits
+        return verify, dropped
 
     # -- snapshots ----------------------------------------------------------------------
 

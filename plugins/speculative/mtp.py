@@ -164,7 +164,9 @@ class MtpProposer:
         bs = self.block_size
         q_lens = [n for _, _, n in groups]
         tables = [list(seq.block_table) for seq, _, _ in groups]
-        width = max(len(t) for t in tables)
+        # a chained draft may run past its row's pages (drafts beyond the output budget are
+        # never proposed): the table is zero-padded to cover it, and it writes no KV there
+        width = max(max(len(t) for t in tables), max(-(-(first + n) // bs) for _, first, n in groups))
         table_t = torch.zeros(len(tables), width, dtype=torch.int32)
         for i, t in enumerate(tables):
             table_t[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
