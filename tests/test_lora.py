@@ -210,3 +210,18 @@ def test_cuda_mixed_batch_and_peft_parity(tiny_qwen3, adapters):
     ids = _ids(llm)
     for name, start in (("A", 0), ("B", 2)):
         assert mixed[start::3] == _peft_greedy(tiny_qwen3, adapters[name], ids, device="cuda")
+
+
+def test_speculation_with_mixed_adapters_gives_the_plain_tokens(tiny_qwen3, adapters, llm):
+    """Verify rows of different adapters in one step: greedy output equals decoding without
+    speculation, adapter by adapter."""
+
+    from test_spec_decode import ReplayProposer
+
+    names = [None, "A", "B", "A"]
+    expected = _tokens(llm.generate(PROMPTS, GREEDY, lora_name=names))
+    spec = _llm(tiny_qwen3, adapters, spec="ngram", draft_tokens=3)
+    tok = spec.get_tokenizer()
+    spec.engine.proposer = ReplayProposer({tuple(tok.encode(p)): out for p, out in zip(PROMPTS, expected)}, period=3)
+    assert _tokens(spec.generate(PROMPTS, GREEDY, lora_name=names)) == expected
+    assert 0 < spec.engine.stats.total_accepted < spec.engine.stats.total_drafted

@@ -9,9 +9,14 @@ from ninfer.engine.request import EngineRequest
 from ninfer.sampling_params import SamplingParams
 
 
+#: plain greedy: no family preset may add a penalty (Qwen3.5's add a presence penalty),
+#: so every engine and baseline decodes the same argmax chain
+GREEDY = dict(temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
+
+
 def _submit(engine, work: Workload, tag: str) -> None:
     for i, (ids, n) in enumerate(zip(work.prompts, work.output_lens)):
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        params = SamplingParams(max_tokens=n, ignore_eos=True, **GREEDY)
         engine.add_request(EngineRequest(f"{tag}{i}", ids, params))
 
 
