@@ -250,3 +250,32 @@ def test_rows_near_the_end_of_their_pages_decode_plainly_beside_wider_rows(pair)
     expected = _run(plain, prompts, params)
     spec.engine.proposer = ReplayProposer({tuple(p): out for p, out in zip(prompts, expected)}, period=3)
     assert _run(spec, prompts, params) == expected
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_the_mtp_draft_graphs_staged_inputs_give_the_eager_drafts(family):
+    """What a replayed MTP drafting graph computes, run eagerly on its staged inputs, equals
+    the eager drafting after every decode-shaped step (plain decode and verify rows)."""
+    spec = LLM(f"tiny:{family}", spec="mtp", draft_tokens=3, **SETTINGS)
+    proposer = spec.engine.proposer
+    graphs = proposer.make_graphs()
+    eager = proposer.after_step
+    compared = []
+
+    def checked(record):
+        eager(record)
+        live = [(c.seq, s, f, n) for c, s, f, n in zip(record.chunks, record.starts, record.row_starts, record.kept)
+                if not c.seq.is_finished and n > 0]
+        if not live or any(n > graphs.width for *_, n in live):
+            return
+        bucket = graphs.stage([q for q, *_ in live], [s for _, s, _, _ in live], [n for *_, n in live],
+                              record.hidden, [f for _, _, f, _ in live])
+        drafts = graphs.forward_staged(bucket, len(live)).tolist()
+        for (seq, *_), row in zip(live, drafts):
+            if seq.is_decode:
+                assert row == proposer._drafts[seq.seq_id]
+                compared.append(row)
+
+    proposer.after_step = checked
+    _run(spec, PROMPTS, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    assert len(compared) > 10

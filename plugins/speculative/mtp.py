@@ -31,6 +31,7 @@ from ninfer.engine.spec.distribution import propose
 from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.interface import AttentionSpec
+from ninfer_plugins.speculative.mtp_graphs import MtpGraphs
 from ninfer_plugins.speculative.shortlist_head import ShortlistHead, read_shortlist
 
 
@@ -51,6 +52,7 @@ class MtpProposer:
             attn.kv_cache = cache
         self.k = ctx.config.draft_tokens
         self.block_size = ctx.config.block_size
+        self.max_batch, self.max_context = ctx.config.max_concurrency, ctx.config.max_context
         self.device = ctx.device
         self._drafts: dict[int, list[int]] = {}
         self._probs: dict[int, torch.Tensor] = {}
@@ -60,13 +62,30 @@ class MtpProposer:
             ids = read_shortlist(ctx.model_dir, spec.lm_head_draft_size, ctx.vocab_size)
             self.shortlist = ShortlistHead(self.model.lm_head.weight, ids)
             logger.info("MTP drafts score a shortlist of {} of {} vocabulary entries", len(ids), ctx.vocab_size)
+        self.graphs: Optional[MtpGraphs] = None
+        if ctx.device.type == "cuda" and ctx.profile.engine.cuda_graph and self.k > 0:
+            self.graphs = self.make_graphs()
+            self.graphs.capture()
+
+    def make_graphs(self) -> MtpGraphs:
+        """Static buffers for replayed drafting (captured on CUDA; tests stage them on CPU)."""
+        weight = self.model.lm_head.weight
+        return MtpGraphs(self._head_forward, self._greedy, weight.shape[1], weight.dtype, self.max_batch, self.k,
+                         self.max_context, self.block_size, self.device)
+
+    def _head_forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch) -> torch.Tensor:
+        return self.head(self.model.model.embed_tokens(ids), hidden, positions, batch, self.model.cos_sin)
+
+    def _greedy(self, state: torch.Tensor) -> torch.Tensor:
+        if self.shortlist is not None:
+            return self.shortlist.argmax(state)
+        return self.model.compute_logits(state).argmax(dim=-1)
 
     def _draft(self, state: torch.Tensor, seqs: list, step: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Draft ``step`` of each row from the head's output: its token, and the q it was
         drawn from (None when every row proposed greedily: verification reads one-hot)."""
         if all(s.proposal == "greedy" or s.sampling.greedy for s in seqs):
-            return (self.shortlist.argmax(state) if self.shortlist is not None
-                    else self.model.compute_logits(state).argmax(dim=-1)), None
+            return self._greedy(state), None
         logits = self._logits(state)
         dev, vocab = logits.device, logits.shape[-1]
         tokens = torch.empty(len(seqs), dtype=torch.int64, device=dev)
@@ -93,6 +112,15 @@ class MtpProposer:
             return self.model.compute_logits(state)
         return self.shortlist.logits(state, self.model.lm_head.weight.shape[0])
 
+    def _replayable(self, groups) -> bool:
+        """Decode-shaped steps (every row kept at most ``k + 1`` positions) of greedy proposals."""
+        return (
+            self.graphs is not None
+            and self.graphs.bucket_for(len(groups)) is not None
+            and all(n <= self.graphs.width for _, _, n in groups)
+            and all(s.proposal == "greedy" or s.sampling.greedy for s, _, _ in groups if s.is_decode)
+        )
+
     def propose(self, seq, limit: int) -> list[int]:
         return self._drafts.pop(seq.seq_id, [])[:limit]
 
@@ -116,13 +144,23 @@ class MtpProposer:
             groups.append((seq, start, kept))
         if not groups:
             return
+        self._drafts.clear()
+        self._probs.clear()
+        if self._replayable(groups):
+            rows = [first for chunk, start, first, kept in zip(record.chunks, record.starts, record.row_starts,
+                                                                record.kept) if not chunk.seq.is_finished and kept > 0]
+            seqs = [seq for seq, _, _ in groups]
+            bucket = self.graphs.stage(seqs, [s for _, s, _ in groups], [n for _, _, n in groups], record.hidden,
+                                       rows)
+            for seq, row in zip(seqs, self.graphs.replay(bucket, len(seqs)).tolist()):
+                if seq.is_decode:
+                    self._drafts[seq.seq_id] = row
+            return
         dev = record.hidden.device
         hidden = record.hidden.index_select(0, torch.tensor(rows, dtype=torch.int64, device=dev))
         out = self._run(ids, hidden, positions, groups)
         ends = torch.tensor([0, *self._cumsum([n for _, _, n in groups])], dtype=torch.int64, device=dev)[1:] - 1
         ready = [i for i, (seq, _, _) in enumerate(groups) if seq.is_decode]
-        self._drafts.clear()
-        self._probs.clear()
         if not ready or self.k < 1:
             return
         pick = torch.tensor(ready, dtype=torch.int64, device=dev)
@@ -155,10 +193,8 @@ class MtpProposer:
         """The head over rows of ``groups`` ((seq, first position, rows)): writes its KV, returns its output."""
         dev = hidden.device
         ids_t = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, dtype=torch.int64, device=dev)
-        batch = self._batch(groups, dev)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-        embeddings = self.model.model.embed_tokens(ids_t)
-        return self.head(embeddings, hidden, pos_t, batch, self.model.cos_sin)
+        return self._head_forward(ids_t, hidden, pos_t, self._batch(groups, dev))
 
     def _batch(self, groups, dev) -> ForwardBatch:
         bs = self.block_size
