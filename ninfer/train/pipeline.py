@@ -1,0 +1,80 @@
+"""One training run end to end: corpus, tokenizer, training, evaluation, checkpoint, report."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from loguru import logger
+
+from ninfer.train.checkpoint import checkpoint_tensors, hf_config, write_checkpoint
+from ninfer.train.corpus import load_corpus
+from ninfer.train.loop import train
+from ninfer.train.model import TrainModel
+from ninfer.train.presets import Preset
+from ninfer.train.report import evaluate
+from ninfer.train.shortlist import build_shortlist, write_shortlist
+from ninfer.train.tokenizer import control_token_ids, encode_documents, fit_tokenizer, write_tokenizer
+from ninfer_plugins.models.hybrid_config import HybridConfig
+
+REPORT_FILE = "train_report.json"
+
+
+def build_model(config: dict[str, Any], preset: Preset, seed: int, device: torch.device) -> TrainModel:
+    positions = max(preset.seq_len, preset.eval_prompt_len + preset.eval_new_tokens) + preset.mtp_depth + 1
+    with torch.random.fork_rng(devices=[]):  # the caller's global generator stays as it was
+        torch.manual_seed(seed)
+        model = TrainModel(HybridConfig.from_hf(config), positions)
+    return model.to(device)
+
+
+def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Train ``preset`` and write the checkpoint, shortlist and report into ``out_dir``; returns the report."""
+    start = time.perf_counter()
+    device = torch.device(device)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpus = load_corpus(preset.train_bytes, preset.heldout_bytes, preset.include_tests)
+    tok = fit_tokenizer(corpus.train_texts, preset.vocab_size)
+    train_stream = torch.tensor(encode_documents(tok, corpus.train_texts))
+    heldout_stream = torch.tensor(encode_documents(tok, corpus.heldout_texts))
+    logger.info("corpus: {} train files ({} tokens), {} held-out files ({} tokens) from {}", len(corpus.train_files),
+                len(train_stream), len(corpus.heldout_files), len(heldout_stream), corpus.root)
+    ids = write_tokenizer(out_dir, tok)
+    config = hf_config(preset, ids)
+    model = build_model(config, preset, seed, device)
+    mtp_params = sum(p.numel() for p in model.mtp.parameters())
+    total_params = sum(p.numel() for p in model.parameters())
+    logger.info("model: {:.2f}M parameters ({:.2f}M in the MTP layer), preset {}", total_params / 1e6,
+                mtp_params / 1e6, preset.name)
+    training = train(model, train_stream, preset, seed, device)
+    figures = evaluate(model, heldout_stream, preset, device)
+    write_checkpoint(out_dir, config, ids, checkpoint_tensors(config, model.state_dict(), seed))
+    shortlist = build_shortlist(train_stream, ids["vocab_size"], control_token_ids(tok), config["vocab_size"])
+    write_shortlist(out_dir, shortlist)
+    report = {
+        "preset": preset.name,
+        "seed": seed,
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "stdlib": corpus.root,
+        "train_files": len(corpus.train_files),
+        "heldout_files": len(corpus.heldout_files),
+        "train_tokens": len(train_stream),
+        "tokens_seen": preset.steps * preset.batch_size * preset.seq_len,
+        "parameters": total_params,
+        "mtp_parameters": mtp_params,
+        **training,
+        **figures,
+        "total_seconds": time.perf_counter() - start,
+    }
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    logger.info("held-out perplexity {:.2f}; MTP acceptance per position {} (mean accepted length {:.2f} of {})",
+                report["perplexity"], " ".join(f"{r:.3f}" for r in report["acceptance_per_position"]),
+                report["mean_accepted_length"], preset.mtp_depth)
+    return report

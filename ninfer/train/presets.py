@@ -1,0 +1,74 @@
+"""Named training recipes: model shape, corpus size and optimisation, all fixed up front.
+
+A run is a fixed number of steps (never "until the time is up"), so that the same seed
+gives the same weights. ``default`` is sized for a 2-core CPU in under three minutes,
+``test`` for the test suite (seconds), ``gpu`` (about 150M parameters) for benchmarks on
+one large GPU.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class Preset:
+    name: str
+    # -- model (a qwen3_5 text decoder; layer types repeat linear x3, full x1) ----------
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_key_dim: int
+    linear_value_dim: int
+    # -- corpus and tokenizer ------------------------------------------------------------
+    vocab_size: int  # BPE size before the control tokens and the padding to 64
+    train_bytes: int
+    heldout_bytes: int
+    include_tests: bool = False  # the stdlib's test suites too (the gpu preset needs the bytes)
+    # -- optimisation ----------------------------------------------------------------------
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    warmup: int = 20
+    weight_decay: float = 0.1
+    mtp_depth: int = 3  # chained MTP steps trained (and drafted at evaluation)
+    mtp_weight: float = 1.0  # weight of each chained step's loss beside the LM loss
+    mtp_stride: int = 4  # chained steps from 2 on train at every stride-th position
+    # -- evaluation ------------------------------------------------------------------------
+    eval_prompts: int = 16
+    eval_prompt_len: int = 48
+    eval_new_tokens: int = 48
+    eval_batch: int = 16
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="test", hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2, num_kv_heads=1,
+            head_dim=16, linear_key_heads=1, linear_value_heads=2, linear_key_dim=16, linear_value_dim=16,
+            vocab_size=384, train_bytes=120_000, heldout_bytes=12_000,
+            seq_len=64, batch_size=8, steps=30, lr=3e-3, warmup=5,
+            eval_prompts=4, eval_prompt_len=16, eval_new_tokens=12, eval_batch=4,
+        ),
+        Preset(
+            name="default", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
+            head_dim=32, linear_key_heads=2, linear_value_heads=4, linear_key_dim=32, linear_value_dim=32,
+            vocab_size=1024, train_bytes=3_000_000, heldout_bytes=100_000,
+            seq_len=128, batch_size=16, steps=600, lr=3e-3,
+        ),
+        Preset(
+            name="gpu", hidden_size=768, intermediate_size=2304, num_layers=16, num_heads=6, num_kv_heads=2,
+            head_dim=128, linear_key_heads=6, linear_value_heads=12, linear_key_dim=64, linear_value_dim=64,
+            vocab_size=16384, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
+            seq_len=512, batch_size=64, steps=3000, lr=1e-3, warmup=200,
+            eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
+        ),
+    )
+}

@@ -1,0 +1,116 @@
+"""What a run reports: held-out perplexity and greedy MTP draft acceptance.
+
+Acceptance is measured the way greedy speculative decoding would see it. Prompts are
+windows of the held-out token stream; the main model continues each greedily; then, at
+every base position ``t`` of the continuation, the MTP chained ``k`` times drafts tokens
+``t + 2 .. t + k + 1`` (step 1 from the main hidden state at ``t`` and token ``t + 1``, later
+steps from their own drafts) and a draft counts as accepted when it and all drafts before
+it equal what greedy decoding produced. ``acceptance_per_position[j]`` is the share of
+rounds whose first ``j + 1`` drafts were accepted (vLLM's per-position rate); their sum is
+the mean accepted length, so a round commits that many tokens plus the verifier's bonus.
+
+``teacher_forced_agreement`` is the same count on held-out text itself, the chain fed the
+true tokens: how often draft ``j`` equals the main model's greedy choice after the true
+prefix. It does not depend on the model's own (often repetitive) continuations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.train.model import TrainModel
+from ninfer.train.presets import Preset
+
+
+def _windows(stream: torch.Tensor, length: int, count: int | None = None) -> torch.Tensor:
+    """Non-overlapping windows [count, length] of ``stream``, evenly spread when ``count`` is given."""
+    total = len(stream) // length
+    if count is None or count >= total:
+        return stream[: total * length].reshape(total, length)
+    picks = torch.linspace(0, total - 1, count).long()
+    return stream[: total * length].reshape(total, length)[picks]
+
+
+def _accepted(drafts: list[torch.Tensor], targets: list[torch.Tensor]) -> list[float]:
+    """Per position: share of rows whose drafts 1..j all match their targets."""
+    run = torch.ones_like(drafts[0], dtype=torch.bool)
+    rates = []
+    for d, t in zip(drafts, targets):
+        run = run & (d == t)
+        rates.append(run.float().mean().item())
+    return rates
+
+
+@torch.no_grad()
+def greedy_continue(model: TrainModel, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation (the whole sequence recomputed per token: short sequences, plain code)."""
+    seq = prompts
+    for _ in range(new_tokens):
+        nxt = model.logits(model.hidden(seq)[:, -1]).argmax(-1)
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+    return seq
+
+
+@torch.no_grad()
+def draft_acceptance(model: TrainModel, seq: torch.Tensor, prompt_len: int, depth: int) -> list[float]:
+    """Acceptance per position over the continuation of ``seq`` [B, L] past ``prompt_len``."""
+    hidden = model.hidden(seq)
+    outs = model.mtp_chain(seq[:, :-1], hidden[:, :-1], depth, drafts=True)
+    n = outs[0].shape[1]
+    first = prompt_len - 1  # base t = prompt_len - 1: token t + 1 is the first greedy one
+    drafts = [model.logits(out[:, first:]).argmax(-1) for out in outs]
+    targets = [seq[:, first + j + 1 : n + j + 1] for j in range(1, depth + 1)]
+    return _accepted(drafts, targets)
+
+
+@torch.no_grad()
+def heldout_figures(model: TrainModel, stream: torch.Tensor, preset: Preset, device: torch.device) -> dict:
+    """Perplexity and teacher-forced MTP agreement over the whole held-out stream."""
+    depth, nll, count = preset.mtp_depth, 0.0, 0
+    matches = [0.0] * depth
+    rows = 0
+    for batch in _windows(stream, preset.seq_len).to(device).split(preset.batch_size):
+        hidden = model.hidden(batch)
+        logits = model.logits(hidden)
+        nll += F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+        count += batch[:, 1:].numel()
+        outs = model.mtp_chain(batch[:, :-1], hidden[:, :-1], depth)
+        n = outs[0].shape[1]
+        greedy = logits.argmax(-1)
+        drafts = [model.logits(o).argmax(-1) for o in outs]
+        targets = [greedy[:, j : j + n] for j in range(1, depth + 1)]
+        size = drafts[0].numel()
+        for j, rate in enumerate(_accepted(drafts, targets)):
+            matches[j] += rate * size
+        rows += size
+    return {
+        "heldout_tokens": count,
+        "heldout_loss": nll / count,
+        "perplexity": math.exp(nll / count),
+        "teacher_forced_agreement": [m / rows for m in matches],
+    }
+
+
+def evaluate(model: TrainModel, stream: torch.Tensor, preset: Preset, device: torch.device) -> dict:
+    model.eval()
+    figures = heldout_figures(model, stream, preset, device)
+    prompts = _windows(stream, preset.eval_prompt_len, preset.eval_prompts).to(device)
+    rates = [0.0] * preset.mtp_depth
+    for chunk in prompts.split(preset.eval_batch):
+        seq = greedy_continue(model, chunk, preset.eval_new_tokens)
+        for j, r in enumerate(draft_acceptance(model, seq, preset.eval_prompt_len, preset.mtp_depth)):
+            rates[j] += r * len(chunk) / len(prompts)
+    mean_len = sum(rates)
+    return {
+        **figures,
+        "draft_tokens": preset.mtp_depth,
+        "acceptance_per_position": rates,
+        "mean_accepted_length": mean_len,
+        "acceptance_rate": mean_len / preset.mtp_depth,
+        "eval_prompts": len(prompts),
+        "eval_prompt_tokens": preset.eval_prompt_len,
+        "eval_new_tokens": preset.eval_new_tokens,
+    }

@@ -1,0 +1,177 @@
+"""ninfer-train on its ``test`` preset: deterministic, in the released qwen3_5 layout, equal to
+transformers on the written checkpoint, and served by ninfer's engine token for token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ninfer.train.presets import PRESETS
+
+PRESET = PRESETS["test"]
+PROMPT = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n"
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The test preset trained once through the CLI (seed 0)."""
+    from ninfer.cli.train import main
+
+    out = tmp_path_factory.mktemp("trained")
+    main([str(out), "--preset", "test", "--seed", "0", "-q"])
+    return out
+
+
+def _ours(path):
+    """The trainer's own model with the checkpoint's weights."""
+    from safetensors.torch import load_file
+
+    from ninfer.train.checkpoint import VISION_PREFIX
+    from ninfer.train.pipeline import build_model
+
+    config = json.loads((path / "config.json").read_text())
+    model = build_model(config, PRESET, 0, torch.device("cpu"))
+    tensors = load_file(str(path / "model.safetensors"))
+    model.load_state_dict({n: t for n, t in tensors.items() if not n.startswith(VISION_PREFIX)})
+    return model.eval()
+
+
+def _prompt_ids(path) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path / "tokenizer.json")).encode(PROMPT).ids
+
+
+def test_same_seed_same_files(trained, tmp_path):
+    from ninfer.train.pipeline import run_training
+
+    run_training(tmp_path, PRESET, seed=0)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json", "lm_head_shortlist.json"):
+        assert (tmp_path / name).read_bytes() == (trained / name).read_bytes(), name
+
+
+def test_layout_is_the_tiny_qwen3_5_one(trained):
+    from ninfer_plugins.models.qwen3_5 import tiny_config
+
+    def keys(d, prefix=""):
+        return {prefix + k for k in d} | {x for k, v in d.items() if isinstance(v, dict) for x in keys(v, f"{k}.")}
+
+    config = json.loads((trained / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert keys(config) - {"vocab_size", "bos_token_id", "eos_token_id"} == keys(tiny_config())
+    assert config["text_config"]["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_transformers_logits_equal_the_trainers(trained):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = torch.tensor([_prompt_ids(trained)])
+    with torch.no_grad():
+        theirs = hf(ids).logits
+        ours = _ours(trained)
+        mine = ours.logits(ours.hidden(ids))
+    torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_mtp_step_equals_a_transformers_decoder_layer(trained):
+    """Chain step 1 is fc([norm(embedding); norm(hidden)]) -> one full-attention layer -> norm."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hfm
+
+    text = AutoConfig.from_pretrained(trained).text_config
+    text._attn_implementation = "eager"
+    full = text.layer_types.index("full_attention")
+    layer, norms = hfm.Qwen3_5DecoderLayer(text, full), {}
+    tensors = load_file(str(trained / "model.safetensors"))
+    layer.load_state_dict({n[len("mtp.layers.0."):]: t for n, t in tensors.items() if n.startswith("mtp.layers.0.")})
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[name] = hfm.Qwen3_5RMSNorm(text.hidden_size, text.rms_norm_eps)
+        norms[name].weight.data.copy_(tensors[f"mtp.{name}.weight"])
+    ours = _ours(trained)
+    ids = torch.tensor([_prompt_ids(trained)])
+    with torch.no_grad():
+        hidden = ours.hidden(ids)
+        mine = ours.mtp_chain(ids, hidden, 1)[0]
+        n = mine.shape[1]
+        emb = norms["pre_fc_norm_embedding"](ours.text.embed_tokens(ids[:, 1 : 1 + n]))
+        x = torch.nn.functional.linear(torch.cat([emb, norms["pre_fc_norm_hidden"](hidden[:, :n])], -1),
+                                       tensors["mtp.fc.weight"])
+        positions = torch.arange(n)[None]
+        rope = hfm.Qwen3_5TextRotaryEmbedding(text)(x, positions)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        theirs = norms["norm"](layer(x, rope, attention_mask=mask, position_ids=positions))
+    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_chained_steps_on_a_subset_of_bases_equal_the_full_chain(trained):
+    """Training runs chained steps 2.. at every few bases only; that must change nothing there."""
+    model = _ours(trained)
+    ids = torch.tensor([_prompt_ids(trained)])
+    bases = torch.tensor([0, 3, 4, 11, len(ids[0]) - 4])
+    with torch.no_grad():
+        hidden = model.hidden(ids)
+        for drafts in (False, True):
+            full = model.mtp_chain(ids, hidden, 3, drafts=drafts)
+            part = model.mtp_chain(ids, hidden, 3, drafts=drafts, bases=bases)
+            torch.testing.assert_close(part[0], full[0])
+            for a, b in zip(part[1:], full[1:]):
+                torch.testing.assert_close(a, b[:, bases], atol=1e-5, rtol=1e-5)
+
+
+def test_ninfer_serves_it_greedy_equal(trained):
+    from ninfer import LLM, SamplingParams
+    from ninfer.train.report import greedy_continue
+
+    llm = LLM(str(trained), device="cpu", dtype="fp32", max_context=256, max_concurrency=2)
+    assert llm.engine.model.mtp is not None  # the MTP layer loaded too
+    ids = _prompt_ids(trained)
+    # plain greedy: Qwen3.5's presets add a presence penalty
+    greedy = SamplingParams(temperature=0, presence_penalty=0.0, max_tokens=12, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": ids}], greedy)
+    expected = greedy_continue(_ours(trained), torch.tensor([ids]), 12)[0, len(ids):].tolist()
+    assert list(out[0].outputs[0].token_ids) == expected
+    chat = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=4))
+    assert chat[0].outputs[0].finish_reason in ("length", "stop")
+
+
+def test_report_and_shortlist(trained):
+    report = json.loads((trained / "train_report.json").read_text())
+    for key in ("perplexity", "acceptance_per_position", "mean_accepted_length", "train_seconds",
+                "teacher_forced_agreement", "heldout_tokens", "parameters"):
+        assert key in report, key
+    assert report["perplexity"] > 1
+    rates = report["acceptance_per_position"]
+    assert len(rates) == PRESET.mtp_depth and all(0 <= b <= a <= 1 for a, b in zip([1.0] + rates, rates))
+    assert report["mean_accepted_length"] == pytest.approx(sum(rates))
+
+    shortlist = json.loads((trained / "lm_head_shortlist.json").read_text())
+    assert shortlist["format"] == "ninfer-lm-head-shortlist" and shortlist["version"] == 1
+    special = shortlist["special_token_ids"]
+    tokens = json.loads((trained / "tokenizer.json").read_text())
+    real = len(tokens["model"]["vocab"]) + len(tokens["added_tokens"])
+    assert sorted(shortlist["token_ids"]) == list(range(real))
+    assert shortlist["token_ids"][: len(special)] == special
+    assert {t["id"] for t in tokens["added_tokens"]} == set(special)
+    counts = shortlist["counts"][len(special):]
+    assert counts == sorted(counts, reverse=True) and counts[0] > 0
+
+
+def test_delta_rule_equals_the_inference_reference():
+    from ninfer.train.delta_rule import chunk_delta_rule
+    from ninfer_kernels.gated_delta import chunked, prepare_qk
+
+    gen = torch.Generator().manual_seed(0)
+    length, heads, dim = 75, 3, 8  # not a multiple of the chunk: padding is exercised
+    q, k = prepare_qk(torch.randn(length, heads, dim, generator=gen), torch.randn(length, heads, dim, generator=gen), heads)
+    v = torch.randn(length, heads, dim, generator=gen)
+    g = -torch.rand(length, heads, generator=gen)
+    beta = torch.rand(length, heads, generator=gen)
+    expected, _ = chunked(q, k, v, g, beta, torch.zeros(heads, dim, dim))
+    got = chunk_delta_rule(*(t.transpose(0, 1) for t in (q, k, v, g, beta)), chunk=16)
+    torch.testing.assert_close(got.transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
