@@ -9,8 +9,8 @@ it; it just cannot be drafted.
 
 The shortlist is ``lm_head_shortlist.json`` beside the checkpoint: ``ninfer-train``
 writes one for the models it trains (frequency-ranked over its corpus, the control
-tokens first; see :mod:`ninfer.train.shortlist`), and ``ninfer-train --shortlist-only
-CHECKPOINT`` counts one for any checkpoint over the same corpus.
+tokens first; see :mod:`ninfer.train.shortlist`); a command that counts one for any
+checkpoint is not built yet.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def read_shortlist(model_dir: Optional[Path], size: int, vocab_size: int) -> lis
     path = Path(model_dir or ".") / FILE
     if not path.is_file():
         raise ValueError(f"speculative.lm_head_draft: no {FILE} beside the checkpoint ({path}); ninfer-train writes "
-                         "one for the models it trains, and ninfer-train --shortlist-only CHECKPOINT builds one")
+                         "one for the models it trains (counting one for another checkpoint is not built yet)")
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("format") != FORMAT or not isinstance(data.get("token_ids"), list):
         raise ValueError(f"speculative.lm_head_draft: {path} is not a {FORMAT} file")
