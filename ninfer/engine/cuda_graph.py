@@ -23,7 +23,7 @@ Prefill, mixed steps, LoRA batches and models that do not declare
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -66,6 +66,39 @@ def _clear_cublas_workspaces() -> None:
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
+
+
+@torch.inference_mode()
+def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tensor], device: torch.device,
+                    what: str) -> tuple[dict[int, "torch.cuda.CUDAGraph"], dict[int, torch.Tensor]]:
+    """One graph of ``forward(bucket)`` per bucket, all in one memory pool (largest first,
+    so the later ones fit in its pool); returns the graphs and their static outputs.
+    Each bucket runs twice outside the capture first, so every kernel is compiled and warm."""
+    started = time.perf_counter()
+    before = torch.cuda.memory_allocated(device)
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    pool = None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for bs in sorted(buckets, reverse=True):
+            for _ in range(2):
+                forward(bs)
+            torch.cuda.synchronize(device)
+            _clear_cublas_workspaces()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs[bs] = forward(bs)
+            pool = graph.pool()
+            graphs[bs] = graph
+    _clear_cublas_workspaces()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    logger.info("captured {} CUDA graphs for batch sizes {} in {:.1f} s ({:.0f} MiB)", what,
+                ",".join(map(str, sorted(buckets))), time.perf_counter() - started,
+                (torch.cuda.memory_allocated(device) - before) / 2**20)
+    return graphs, outputs
 
 
 class DecodeGraphs:
@@ -120,34 +153,11 @@ class DecodeGraphs:
             state_slots=None if self.state_slots is None else self.state_slots[:bs],
         )
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        started = time.perf_counter()
-        before = torch.cuda.memory_allocated(self.device)
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.buckets):  # largest first, so later graphs fit in its pool
-                batch = self._batch(bs)
-                ids, pos = self.input_ids[:bs], self.positions[:bs]
-                for _ in range(2):  # compile and warm every kernel outside the capture
-                    self.model(ids, pos, batch)
-                torch.cuda.synchronize(self.device)
-                _clear_cublas_workspaces()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._hidden[bs] = self.model(ids, pos, batch)
-                pool = graph.pool()
-                self._graphs[bs] = graph
-        _clear_cublas_workspaces()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        logger.info(
-            "captured decode CUDA graphs for batch sizes {} in {:.1f} s ({:.0f} MiB)",
-            ",".join(map(str, self.buckets)), time.perf_counter() - started,
-            (torch.cuda.memory_allocated(self.device) - before) / 2**20,
-        )
+        def forward(bs: int) -> torch.Tensor:
+            return self.model(self.input_ids[:bs], self.positions[:bs], self._batch(bs))
+
+        self._graphs, self._hidden = capture_buckets(self.buckets, forward, self.device, "decode")
 
     def bucket_for(self, num_seqs: int) -> Optional[int]:
         for b in self.buckets:

@@ -57,6 +57,24 @@ def write_weights(out_dir: Path, tensors: dict[str, torch.Tensor], shards: int =
     _write_json(out_dir / INDEX_FILE, {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map})
 
 
+def write_configs(out_dir: Path, config: dict[str, Any], ids: dict[str, Any]) -> None:
+    """config.json, and a generation_config.json with the tokenizer's ids (``ids``: what
+    :func:`write_tokenizer_files` returned) and a released Qwen3 checkpoint's sampler defaults."""
+    _write_json(out_dir / "config.json", config)
+    _write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": ids["pad_token_id"],
+            "eos_token_id": ids["generation_eos_token_ids"],
+            "pad_token_id": ids["pad_token_id"],
+            "do_sample": True,
+            "temperature": 0.6,
+            "top_p": 0.95,
+            "top_k": 20,
+        },
+    )
+
+
 def make_tiny(
     out_dir: Path,
     family: str,
@@ -80,20 +98,7 @@ def make_tiny(
         "bos_token_id": ids["pad_token_id"],
         "eos_token_id": ids["eos_token_id"],
     }
-    _write_json(out_dir / "config.json", config)
-    _write_json(
-        out_dir / "generation_config.json",
-        {
-            "bos_token_id": ids["pad_token_id"],
-            "eos_token_id": ids["generation_eos_token_ids"],
-            "pad_token_id": ids["pad_token_id"],
-            # sampler defaults shaped like a released Qwen3 checkpoint's
-            "do_sample": True,
-            "temperature": 0.6,
-            "top_p": 0.95,
-            "top_k": 20,
-        },
-    )
+    write_configs(out_dir, config, ids)
     generator = torch.Generator().manual_seed(seed)
     tensors = {n: t.contiguous() for n, t in fam.tiny_weights(config, generator).items()}
     write_weights(out_dir, tensors, shards)

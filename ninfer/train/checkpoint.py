@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ninfer.tiny.make import VOCAB_MULTIPLE, _write_json, write_weights
+from ninfer.tiny.make import VOCAB_MULTIPLE, write_configs, write_weights
 from ninfer.train.presets import Preset
 from ninfer_plugins.models.hybrid_config import FULL, LINEAR
 from ninfer_plugins.models.hybrid_tiny import tiny_text_config
@@ -78,17 +78,5 @@ def checkpoint_tensors(config: dict[str, Any], trained: dict[str, torch.Tensor],
 
 def write_checkpoint(out_dir: Path, config: dict[str, Any], ids: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
     """config.json, generation_config.json and the weights; the tokenizer files are written beside."""
-    _write_json(out_dir / "config.json", config)
-    _write_json(
-        out_dir / "generation_config.json",
-        {
-            "bos_token_id": ids["pad_token_id"],
-            "eos_token_id": ids["generation_eos_token_ids"],
-            "pad_token_id": ids["pad_token_id"],
-            "do_sample": True,
-            "temperature": 0.6,
-            "top_p": 0.95,
-            "top_k": 20,
-        },
-    )
+    write_configs(out_dir, config, ids)
     write_weights(out_dir, tensors)

@@ -15,13 +15,11 @@ positions, sampled proposals need their q); everything else runs
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import torch
-from loguru import logger
 
-from ninfer.engine.cuda_graph import _clear_cublas_workspaces, buckets_up_to
+from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
 from ninfer.model.forward_batch import ForwardBatch
 
 
@@ -81,28 +79,9 @@ class MtpGraphs:
             chain.append(tokens)
         return torch.stack(chain, dim=1)
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        started = time.perf_counter()
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.buckets):
-                for _ in range(2):
-                    self._forward(bs)
-                torch.cuda.synchronize(self.device)
-                _clear_cublas_workspaces()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._drafts[bs] = self._forward(bs)
-                pool = graph.pool()
-                self._graphs[bs] = graph
-        _clear_cublas_workspaces()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        logger.info("captured MTP drafting CUDA graphs ({} drafts) for batch sizes {} in {:.1f} s", self.k,
-                    ",".join(map(str, self.buckets)), time.perf_counter() - started)
+        self._graphs, self._drafts = capture_buckets(self.buckets, self._forward, self.device,
+                                                     f"MTP drafting ({self.k} drafts)")
 
     def bucket_for(self, num_seqs: int) -> Optional[int]:
         return next((b for b in self.buckets if b >= num_seqs), None)

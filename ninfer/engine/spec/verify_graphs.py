@@ -17,13 +17,11 @@ their state in the scratch pool's trash row.
 
 from __future__ import annotations
 
-import time
 from typing import Optional, Sequence
 
 import torch
-from loguru import logger
 
-from ninfer.engine.cuda_graph import _clear_cublas_workspaces, buckets_up_to
+from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.model.forward_batch import ForwardBatch, VerifyRows
 
@@ -79,32 +77,13 @@ class VerifyGraphs:
                                       [self.dst[t, :bs] for t in range(w)], steps)
         return batch
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        started = time.perf_counter()
-        before = torch.cuda.memory_allocated(self.device)
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.buckets):
-                batch = self._batch(bs)
-                ids, pos = self.input_ids[: bs * self.width], self.positions[: bs * self.width]
-                for _ in range(2):
-                    self.model(ids, pos, batch)
-                torch.cuda.synchronize(self.device)
-                _clear_cublas_workspaces()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._hidden[bs] = self.model(ids, pos, batch)
-                pool = graph.pool()
-                self._graphs[bs] = graph
-        _clear_cublas_workspaces()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        logger.info("captured verify CUDA graphs of width {} for batch sizes {} in {:.1f} s ({:.0f} MiB)",
-                    self.width, ",".join(map(str, self.buckets)), time.perf_counter() - started,
-                    (torch.cuda.memory_allocated(self.device) - before) / 2**20)
+        def forward(bs: int) -> torch.Tensor:
+            w = self.width
+            return self.model(self.input_ids[: bs * w], self.positions[: bs * w], self._batch(bs))
+
+        self._graphs, self._hidden = capture_buckets(self.buckets, forward, self.device,
+                                                     f"verify (width {self.width})")
 
     def bucket_for(self, num_seqs: int) -> Optional[int]:
         return next((b for b in self.buckets if b >= num_seqs), None)

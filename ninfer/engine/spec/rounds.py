@@ -1,0 +1,99 @@
+"""The engine's side of speculative rounds: asking for drafts, committing a verdict.
+
+:class:`SpeculativeRounds` is a part of :class:`ninfer.engine.llm_engine.LLMEngine`
+(its base class), kept apart because it is one concept: before a step the proposer is
+asked for drafts for every decode-ready row that may speculate; after it, a verify
+row's kept tokens are committed one by one (a stop among them ends the request there),
+its state slot settled, and the proposer told what the target computed. It uses the
+engine's request table, scheduler and commit helpers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+from loguru import logger
+
+from ninfer.engine.request import GenerationEvent
+from ninfer.engine.scheduler import SchedulerOutput
+from ninfer.engine.sequence import Sequence
+from ninfer.engine.spec.proposer import StepRecord
+from ninfer.engine.spec.verify_step import query_lens
+
+
+class SpeculativeRounds:
+    def _drafts(self) -> Optional[dict[int, list[int]]]:
+        """This step's proposals, per decode-ready sequence that may speculate."""
+        if self.proposer is None:
+            return None
+        drafts = {}
+        for seq in self.scheduler.running:
+            if not seq.is_decode or not self._may_speculate(seq):
+                continue
+            # every kept draft and the target's token must fit the output budget and context
+            room = min(seq.max_tokens - seq.num_output_tokens, self.config.max_context - seq.num_tokens) - 1
+            limit = min(self.config.draft_tokens, room)
+            if limit > 0:
+                proposed = self.proposer.propose(seq, limit)[:limit]
+                if proposed:
+                    drafts[seq.seq_id] = proposed
+        return drafts
+
+    def _draft_probs(self, sched: SchedulerOutput) -> Optional[dict]:
+        """The q each verify row's drafts were drawn from, by seq id (absent: proposed greedily)."""
+        probs = getattr(self.proposer, "draft_probs", None)
+        if probs is None or not sched.num_verify:
+            return None
+        found = {c.seq.seq_id: probs(c.seq) for c in sched.chunks[: sched.num_verify]}
+        return {k: v for k, v in found.items() if v is not None} or None
+
+    def _may_speculate(self, seq: Sequence) -> bool:
+        """Rows whose next tokens depend on host-side state each step (a guide, a thinking
+        budget, log probabilities) decode plainly, as does a request that opted out."""
+        tracked = self._requests.get(seq.request_id)
+        return (
+            tracked is not None
+            and tracked.req.speculate
+            and tracked.guided is None
+            and tracked.budget is None
+            and seq.sampling.logprobs is None
+            and seq.seq_id not in self._prompt_logprobs
+        )
+
+    def _commit_round(self, tracked, chunk, rows: list, now: float) -> GenerationEvent:
+        """Commit a verify row's accepted drafts and the target's token, in order; a stop
+        among them ends the request there and drops the rest."""
+        seq, out = tracked.seq, tracked.out
+        try:
+            self.scheduler.settle_verified(chunk, len(rows))
+            tracked.timings.last_token = now
+            tracked.timings.draft_tokens += len(chunk.drafts)
+            tracked.timings.draft_accepted += len(rows) - 1
+            if chunk.drafts:  # a row padded into another row's verify step proposed nothing
+                self.stats.record_round(len(chunk.drafts), len(rows) - 1)
+            text, committed = "", []
+            for row in rows:
+                self.scheduler.mark_computed(chunk, 1)
+                text += self._append(tracked, row.token_id, committed)
+                if not out.finished and seq.num_tokens >= self.config.max_context:
+                    text += out.finish("length")
+                if out.finished:
+                    self.scheduler.finish(seq, out.finish_reason)
+                    return self._final_event(tracked, text, committed)
+            self.scheduler.commit(seq)
+            return self._event(tracked, text, committed)
+        except Exception as exc:  # one request's processing failed: fail it alone
+            logger.exception("request {} failed while processing its output", seq.request_id)
+            return self._error_event(tracked, exc)
+
+    def _tell_proposer(self, sched: SchedulerOutput, starts: list[int], pending) -> None:
+        """Hand the proposer what the target computed (a draft model's failure only costs drafts)."""
+        hidden = pending.hidden
+        q_lens = query_lens(sched, pending.width or None)
+        row_starts = [0, *itertools.accumulate(q_lens)][:-1]
+        kept = [c.seq.num_computed_tokens - s for c, s in zip(sched.chunks, starts)]
+        try:
+            self.proposer.after_step(StepRecord(sched.chunks, starts, row_starts, kept, hidden))
+        except Exception:
+            logger.opt(exception=True).warning("the speculative proposer failed; this step proposes nothing")
