@@ -88,6 +88,53 @@ def gated_delta_decode(
     return out.reshape(tokens, value_dim)
 
 
+def gated_delta_verify(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    num_k_heads: int,
+    head_k_dim: int,
+    batch: ForwardBatch,
+    position_rows: torch.Tensor,
+) -> torch.Tensor:
+    """Speculative verify rows: :func:`gated_delta_decode` for sequences of ``W`` tokens
+    each (``W = position_rows.shape[1]``), except where the state goes.
+
+    Each sequence's ``batch.state_slots`` entry is only read; the conv history and delta
+    state after its token ``j`` are written to row ``position_rows[i, j]`` (int64
+    [num_seqs, W]) of the same pools, so the state after any prefix of the tokens can be
+    kept and the rest dropped. Every sequence continues cached history (verify rows
+    follow a committed token). This reference runs the tokens as ``W`` one-token decode
+    steps, each starting from a copy of the previous position's row: the per-position
+    states are then those plain decode would reach.
+    """
+    num_seqs, width = position_rows.shape
+    if proj.shape[0] != num_seqs * width:
+        raise ValueError(f"{num_seqs} sequences of {width} verify rows need {num_seqs * width} projection rows")
+    rows = proj.reshape(num_seqs, width, -1)
+    one = torch.arange(num_seqs + 1, dtype=batch.query_start.dtype, device=proj.device)
+    outs, source = [], batch.state_slots
+    for t in range(width):
+        target = position_rows[:, t]
+        for pool in (conv_states, ssm_states):
+            pool.index_copy_(0, target, pool.index_select(0, source))
+        lens = [n - width + t + 1 for n in batch.seq_lens_host]
+        step = dataclasses.replace(
+            batch, query_start=one, seq_lens=torch.tensor(lens, dtype=batch.seq_lens.dtype, device=proj.device),
+            max_query_len=1, max_seq_len=max(lens), query_lens_host=[1] * num_seqs, seq_lens_host=lens,
+            state_slots=target, verify=None,
+        )
+        outs.append(gated_delta_decode(rows[:, t].contiguous(), conv_weight, conv_states, ssm_states, a_log, dt_bias,
+                                       norm_weight, eps, num_k_heads, head_k_dim, step))
+        source = target
+    return torch.stack(outs, dim=1).reshape(num_seqs * width, -1)
+
+
 def _gather(states: torch.Tensor, slots: list[int]) -> torch.Tensor:
     """A copy of ``states`` at ``slots`` (in order), zeros where a slot is negative."""
     index = torch.tensor([max(s, 0) for s in slots], dtype=torch.long, device=states.device)

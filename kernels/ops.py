@@ -16,7 +16,7 @@ import torch
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import (
     activation, attention, causal_conv, decode_attention, gated_delta, gated_delta_decode, gated_rms_norm, moe, norm,
-    qk_norm_rope, rope,
+    qk_norm_rope, rope, state_rows,
 )
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
@@ -34,9 +34,11 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "causal_conv1d": {"reference": causal_conv.causal_conv1d, "triton": None},
     "gated_delta_rule": {"reference": gated_delta.gated_delta_rule, "triton": None},
     "gated_delta_decode": {"reference": gated_delta_decode.gated_delta_decode, "triton": None},
+    "gated_delta_verify": {"reference": gated_delta_decode.gated_delta_verify, "triton": None},
     "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
     "moe_route": {"reference": moe.moe_route, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
+    "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
 }
 
 
@@ -158,6 +160,26 @@ def gated_delta_decode(
     )
 
 
+def gated_delta_verify(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    num_k_heads: int,
+    head_k_dim: int,
+    batch: ForwardBatch,
+    position_rows: torch.Tensor,
+) -> torch.Tensor:
+    return choose("gated_delta_verify", proj.device.type)(
+        proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_weight, eps, num_k_heads, head_k_dim, batch,
+        position_rows,
+    )
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return choose("gated_rms_norm", x.device.type)(x, gate, weight, eps)
 
@@ -182,6 +204,12 @@ def fused_moe(
     shared2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2)
+
+
+def copy_state_rows(pools: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """In every state pool, row ``dst[i]`` takes row ``src[i]`` (see :mod:`ninfer_kernels.state_rows`)."""
+    if pools:
+        choose("copy_state_rows", pools[0].device.type)(pools, src, dst)
 
 
 try:

@@ -46,14 +46,16 @@ class ToolParser:
 
 @attrs.frozen
 class ReasoningParser:
+    """A model format's reasoning channel; the plugin supplies every marker (the core knows none)."""
+
     name: str
     description: str = ""
     #: text that opens and closes the reasoning channel
-    start: str = "<think>"
-    end: str = "</think>"
-    #: what the engine commits when a thinking budget runs out: guidance, then the close
-    #: marker and the separator the chat format puts before the answer
-    budget_close: str = "\n\nConsidering the limited time, I have to give the solution based on the thinking directly now.\n</think>\n\n"
+    start: str = attrs.field(kw_only=True)
+    end: str = attrs.field(kw_only=True)
+    #: what the engine commits when a thinking budget runs out: any guidance, then the
+    #: close marker and the separator the chat format puts before the answer
+    budget_close: str = attrs.field(kw_only=True)
 
 
 @attrs.frozen

@@ -70,7 +70,7 @@ class LLM:
     def get_tokenizer(self):
         return self.loaded.tokenizer
 
-    # what ninfer.frontend.pipeline.Pipeline reads of its owner (as of the server's state)
+    # what the pipeline reads of its owner (ninfer.frontend.host.ModelHost)
     @property
     def tokenizer(self):
         return self.loaded.tokenizer

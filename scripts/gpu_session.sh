@@ -76,8 +76,9 @@ insitu)
         | tee "$OUT/profile_27b_prefill.jsonl" | tail -1
     ;;
 spec)
-    timeout 200 python3 -m pytest -q -x -m gpu tests/test_spec_gpu.py tests/test_spec_acceptance.py \
-        tests/test_cuda_graph.py 2>&1 | tail -8 | tee "$OUT/pytest.txt"
+    timeout 220 python3 -m pytest -q -m gpu tests/test_spec_gpu.py tests/test_spec_acceptance.py \
+        tests/test_gated_delta_decode.py tests/test_cuda_graph.py 2>&1 | tail -30 | tee "$OUT/pytest.txt"
+    timeout 60 python3 -m pytest -q tests/test_kernels_triton.py -k copy_state_rows 2>&1 | tail -2
     bench 300 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 --no-transformers
     if [ -n "${TRAINED:-}" ]; then

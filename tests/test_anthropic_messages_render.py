@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 from importlib import resources
+from types import SimpleNamespace
 
 import pytest
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.engine.request import GenerationEvent, RequestTimings
 from ninfer.errors import (
     AuthenticationError,
@@ -29,18 +30,19 @@ from ninfer.errors import (
 )
 from ninfer.frontend.output_split import OutputSplitter
 from ninfer.frontend.tool_schema import ToolSpec
-from ninfer.profile.schema import Profile
+from ninfer.sampling_params import SamplingParams
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 from ninfer_plugins.protocols.anthropic_messages.errors import error_frame, ninfer_error_body
 from ninfer.frontend.choice_output import ChoiceProgress
 from ninfer_plugins.protocols.anthropic_messages.output import MessageState, signature
-from ninfer_plugins.protocols.anthropic_messages.prepare import Context, prepare
+from ninfer_plugins.protocols.anthropic_messages.prepare import count, lower
 from ninfer_plugins.protocols.anthropic_messages.schema import decode_request, encoder
 from ninfer_plugins.protocols.anthropic_messages.stream import frames
 from ninfer_plugins.tool_parsers.hermes_json import HermesJsonToolParser
+from _hosts import tokenizer_pipeline
 
-QWEN = ReasoningParser(name="qwen3", start="<think>", end="</think>")
+QWEN = QWEN3
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 TEMPLATE = resources.files("ninfer.tiny").joinpath("chat_template.jinja").read_text(encoding="utf-8")
@@ -49,9 +51,9 @@ TOOL = {"name": "get_weather", "description": "weather now",
 
 
 @pytest.fixture(scope="module")
-def ctx() -> Context:
-    tokenizer = Tokenizer(build_tokenizer(), templates={"default": TEMPLATE})
-    return Context(tokenizer, Profile(), QWEN, 4096)
+def ctx():
+    """The pipeline the routes use, around the tiny tokenizer (Qwen's reasoning parser, no tool parser)."""
+    return tokenizer_pipeline(Tokenizer(build_tokenizer(), templates={"default": TEMPLATE}))
 
 
 def events(pieces: list[str], finish: str = "stop", stop_reason: object = 2, prompt: int = 30, cached: int = 16):
@@ -166,7 +168,15 @@ def test_an_engine_error_in_the_stream_is_raised():
 
 
 def prepared(ctx, generate=True, **body):
-    return prepare(decode_request(json.dumps({"model": "m", **body}).encode()), ctx, generate)
+    """A request the routes' way: lowered and planned by the pipeline, or (a count) rendered."""
+    req = decode_request(json.dumps({"model": "m", **body}).encode())
+    if not generate:
+        rendered = count(req, ctx)
+        return SimpleNamespace(prompt=rendered.text, thinking=bool(rendered.thinking), budget=None)
+    lowered = lower(req, req.max_tokens or ctx.profile.engine.default_max_tokens)
+    (run,) = ctx.plan(lowered.generate_request(SamplingParams(max_tokens=req.max_tokens), None, "r"), "r").requests
+    return SimpleNamespace(prompt=run.prompt, thinking=run.thinking, prefill=lowered.prefill,
+                           budget=run.thinking_budget, guide=run.params.guided)
 
 
 def test_history_lowering(ctx):

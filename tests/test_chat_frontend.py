@@ -138,7 +138,7 @@ def test_malformed_messages_name_their_field():
 
 def test_tiny_template_capabilities():
     caps = detect_caps(TINY_TEMPLATE)
-    assert caps.enable_thinking and caps.preserve_thinking and caps.thinks
+    assert caps.enable_thinking and caps.preserve_thinking
     assert caps.efforts == () and caps.default_effort is None
 
 
@@ -158,3 +158,29 @@ def test_template_without_effort_or_switches():
     caps = detect_caps("{% for m in messages %}{{ m.content }}{% endfor %}")
     assert caps == detect_caps("{{ messages }}") and not caps.enable_thinking and caps.efforts == ()
     assert detect_caps("").efforts == ()
+
+
+# -- template options -----------------------------------------------------------------------
+
+
+def test_template_options_resolve_once_for_both_effort_rules():
+    """OpenAI's effort switches thinking; Anthropic's applies only while thinking. Both resolve here."""
+    from ninfer.frontend.prompt_options import TemplateOptions, resolve_options
+
+    caps = detect_caps("{%- set e = reasoning_effort | default('medium') -%}{% if e == 'low' %}{% endif %}"
+                       "{{ enable_thinking }}{{ preserve_thinking }}")
+    openai = resolve_options(TemplateOptions(effort="low"), caps, thinking_default=False, preserve_default=False)
+    assert (openai.thinking, openai.effort) == (True, "low")  # the effort turned thinking on
+    with pytest.raises(InvalidRequestError) as e:
+        resolve_options(TemplateOptions(effort="low", enable=False), caps, True, False)
+    assert e.value.code == "conflicting_template_option"
+    anthropic = dict(effort="low", effort_param="output_config.effort", effort_enables=False)
+    off = resolve_options(TemplateOptions(enable=False, **anthropic), caps, True, False)
+    assert (off.thinking, off.effort) == (False, None)  # thinking off: the effort does not apply, no conflict
+    on = resolve_options(TemplateOptions(**anthropic), caps, True, False)
+    assert (on.thinking, on.effort) == (True, "low")  # the server's default thinking, with the effort
+    with pytest.raises(InvalidRequestError) as e:
+        resolve_options(TemplateOptions(**{**anthropic, "effort": "high"}), caps, True, False)
+    assert (e.value.param, e.value.code) == ("output_config.effort", "reasoning_effort_not_supported")
+    prefill = resolve_options(TemplateOptions(thinking_default=False, preserve_default=True), caps, True, False)
+    assert (prefill.thinking, prefill.preserve_thinking) == (False, True)  # the request's defaults win

@@ -202,6 +202,34 @@ def test_startup_logs_a_summary_then_runs_the_server(monkeypatch, capsys, restor
         assert text in err, text
 
 
+def test_descriptor_limits_are_accepted_but_a_given_one_is_a_warning(monkeypatch, capsys, restore_logging):
+    """Issue #23's options: the profile keeps them, and startup and --check say they do nothing yet."""
+    server = types.ModuleType("ninfer.server")
+    server.run = lambda profile, registry: None
+    monkeypatch.setitem(sys.modules, "ninfer.server", server)
+    monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
+    assert main(["tiny:qwen3", "--device", "cpu", "--max-shared-prefixes", "6"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"WARNING cache\.max_shared_prefixes: accepted but not honoured yet", err), err
+    assert "max_private_continuations: accepted" not in err  # derived defaults are not the user's
+    check = serve("tiny:qwen3", "--max-shared-prefixes", "6", "--check")
+    assert check.returncode == 0 and "max_shared_prefixes: 6" in check.stdout
+    assert "ninfer-serve: warning: cache.max_shared_prefixes: accepted but not honoured yet" in check.stderr
+    assert "warning" not in serve("tiny:qwen3", "--check").stderr
+
+
+def test_lora_modules_take_vllms_spaced_form_and_missing_paths_exit_2(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    check = serve("tiny:qwen3", "--lora-modules", f"A={a}", f"B={b},C={a}", "--check")
+    assert check.returncode == 0, check.stderr
+    assert yaml.safe_load(check.stdout)["server"]["lora_modules"] == [f"A={a}", f"B={b}", f"C={a}"]
+    reason = "server.lora_modules: the adapter 'B': /no/such/adapter: no such adapter directory or file"
+    for extra in (["--check"], ["--port", "1"]):  # --check refuses what startup refuses, before any model loads
+        result = serve("tiny:qwen3", "--lora-modules", f"A={a}", "B=/no/such/adapter", *extra)
+        assert result.returncode == 2 and reason in result.stderr, result.stderr
+
+
 def test_missing_server_module_exits_1(monkeypatch, capsys, restore_logging):
     monkeypatch.setitem(sys.modules, "ninfer.server", None)
     monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
@@ -241,6 +269,9 @@ def test_log_lines_are_coloured_on_a_terminal():
         (["--vision"], "media.vision"),
         (["--request-log-jsonl", "/tmp/ninfer-requests.jsonl"], "logging.request_log_jsonl"),
         (["--context-cost-presets", "/tmp/presets.yaml"], "engine.context_cost_presets"),
+        (["--media-cache-mib", "10"], "media.media_cache_mib"),
+        (["--media-live-mib", "4096"], "media.media_live_mib"),
+        (["--media-preprocess-threads", "4"], "media.media_preprocess_threads"),
     ],
 )
 def test_options_this_build_cannot_honour_are_refused_at_startup(flags, key):

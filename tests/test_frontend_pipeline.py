@@ -132,3 +132,40 @@ def test_plan_shortens_a_ceiling_max_tokens_and_keeps_the_cache_policy(state):
     assert (engine_request.lookup_prefix_cache, engine_request.commit_prefix_cache,
             engine_request.commit_generated) == (False, True, False)
     assert engine_request.request_id == "r-0"
+
+
+def test_admission_is_the_pipelines_and_comes_before_the_protocols_lowering(state):
+    """A protocol hands over a lowering function: a full server refuses before running it,
+    and otherwise it runs in the worker hop with the rest of the preparation."""
+    import threading
+
+    from ninfer.errors import ServerOverloadedError
+    from ninfer.server.admission import Ticket, reset_current_ticket, set_current_ticket
+
+    pipeline = Pipeline(state)
+    ran = []
+
+    def lowering():
+        ran.append(threading.current_thread())
+        return GenerateRequest([chat()], SamplingParams(max_tokens=1))
+
+    async def in_request(ticket):
+        token = set_current_ticket(ticket)
+        try:
+            return await pipeline.prepare(lowering)
+        finally:
+            reset_current_ticket(token)
+
+    gate = state.gate
+    others = [gate.reserve(Ticket()) for _ in range(gate.capacity - gate.in_flight)]
+    with pytest.raises(ServerOverloadedError):
+        run(in_request(Ticket()))
+    assert ran == []  # refused before any preparation work
+    for other in others:
+        other.release()
+    ticket = Ticket()
+    prepared = run(in_request(ticket))
+    assert ticket.holds_slot and len(ran) == 1 and ran[0] is not threading.main_thread()
+    assert prepared.request_id == ticket.request_id  # the HTTP request's id names the engine requests
+    run(prepared.drain())
+    ticket.release()

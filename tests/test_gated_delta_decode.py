@@ -205,6 +205,54 @@ def test_triton_steps_chain_like_the_reference():
         assert rel_err(ssm, want_ssm) <= TOL[torch.float32], name
 
 
+# -- speculative verify rows: the state after every position, the working slot only read ------
+
+#: (tokens already in the state, verify width) and working slot per sequence; rows 6.. are scratch
+VERIFY_SPECS, VERIFY_SLOTS = [(7, 4), (1, 4), (12, 4)], [3, 0, 4]
+
+
+def verify_call(fn, inputs: dict, **kwargs):
+    """``fn`` (a ``gated_delta_verify``) over VERIFY_SPECS: (out, conv, ssm, position rows)."""
+    n, width = len(VERIFY_SPECS), VERIFY_SPECS[0][1]
+    rows = torch.arange(6, 6 + n * width, dtype=torch.int64).view(n, width)
+    batch = state_batch(VERIFY_SPECS, VERIFY_SLOTS)
+    out, conv, ssm = call(fn, inputs, batch, position_rows=rows, **kwargs)
+    return out, conv, ssm, rows
+
+
+def test_reference_verify_keeps_every_prefix_and_leaves_the_slot():
+    """Position t's row holds what decoding the first t + 1 tokens as one chunk leaves."""
+    gen = torch.Generator().manual_seed(6)
+    inputs = mixer_inputs(2, 4, 8, 12, 6 + 12, torch.float32, gen)
+    out, conv, ssm, rows = verify_call(ref.gated_delta_verify, inputs)
+    assert torch.equal(conv[:6], inputs["conv_states"][:6]) and torch.equal(ssm[:6], inputs["ssm_states"][:6])
+    for t in range(4):
+        picks = torch.tensor([i * 4 + j for i in range(3) for j in range(t + 1)])
+        prefix = state_batch([(c, t + 1) for c, _ in VERIFY_SPECS], VERIFY_SLOTS)
+        want, want_conv, want_ssm = call(ref.gated_delta_decode, {**inputs, "proj": inputs["proj"][picks]}, prefix)
+        # (a chunk sums in another order than token steps: float32 noise only)
+        assert rel_err(out.view(3, 4, -1)[:, : t + 1].reshape(len(picks), -1), want) <= 1e-6
+        assert torch.equal(conv[rows[:, t]], want_conv[VERIFY_SLOTS])
+        assert rel_err(ssm[rows[:, t]], want_ssm[VERIFY_SLOTS]) <= 1e-6
+
+
+@cpu_only
+@pytest.mark.parametrize("splits", [1, 2], ids=["whole-heads", "split-heads"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_triton_verify_matches_reference(dtype, splits):
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import gated_delta_decode as tri
+
+    gen = torch.Generator().manual_seed(7)
+    inputs = mixer_inputs(2, 4, 8, 12, 6 + 12, dtype, gen)
+    want, want_conv, want_ssm, _ = verify_call(ref.gated_delta_verify, inputs)
+    got, conv, ssm, _ = verify_call(tri.gated_delta_verify, inputs, value_splits=splits)
+    assert rel_err(got, want) <= INTERPRETER_TOL[dtype]
+    assert torch.equal(conv, want_conv), "every position's conv history, exactly; other rows untouched"
+    assert torch.equal(ssm[:6], inputs["ssm_states"][:6]), "the working slots are only read"
+    assert rel_err(ssm[6:], want_ssm[6:]) <= INTERPRETER_TOL[dtype]
+
+
 # -- CUDA: Qwen3.6-27B's shape (16 key heads, 48 value heads, head dims 128), bf16 ---------------
 
 
@@ -250,3 +298,23 @@ def test_real_shape_and_cuda_graph(splits):
         torch.cuda.synchronize()
         assert torch.equal(replayed, got)
         assert torch.equal(static["conv_states"], conv) and torch.equal(static["ssm_states"], ssm)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_real_shape_verify(splits):
+    """Verify rows at the 27B shape (batch 2, width 4) against the reference on CUDA."""
+    from ninfer_kernels.triton import gated_delta_decode as module
+
+    gen = torch.Generator().manual_seed(8)
+    specs, slots = [(2047, 4), (100, 4)], [0, 1]
+    inputs = mixer_inputs(16, 48, 128, 8, 2 + 9, torch.bfloat16, gen, device="cuda")
+    rows = torch.arange(2, 10, dtype=torch.int64, device="cuda").view(2, 4)
+    batch = state_batch(specs, slots, device="cuda")
+    want, want_conv, want_ssm = call(ref.gated_delta_verify, inputs, batch, position_rows=rows)
+    got, conv, ssm = call(module.gated_delta_verify, inputs, batch, position_rows=rows, value_splits=splits)
+    assert rel_err(got, want) <= TOL[torch.bfloat16]
+    assert torch.equal(conv, want_conv)
+    assert torch.equal(ssm[:2], inputs["ssm_states"][:2]) and torch.equal(ssm[10], inputs["ssm_states"][10])
+    assert rel_err(ssm[2:10], want_ssm[2:10]) <= STATE_TOL[torch.bfloat16]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
 from ninfer.batch.guides import guide_spec
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.cli.serve import build_parser
 from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.guided_setup import build_guided_decoding
@@ -158,7 +159,7 @@ def test_guide_state_edge_cases():
 
 
 def test_markers_and_the_starting_phase(tok):
-    markers = ReasoningMarkers.from_parser(ReasoningParser(name="qwen3"), tok)
+    markers = ReasoningMarkers.from_parser(QWEN3, tok)
     start, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
     assert markers == ReasoningMarkers(start, end, tuple(tok.encode("\n\n")))
     closed = tok.encode(tok.apply_chat_template([{"role": "user", "content": "q"}], enable_thinking=False))
@@ -168,7 +169,7 @@ def test_markers_and_the_starting_phase(tok):
     assert markers.initial_phase(fresh, thinking=False) is Phase.ACTIVE
     assert markers.initial_phase(fresh + [start, 5], thinking=False) is Phase.REASONING
     assert markers.initial_phase(fresh + [start, 5, end], thinking=True) is Phase.ACTIVE
-    assert ReasoningMarkers.from_parser(ReasoningParser(name="x", end="</reasoning here>"), tok) is None
+    assert ReasoningMarkers.from_parser(attrs.evolve(QWEN3, name="x", end="</reasoning here>"), tok) is None
 
 
 def test_masks_add_the_reasoning_opener_while_it_may_come(compiler, tok):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ninfer import LLM, SamplingParams
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.guided_state import GuidedState, Phase
 from ninfer.engine.request import EngineRequest
@@ -17,7 +17,7 @@ from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.thinking import thinking_budget
 from ninfer.guided.spec import GuideSpec
 
-PARSER = ReasoningParser(name="qwen3")
+PARSER = QWEN3
 ANSWER = r"[a-z]{3,8}"
 
 

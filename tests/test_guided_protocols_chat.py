@@ -19,7 +19,7 @@ import openai
 import pytest
 from server_harness import server_fixture
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.tiny.tokenizer_files import build_tokenizer
 
 TOKENS = build_tokenizer()
@@ -110,7 +110,7 @@ def test_a_call_the_model_opens_in_auto_mode_follows_the_strict_schema(client):
 
 def test_with_thinking_the_guide_shapes_the_answer_after_the_reasoning(client):
     think = {str(TOKENS.token_to_id("<think>")): 100}
-    close = ReasoningParser(name="qwen3").budget_close
+    close = QWEN3.budget_close
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": ANSWER}}
     result = chat(client, response_format=fmt, logit_bias=think, max_tokens=96, temperature=0, extra_body={})
     message = result.choices[0].message

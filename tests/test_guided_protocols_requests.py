@@ -14,8 +14,11 @@ from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.anthropic_messages.guided import answer_guide as anthropic_answer
 from ninfer_plugins.protocols.anthropic_messages.schema import decode_request
 from ninfer_plugins.protocols.anthropic_messages.tools import parse_tool_choice, template_tools, tool_request
-from ninfer_plugins.protocols.openai_chat.guided import answer_guide, chat_guide
+from ninfer.frontend.pipeline import output_guide
+from ninfer.sampling_params import SamplingParams
+from ninfer_plugins.protocols.openai_chat.guided import answer_guide
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
+from ninfer_plugins.protocols.openai_chat.translate import generate_request
 from ninfer_plugins.protocols.openai_chat.validate import callable_tools, validate_request
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.schema import TextOptions
@@ -53,6 +56,11 @@ def chat_req(**kw) -> ChatCompletionRequest:
     req = msgspec.convert({"messages": [{"role": "user", "content": "q"}], **kw}, ChatCompletionRequest)
     validate_request(req)
     return req
+
+
+def chat_guide(req: ChatCompletionRequest, parser: ToolParser):
+    """The guide the pipeline gives a chat request: the route's request, then the pipeline's guide."""
+    return output_guide(generate_request(req, SamplingParams(), None), parser)
 
 
 # -- Chat Completions ------------------------------------------------------------------------

@@ -373,3 +373,23 @@ def test_attention_kernels_take_int64_context_lengths():
     batch.seq_lens = batch.seq_lens.to(torch.int64)
     got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=2)
     assert rel_err(got, want) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("odd", [False, True], ids=["words", "halfwords"])
+def test_copy_state_rows_matches_reference(odd):
+    """Rows of pools of several shapes and dtypes copied in one launch (rows of an odd
+    number of bf16 elements take the 2-byte path)."""
+    from ninfer_kernels import state_rows
+    from ninfer_kernels.triton import state_rows as t_state_rows
+
+    gen = torch.Generator().manual_seed(9)
+    width = 7 if odd else 8
+    pools = [torch.randn(6, 3, width, generator=gen).to(DEVICE, torch.bfloat16),
+             torch.randn(6, 2, 5, 4, generator=gen).to(DEVICE), torch.randn(6, width, generator=gen).to(DEVICE)]
+    src = torch.tensor([1, 4], device=DEVICE)
+    dst = torch.tensor([5, 0], device=DEVICE)
+    want = [p.clone() for p in pools]
+    state_rows.copy_rows(want, src, dst)
+    t_state_rows.copy_rows(pools, src, dst)
+    for got, expected in zip(pools, want):
+        assert torch.equal(got, expected)

@@ -16,7 +16,7 @@ import math
 import msgspec
 import pytest
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.engine.request import GenerationEvent, RequestTimings
 from ninfer.frontend.output_split import OutputSplitter, ToolCallStart
 from ninfer.frontend.tool_schema import ToolSpec
@@ -24,6 +24,7 @@ from ninfer.outputs import PositionLogprobs, TokenLogprob
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 from ninfer.errors import InvalidRequestError
+from ninfer.frontend.prompt_options import resolve_options
 from ninfer.frontend.template_caps import detect_caps
 from ninfer.plugins import load_registry
 from ninfer.profile.schema import Profile, Tools
@@ -33,10 +34,11 @@ from ninfer.frontend.parsers import make_splitter, starts_in_reasoning
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.stream import ChunkStream, chunks
-from ninfer_plugins.protocols.openai_chat.translate import prepare, resolve_options, sampling_params
+from ninfer_plugins.protocols.openai_chat.translate import chat_prompt, sampling_params, template_options
 from ninfer_plugins.tool_parsers.hermes_json import HermesJsonToolParser
+from _hosts import tokenizer_pipeline
 
-QWEN = ReasoningParser(name="qwen3", start="<think>", end="</think>")
+QWEN = QWEN3
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
 TINY_TEMPLATE = resources.files("ninfer.tiny").joinpath("chat_template.jinja").read_text(encoding="utf-8")
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
@@ -213,8 +215,8 @@ def chat_request(**fields):
 
 
 @pytest.fixture(scope="module")
-def effort_tokenizer() -> Tokenizer:
-    return Tokenizer(build_tokenizer(), templates={"default": EFFORT_TEMPLATE})
+def effort_pipeline():
+    return tokenizer_pipeline(Tokenizer(build_tokenizer(), templates={"default": EFFORT_TEMPLATE}))
 
 
 @pytest.mark.parametrize(("fields", "suffix", "thinking"), [
@@ -224,10 +226,10 @@ def effort_tokenizer() -> Tokenizer:
     ({"reasoning_effort": "none"}, "[no-think]", False),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "[no-think]", False),
 ])
-def test_effort_and_thinking_reach_the_template(effort_tokenizer, fields, suffix, thinking):
-    prepared = prepare(chat_request(**fields), effort_tokenizer, Profile())
-    assert prepared.prompt == "<user>hi" + suffix and prepared.options.thinking is thinking
-    assert prepared.prompt_ids == effort_tokenizer.encode(prepared.prompt)
+def test_effort_and_thinking_reach_the_template(effort_pipeline, fields, suffix, thinking):
+    rendered = effort_pipeline.render(chat_prompt(chat_request(**fields)))
+    assert rendered.text == "<user>hi" + suffix and rendered.options.thinking is thinking
+    assert rendered.token_ids == effort_pipeline.tokenizer.encode(rendered.text)
 
 
 @pytest.mark.parametrize(("fields", "param", "code"), [
@@ -238,19 +240,19 @@ def test_effort_and_thinking_reach_the_template(effort_tokenizer, fields, suffix
      "conflicting_template_option"),
     ({"preserve_thinking": True}, "preserve_thinking", "unsupported_parameter"),  # the template cannot
 ])
-def test_prompt_option_errors(effort_tokenizer, fields, param, code):
+def test_prompt_option_errors(effort_pipeline, fields, param, code):
     with pytest.raises(InvalidRequestError) as e:
-        prepare(chat_request(**fields), effort_tokenizer, Profile())
+        effort_pipeline.render(chat_prompt(chat_request(**fields)))
     assert (e.value.param, e.value.code) == (param, code)
 
 
 def test_server_defaults_apply_when_the_request_is_silent():
     caps = detect_caps(TINY_TEMPLATE)
-    options = resolve_options(chat_request(), caps, thinking_default=False, preserve_default=True)
+    options = resolve_options(template_options(chat_request()), caps, thinking_default=False, preserve_default=True)
     assert (options.thinking, options.preserve_thinking, options.effort) == (False, True, None)
     switchless = detect_caps("{{ messages }}")  # no switch: the server default decides either way
-    assert resolve_options(chat_request(enable_thinking=False), switchless, True, False).thinking is True
-    assert resolve_options(chat_request(enable_thinking=True), switchless, False, False).thinking is False
+    assert resolve_options(template_options(chat_request(enable_thinking=False)), switchless, True, False).thinking
+    assert not resolve_options(template_options(chat_request(enable_thinking=True)), switchless, False, False).thinking
 
 
 def test_sampling_params_from_the_request():

@@ -10,14 +10,14 @@ import openai
 import pytest
 from server_harness import server_fixture
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 
 BUDGET = 3
 server = server_fixture("--max-context", "512", "--default-thinking-budget", str(BUDGET),
                         "--protocols", "openai_chat", "--log-stats-interval-ms", "0")
-GUIDANCE = ReasoningParser(name="qwen3").budget_close
+GUIDANCE = QWEN3.budget_close
 MESSAGES = [{"role": "user", "content": "Think it over."}]
 
 

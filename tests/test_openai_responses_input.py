@@ -8,7 +8,6 @@ import pytest
 from loguru import logger
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
-from ninfer.profile.schema import Profile
 from ninfer.tiny.tokenizer_files import build_tokenizer
 from ninfer.tokenizer import Tokenizer
 from ninfer_plugins.protocols.openai_responses.history import lower_items
@@ -19,6 +18,7 @@ from ninfer_plugins.protocols.openai_responses.sealed import seal
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore, StoreCapacityError, StoredResponse
 from ninfer_plugins.protocols.openai_responses.tools import resolve_tools
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript, added_markers, encode_prompt
+from _hosts import tokenizer_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def ctx(tokenizer) -> PromptContext:
-    return PromptContext.of(tokenizer, Profile())
+    return PromptContext.of(tokenizer_pipeline(tokenizer))
 
 
 def items(raw, **kw):

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.engine.request import GenerationEvent, RequestTimings
 from ninfer.errors import InvalidRequestError
 from ninfer.frontend.output_split import OutputSplitter
@@ -26,7 +26,7 @@ from ninfer_plugins.protocols.openai_responses.stream import frames
 from ninfer_plugins.protocols.openai_responses.tools import resolve_tools
 from ninfer_plugins.tool_parsers.hermes_json import HermesJsonToolParser
 
-QWEN = ReasoningParser(name="qwen3")
+QWEN = QWEN3
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [
     {"type": "function", "name": "get_weather", "parameters": PARAMS},

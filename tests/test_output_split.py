@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from _split_helpers import assert_stream_equals_oneshot, run_chunks, timeline
 
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.frontend.output_split import OutputSplitter, ReasoningDelta, TextDelta
 from ninfer.frontend.tool_schema import ToolSpec
 from ninfer_plugins.tool_parsers.hermes_json import HermesJsonToolParser
 from ninfer_plugins.tool_parsers.qwen3_xml import Qwen3XmlToolParser
 
-QWEN = ReasoningParser(name="qwen3", start="<think>", end="</think>")
+QWEN = QWEN3
 TOOLS = [ToolSpec("search", {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}})]
 XML_CALL = (
     "<tool_call>\n<function=search>\n<parameter=q>\nwhy <b>\n</parameter>\n"

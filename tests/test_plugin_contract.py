@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
@@ -135,3 +136,71 @@ def test_protocol_packages_import_no_other_protocol_package():
                 if parts[:2] == ["ninfer_plugins", "protocols"] and len(parts) > 2 and parts[2] != own:
                     offenders.append(f"{path.relative_to(root)} imports {name}")
     assert offenders == []
+
+
+# -- what plugins import ---------------------------------------------------------------------
+
+
+def _import_table() -> list[str]:
+    """The modules docs/plugins.md's "What a plugin may import" table lists (``pkg.*``: a package).
+
+    A cell's ``.name`` is a sibling of the absolute name before it.
+    """
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    section = doc[doc.index("## What a plugin may import"):]
+    names = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        package = ""
+        for name in re.findall(r"`([\w.*]+)`", line.split("|")[1]):
+            if name.startswith("."):
+                name = package + name
+            else:
+                package = name.rpartition(".")[0]
+            names.append(name)
+    return names
+
+
+def _ninfer_imports_of_plugins() -> dict[str, str]:
+    """Every ``ninfer.*`` module a file under plugins/ imports, with one file that does."""
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [f"ninfer.{a.name}" for a in node.names] if node.module == "ninfer" else [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                if module.startswith("ninfer."):
+                    found.setdefault(module, str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_ninfer_module_a_plugin_imports_is_in_the_import_table():
+    table = _import_table()
+    assert "ninfer.capabilities" in table and "ninfer.model.kv" in table  # the parse found the table
+
+    def listed(module: str) -> bool:
+        return any(module == name or (name.endswith(".*") and module.startswith(name[:-1])) for name in table)
+
+    missing = {module: where for module, where in _ninfer_imports_of_plugins().items() if not listed(module)}
+    assert not missing, f"docs/plugins.md's import table lacks what plugins import: {missing}"
+    for name in table:  # and the table names modules that exist
+        if name.startswith("ninfer.") and not name.endswith(".*"):
+            path = ROOT / name.replace(".", "/")
+            assert path.with_suffix(".py").exists() or (path / "__init__.py").exists(), name
+
+
+def test_a_reasoning_parser_names_its_markers():
+    """The core has no format's defaults: a plugin that forgets its markers fails at import."""
+    from ninfer.capabilities import ReasoningParser
+
+    with pytest.raises(TypeError):
+        ReasoningParser(name="x")
+    with pytest.raises(TypeError):
+        ReasoningParser(name="x", start="<t>", end="</t>")  # budget_close too
+    parsers = load_registry().items["reasoning_parser"]
+    assert parsers["qwen3"].obj.end == "</think>" and parsers["qwen3"].obj.budget_close.endswith("</think>\n\n")

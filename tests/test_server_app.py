@@ -37,7 +37,7 @@ def _state(*protocols: Protocol, alive: bool = True, api_key: str | None = None)
     registry = types.SimpleNamespace(get=lambda kind, name, key=None: by_name[name])
     return ServerState(profile=types.SimpleNamespace(server=server), registry=registry,
                        engine=types.SimpleNamespace(alive=alive), tokenizer=None, family=None, model_id="m",
-                       max_model_len=64, gate=AdmissionGate(1, 1.0))
+                       max_model_len=64, vocab_size=128, gate=AdmissionGate(1, 1.0))
 
 
 async def _get(app, method: str, path: str, **kw) -> httpx.Response:

@@ -16,7 +16,7 @@ import torch
 
 from ninfer.engine.defaults import ResolvedSampling
 from ninfer.engine.sampler import Sampler
-from ninfer.engine.sampling_metadata import SamplingMetadata, TokenMask
+from ninfer.engine.sampling_metadata import SamplingMetadata, TokenMask, to_device
 from ninfer.engine.spec import (
     PAD_TOKEN,
     TargetDistribution,
@@ -363,16 +363,26 @@ def test_processed_distribution_is_the_samplers() -> None:
         propose(logits, meta, "sometimes")
 
 
-def _round_on(device: str, graph: bool = False):
-    """One k=3 round of five varied rows on ``device``: drafts, p's bonus draws, verdict."""
+ROUND_VOCAB, ROUND_K, ROUND_ROWS = 4096, 3, 5
+
+
+def _round_logits(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's verify-row logits and the draft's logits of :func:`_round_on`."""
     gen = torch.Generator().manual_seed(5)
-    vocab, k = 4096, 3
+    b, k, vocab = ROUND_ROWS, ROUND_K, ROUND_VOCAB
+    target_logits = torch.randn(b * (k + 1), vocab, generator=gen) * 3
+    draft_logits = target_logits.view(b, k + 1, vocab)[:, :k] + torch.randn(b, k, vocab, generator=gen)
+    return target_logits.to(device), draft_logits.to(device)
+
+
+def _round_on(device: str, graph: bool = False, logits=None):
+    """One k=3 round of five varied rows on ``device``: drafts, p's bonus draws, verdict."""
+    vocab, k = ROUND_VOCAB, ROUND_K
     rows = [row(seed=1, top_k=20, top_p=0.95), row(seed=2, temperature=0.7, presence_penalty=1.5, top_p=0.8),
             row(seed=3, temperature=0.0, repetition_penalty=1.1), row(seed=4, min_p=0.05, logit_bias={5: 2.0}),
             row(seed=5, frequency_penalty=0.3, min_tokens=6, stop_token_ids=(7, 8))]  # fmt: skip
     b, t = len(rows), 3
-    target_logits = (torch.randn(b * (k + 1), vocab, generator=gen) * 3).to(device)
-    draft_logits = target_logits.view(b, k + 1, vocab)[:, :k] + torch.randn(b, k, vocab, generator=gen).to(device)
+    target_logits, draft_logits = logits if logits is not None else _round_logits(device)
     history = dict(output_token_ids=[[1, 2]] * b, prompt_token_ids=[[3, 4, 5]] * b)
     drafts, qs = [], []
     for i in range(k):
@@ -381,7 +391,7 @@ def _round_on(device: str, graph: bool = False):
         drafts.append(proposal.token_ids)
         qs.append(proposal.probs)
     drafts, q = torch.stack(drafts, 1), torch.stack(qs, 1)
-    num_drafts = torch.tensor([3, 3, 2, 3, 1], device=device)
+    num_drafts = to_device([3, 3, 2, 3, 1], torch.int64, torch.device(device))  # (a plain copy would sync)
     vmeta = verify_metadata(rows, [t] * b, history["output_token_ids"], history["prompt_token_ids"],
                             drafts, num_drafts, vocab, device)  # fmt: skip
     picks = bonus_rows(num_drafts, b, k)
@@ -412,10 +422,11 @@ def _round_on(device: str, graph: bool = False):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_round_matches_cpu_without_host_syncs_and_replays_in_a_graph() -> None:
     cpu = _round_on("cpu")
+    logits = _round_logits("cuda")  # (a plain host-to-device copy of the inputs syncs; the round must not)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        gpu = _round_on("cuda")
+        gpu = _round_on("cuda", logits=logits)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[2].cpu(), cpu[2])

@@ -197,9 +197,12 @@ def test_the_lm_head_draft_proposes_only_shortlisted_tokens_and_stays_lossless(t
     shutil.rmtree(model)
 
 
-def test_guided_and_logprob_rows_decode_plainly_beside_verify_rows(pair):
-    """Rows that may not speculate share verify steps with rows that do, keeping their guide
-    masks and log probabilities; every output equals the plain engine's."""
+def test_logprob_rows_decode_plainly_beside_verify_rows_and_guided_rows_speculate(pair):
+    """Rows asking for log probabilities may not speculate: they share verify steps with
+    rows that do, keeping their log probabilities; a guided row speculates, its verify rows
+    masked by its guide (tests/test_spec_guided.py goes further). Every output equals the
+    plain engine's."""
+    from ninfer.engine.request import EngineRequest
     from ninfer.guided.spec import GuideSpec
 
     plain, spec = pair
@@ -209,13 +212,21 @@ def test_guided_and_logprob_rows_decode_plainly_beside_verify_rows(pair):
     params = [greedy, guided, scored, greedy]
     expected = plain.generate(PROMPTS, params)
     tok = plain.get_tokenizer()
-    spec.engine.proposer = ReplayProposer({tuple(tok.encode(PROMPTS[i])): expected[i].outputs[0].token_ids
-                                           for i in (0, 3)}, period=4)
-    got = spec.generate(PROMPTS, params)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
-    assert [[p.token_id for p in o.outputs[0].logprobs] for o in got[2:3]] == \
-        [[p.token_id for p in o.outputs[0].logprobs] for o in expected[2:3]]
-    assert spec.engine.stats.total_rounds > 0
+    spec.engine.proposer = ReplayProposer({tuple(tok.encode(p)): o.outputs[0].token_ids
+                                           for p, o in zip(PROMPTS, expected)}, period=4)
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
+        spec.engine.add_request(EngineRequest(f"m{i}", tok.encode(prompt), p))
+    ids, lps, timings = {}, {}, {}
+    while spec.engine.has_unfinished():
+        for ev in spec.engine.step():
+            ids.setdefault(ev.request_id, []).extend(ev.token_ids)
+            lps.setdefault(ev.request_id, []).extend(lp.token_id for lp in ev.logprobs or ())
+            if ev.finished:
+                timings[ev.request_id] = ev.timings
+    assert [ids[f"m{i}"] for i in range(4)] == [o.outputs[0].token_ids for o in expected]
+    assert lps["m2"] == [p.token_id for p in expected[2].outputs[0].logprobs]
+    assert timings["m2"].draft_tokens == 0
+    assert all(timings[f"m{i}"].draft_tokens > 0 for i in (0, 1, 3))
 
 
 def test_mtp_proposes_from_its_own_distribution_for_sampled_requests():

@@ -45,3 +45,23 @@ def test_mtp_speculation_on_cuda_is_lossless(family):
     spec = LLM(model, spec="mtp", draft_tokens=3, **SETTINGS)
     assert _run(spec, PROMPTS, params) == expected
     assert spec.engine.stats.total_drafted > 0
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_guided_rows_speculate_through_graph_verify_steps(family):
+    """Guided verify rows on CUDA: the graph computes the hidden rows, the guide's masks
+    (filled on the host into pinned memory) apply to the verdict outside it."""
+    from test_spec_guided import check_greedy_guided
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = f"tiny:{family}"
+    settings = {**SETTINGS, "max_concurrency": 6}
+    spec = LLM(model, spec="ngram", draft_tokens=3, **settings)
+    assert spec.engine.runner.verify_graphs is not None
+    replayed = []
+    run_graph = spec.engine.runner.verify_graphs.run
+    spec.engine.runner.verify_graphs.run = lambda *a, **k: replayed.append(1) or run_graph(*a, **k)
+    check_greedy_guided(family, LLM(model, **settings), spec)
+    assert replayed

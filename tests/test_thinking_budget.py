@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from ninfer import LLM, SamplingParams
-from ninfer.capabilities import ReasoningParser
+from ninfer_plugins.reasoning.qwen3 import QWEN3
 from ninfer.engine.request import EngineRequest
 from ninfer.errors import InvalidRequestError
 from ninfer.frontend.thinking import thinking_budget
 
-PARSER = ReasoningParser(name="qwen3")
+PARSER = QWEN3
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,16 @@ def test_chat_messages_count_what_chat_completions_bills(server):
     assert r.json()["tokens"][: shorter["count"]] == shorter["tokens"]
 
 
+def test_a_template_that_refuses_the_messages_is_a_400(server):
+    """Rendered by the pipeline's render, refusals included: this template drops the
+    reasoning of the message to continue, so it cannot be continued."""
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "<think>r</think>b"}]
+    r = _post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False,
+                                    "continue_final_message": True})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("invalid_prompt", "messages")
+
+
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
 def test_malformed_json_is_a_400(server, path):
     r = httpx.post(f"{server}{path}", content=b'{"tokens": [1,', headers={"content-type": "application/json"})

@@ -360,8 +360,9 @@ def test_parsers_register_as_plugins(module, name):
 
 
 def test_a_marker_only_format_gets_its_grammar_from_the_shared_builder(tok):
-    """CONTRIBUTING.md's walk-through: the grammar for a ``[TOOL_CALLS]`` format, built by
-    ``build_grammar`` with its own markers, accepts what its parser reads as two calls."""
+    """The grammar for a ``[TOOL_CALLS]`` format, built by ``build_grammar`` with its own
+    markers, accepts what its parser reads as two calls (CONTRIBUTING.md's walk-through has
+    its own copy-able tests in test_walkthrough_tool_parser.py)."""
     from ninfer_plugins.guided.llguidance_backend import LLGuidanceCompiler
     from ninfer.frontend.tool_grammar import CallMarkers, build_grammar, embedded_json, json_call_schema
 

@@ -13,7 +13,7 @@ if importlib.util.find_spec("triton") is not None:
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
-        moe_route, norm, paged_attention, qk_norm_rope, rope, skinny_linear,
+        moe_route, norm, paged_attention, qk_norm_rope, rope, skinny_linear, state_rows,
     )
 
     ops.register_triton("linear", skinny_linear.linear)
@@ -27,6 +27,8 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("causal_conv1d", causal_conv.causal_conv1d)
     ops.register_triton("gated_delta_rule", gated_delta.gated_delta_rule)
     ops.register_triton("gated_delta_decode", gated_delta_decode.gated_delta_decode)
+    ops.register_triton("gated_delta_verify", gated_delta_decode.gated_delta_verify)
     ops.register_triton("gated_rms_norm", gated_rms_norm.gated_rms_norm)
     ops.register_triton("moe_route", moe_route.moe_route)
     ops.register_triton("fused_moe", fused_moe.fused_moe)
+    ops.register_triton("copy_state_rows", state_rows.copy_rows)

@@ -38,6 +38,13 @@ programs.
 With PDL (:mod:`.pdl`) the state, the conv taps and the per-head constants are read
 before the kernel waits for the projection before it.
 
+Speculative verify rows (:func:`gated_delta_verify`) run the same program with
+``PER_POSITION``: a sequence's slot is only read, and after each of its tokens the
+program stores its part of the state and the conv history to that token's own row (so
+rejecting drafts costs a copy of one row, see :mod:`ninfer.engine.spec.scratch`). The
+rows differ from the slot it reads, so nothing waits on a counter before writing the
+history: the first program of each key head writes its q/k part.
+
 Nothing here reads a device value on the host, so the launch can be captured in a CUDA
 graph once the counter buffer exists (the warm-up passes allocate it).
 """
@@ -151,12 +158,13 @@ def _gated_norm(o, sumsq, z, nw, eps, DV: tl.constexpr, dtype: tl.constexpr, ROU
 @triton.jit
 def _gdn_decode_kernel(
     proj_ptr, cw_ptr, conv_ptr, ssm_ptr, a_log_ptr, dt_bias_ptr, nw_ptr, out_ptr,
-    starts_ptr, seq_lens_ptr, slots_ptr, count_ptr, sumsq_ptr,
+    starts_ptr, seq_lens_ptr, slots_ptr, count_ptr, sumsq_ptr, rows_ptr,
     num_seqs, num_rows, eps, l2_eps, scale,
-    stride_p, stride_cw, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o,
+    stride_p, stride_cw, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o, stride_rows,
     HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     BH: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr, USE_PDL: tl.constexpr,
+    PER_POSITION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1) // NV
@@ -230,27 +238,46 @@ def _gdn_decode_kernel(
         else:  # the head's last program to finish normalises (below): o and its share of the sum
             tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
             tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))
+        if PER_POSITION:  # the state after this token goes to its own row (speculative verify)
+            row = tl.load(rows_ptr + seq * stride_rows + (t - start)).to(tl.int64)
+            tl.store(ssm_ptr + row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :],
+                     s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
+            row_hist = conv_ptr + row * stride_cs
+            new_v = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, v_cols, dv_ok, has_history,
+                                 K, KP)
+            _store_history(row_hist, new_v, stride_ch, v_cols, dv_ok, K, KP)
+            if (head % GROUP == 0) & (part == 0):  # one program per key head writes its q/k history
+                new_q = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, q_cols, dk_ok,
+                                     has_history, K, KP)
+                new_k = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, k_cols, dk_ok,
+                                     has_history, K, KP)
+                _store_history(row_hist, new_q, stride_ch, q_cols, dk_ok, K, KP)
+                _store_history(row_hist, new_k, stride_ch, k_cols, dk_ok, K, KP)
 
     if seq == num_seqs - 1:  # rows past the last sequence are zeros, as the chained ops give
         for t in range(end, num_rows):
             tl.store(out_ptr + t * stride_o + head * DV + dv, tl.zeros([BV], dtype), mask=dv_ok)
 
-    if live:
-        new_v = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, v_cols, dv_ok, has_history, K, KP)
-        new_q = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
-        new_k = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, k_cols, dk_ok, has_history, K, KP)
-        tl.debug_barrier()  # every thread's reads of the old history happen before any write
-        tl.store(s_ptrs, s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
-        _store_history(hist_ptr, new_v, stride_ch, v_cols, dv_ok, K, KP)
-        if GROUP * NV == 1:
-            _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
-            _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
-        else:
-            counter = count_ptr + seq * HK + k_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP * NV - 1:
+    if not PER_POSITION:  # (verify rows wrote their states above; the working slot is only read)
+        if live:
+            new_v = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, v_cols, dv_ok, has_history,
+                                 K, KP)
+            new_q = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, q_cols, dk_ok, has_history,
+                                 K, KP)
+            new_k = _new_history(proj_ptr, hist_ptr, start, end, stride_p, stride_ch, k_cols, dk_ok, has_history,
+                                 K, KP)
+            tl.debug_barrier()  # every thread's reads of the old history happen before any write
+            tl.store(s_ptrs, s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
+            _store_history(hist_ptr, new_v, stride_ch, v_cols, dv_ok, K, KP)
+            if GROUP * NV == 1:
                 _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
                 _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
-                tl.store(counter, 0)
+            else:
+                counter = count_ptr + seq * HK + k_head
+                if tl.atomic_add(counter, 1, sem="acq_rel") == GROUP * NV - 1:
+                    _store_history(hist_ptr, new_q, stride_ch, q_cols, dk_ok, K, KP)
+                    _store_history(hist_ptr, new_k, stride_ch, k_cols, dk_ok, K, KP)
+                    tl.store(counter, 0)
 
     if NV > 1:
         tl.debug_barrier()  # every thread's o and share of the sum are stored before the counter moves
@@ -288,6 +315,34 @@ def gated_delta_decode(
     """Same contract as the reference. ``num_warps`` and ``value_splits`` (programs per
     value head, each owning ``Dv / value_splits`` columns of its state) override
     :func:`launch_shape`."""
+    return _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_weight, eps, num_k_heads,
+                   head_k_dim, batch, None, num_warps, value_splits)
+
+
+def gated_delta_verify(
+    proj: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    num_k_heads: int,
+    head_k_dim: int,
+    batch: ForwardBatch,
+    position_rows: torch.Tensor,
+    num_warps: int | None = None,
+    value_splits: int | None = None,
+) -> torch.Tensor:
+    """Same contract as the reference: one launch reads each sequence's slot once and
+    writes the state after every one of its tokens to that token's row."""
+    return _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_weight, eps, num_k_heads,
+                   head_k_dim, batch, position_rows, num_warps, value_splits)
+
+
+def _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_weight, eps, num_k_heads, head_k_dim,
+            batch: ForwardBatch, position_rows, num_warps, value_splits) -> torch.Tensor:
     if batch.state_slots is None:
         raise ValueError("this model keeps recurrent state: the batch needs state_slots")
     num_v_heads, head_v_dim = a_log.shape[0], norm_weight.shape[0]
@@ -319,18 +374,24 @@ def gated_delta_decode(
                               minimum=1 << 13)
     sumsq = torch.empty(tokens, num_v_heads, splits, dtype=torch.float32, device=proj.device) if splits > 1 else out
     use_pdl = pdl.enabled(proj.device)
+    if position_rows is None:
+        rows = batch.state_slots.view(-1, 1)  # (not read without PER_POSITION)
+    elif position_rows.shape[0] != num_seqs or position_rows.stride(-1) != 1:
+        raise ValueError("position_rows must be [num_seqs, width], contiguous in its last dimension")
+    else:
+        rows = position_rows
     # torch's type promotion of ``weight * normed``: rounded unless one side is float32
     round_scale = torch.promote_types(norm_weight.dtype, proj.dtype) != torch.float32
     _gdn_decode_kernel[(num_seqs, num_v_heads * splits)](
         proj, weight, conv_states, ssm_states, a_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous(),
-        out, batch.query_start, batch.seq_lens, batch.state_slots, counters, sumsq,
+        out, batch.query_start, batch.seq_lens, batch.state_slots, counters, sumsq, rows,
         num_seqs, tokens, eps, L2_EPS, head_k_dim**-0.5,
         proj.stride(0), weight.stride(0), conv_states.stride(0), conv_states.stride(1),
-        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), out.stride(0),
+        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), out.stride(0), rows.stride(0),
         HK=num_k_heads, GROUP=num_v_heads // num_k_heads, DK=head_k_dim, DV=head_v_dim,
         K=weight.shape[1], KP=triton.next_power_of_2(weight.shape[1]),
         BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim) // splits, NV=splits,
         BH=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale, BF16=proj.dtype == torch.bfloat16,
-        USE_PDL=use_pdl, num_warps=warps, **pdl.launch_options(use_pdl),
+        USE_PDL=use_pdl, PER_POSITION=position_rows is not None, num_warps=warps, **pdl.launch_options(use_pdl),
     )
     return out

@@ -1,8 +1,10 @@
 """What one speculative round costs on a loaded engine, at a given context length.
 
 Three device times, each replayed back to back on the same sequence: a plain decode step
-(its CUDA graph at batch 1), a verify step of ``k + 1`` rows (its verify graph), and the
-proposer's drafting of ``k`` tokens after a step (eager). With per-position acceptance
+(its CUDA graph at batch 1, then the LM head and an argmax), a verify step of ``k + 1``
+rows (its verify graph, the LM head over its rows and an argmax, and for recurrent state
+the copy of the kept position's state back into the working slot), and the proposer's
+drafting of ``k`` tokens after a step. With per-position acceptance
 rates ``a_1..a_k`` a round commits ``1 + a_1 + a_1 a_2 + ...`` tokens on average, so the
 speedup over plain decode is that expectation times ``decode / (verify + draft)``. The
 figure reports that for the acceptance given, which is how a random-weight shape's cost
@@ -45,13 +47,17 @@ def round_cost(engine, context: int, acceptance: Sequence[float], vocab: int, re
     seq = engine.scheduler.running[0]
     slot = [seq.state_slot] if seq.state_slot is not None else None
     pos = seq.num_computed_tokens
+    head = engine.model.compute_logits
     decode = engine.runner.graphs
     bucket = decode.stage_inputs([seq.token_ids[pos]], [pos], [seq.block_table], slot)
-    decode_ms = cuda_ms(lambda: decode.replay(bucket), repeats)
+    decode_ms = cuda_ms(lambda: head(_replayed(decode, bucket)[:1]).argmax(-1), repeats)
     verify = engine.runner.verify_graphs
     ids = [seq.token_ids[pos]] + prompt[:k]
     vbucket = verify.stage_inputs(ids, [pos], [seq.block_table], slot)
-    verify_ms = cuda_ms(lambda: verify.replay(vbucket), repeats)
+    verify_ms = cuda_ms(lambda: head(_replayed(verify, vbucket)[: k + 1]).argmax(-1), repeats)
+    if slot is not None:  # the round then copies the kept position's state back (all of it, at worst)
+        scratch = engine.runner.scratch
+        verify_ms += cuda_ms(lambda: scratch.settle(slot, [k]), repeats)
     draft_ms = _draft_ms(engine, seq, repeats)
     engine.abort_request("spec-cost")
     tokens = expected_tokens(list(acceptance)[:k])
@@ -61,6 +67,11 @@ def round_cost(engine, context: int, acceptance: Sequence[float], vocab: int, re
         "acceptance_assumed": list(acceptance)[:k], "tokens_per_round": tokens,
         "implied_speedup": tokens * decode_ms / (verify_ms + draft_ms),
     }
+
+
+def _replayed(graphs, bucket: int) -> torch.Tensor:
+    graphs.replay(bucket)
+    return graphs.output(bucket)
 
 
 def _draft_ms(engine, seq, repeats: int) -> float:

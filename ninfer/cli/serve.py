@@ -19,6 +19,7 @@ from ninfer import __version__
 from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import ProfileError, check_selections, load_profile, resolve, to_yaml
 from ninfer.profile.flags import overrides_from_args
+from ninfer.profile.resolve import not_honoured
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -143,7 +144,7 @@ def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype:
     logger.debug("resolved profile:\n" + to_yaml(profile))
 
 
-def _serve(profile: Profile) -> int:
+def _serve(profile: Profile, warnings: list[str]) -> int:
     from ninfer.log import setup_logging
 
     setup_logging(profile.logging.level)
@@ -162,6 +163,8 @@ def _serve(profile: Profile) -> int:
         _report(errors)
         return USAGE_ERROR
     _log_summary(profile, registry, device, dtype)
+    for warning in warnings:
+        logger.warning(warning)
     try:
         from ninfer.server import run
     except ModuleNotFoundError as e:
@@ -176,12 +179,13 @@ def _serve(profile: Profile) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        profile = resolve(load_profile(args.profile, args.model, overrides_from_args(args)))
+        given = load_profile(args.profile, args.model, overrides_from_args(args))
     except ProfileError as e:
         _report(e.errors)
         return USAGE_ERROR
+    profile, warnings = resolve(given), not_honoured(given)
     if not (args.check or args.list_plugins):
-        return _serve(profile)
+        return _serve(profile, warnings)
     try:
         registry = _registry(profile)
     except Exception as e:  # see _serve
@@ -196,5 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             _report(errors)
             return USAGE_ERROR
+        _report(warnings, "warning")
         print(to_yaml(profile), end="")
     return 0

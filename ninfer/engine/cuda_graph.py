@@ -169,6 +169,10 @@ class DecodeGraphs:
         """Replay bucket ``bucket`` on whatever its static inputs hold (benchmarks time this)."""
         self._graphs[bucket].replay()
 
+    def output(self, bucket: int) -> torch.Tensor:
+        """The hidden rows bucket ``bucket`` writes when replayed."""
+        return self._hidden[bucket]
+
     def run(
         self,
         token_ids: Union[Sequence[int], torch.Tensor],

@@ -100,6 +100,42 @@ class GuidedState:
         """A token allowed beside the guide's (the reasoning opener, while it may come)."""
         return self.markers.start_id if self.phase is Phase.MAY_OPEN and self.markers else None
 
+    @property
+    def may_speculate(self) -> bool:
+        """Whether a speculative round may verify drafts for this request now: in free
+        reasoning and once the guide is active. The other phases last a single token (the
+        first output token leaves MAY_OPEN; the engine commits the separator itself)."""
+        return self.phase in (Phase.REASONING, Phase.ACTIVE)
+
+    def verifiable(self, drafts: Sequence[int]) -> int:
+        """How many leading ``drafts`` a speculative round may verify from the current state.
+
+        In reasoning the drafts stop before the close marker, whose separator the engine
+        commits unsampled (the round's own token may still close), and before an
+        end-of-sequence id, which is banned there. Once the guide is active they stop at the
+        first one the guide refuses, and after one that ends the request (the guide stops,
+        or end-of-sequence): the verify rows' masks are the guide's states after each kept
+        draft (:meth:`GuidedMasks.verify_masks`), and nothing after an end is committed.
+        The matcher is left as it was."""
+        if self.phase is Phase.REASONING:
+            ends = (self.markers.end_id, *self.end_ids)
+            return next((i for i, t in enumerate(drafts) if t in ends), len(drafts))
+        if self.phase is not Phase.ACTIVE:
+            return 0
+        valid = self.matcher.validate_tokens(list(drafts))
+        consumed = 0
+        try:
+            for i, token in enumerate(drafts[:valid]):
+                if token in self.end_ids:
+                    return i + 1
+                self.matcher.consume_token(token)  # validated: cannot fail
+                consumed += 1
+                if self.matcher.is_stopped():
+                    return i + 1
+            return valid
+        finally:
+            self.matcher.rollback(consumed)
+
     def owed(self) -> list[int]:
         """Separator tokens to commit unsampled now (the close marker came without them)."""
         if self.phase is not Phase.SEPARATOR or self.markers is None:

@@ -370,20 +370,28 @@ class LLMEngine(SpeculativeRounds):
                 text += self._append(tracked, forced, committed)
                 if out.finished:
                     break
+        text += self._after_sampled(tracked, committed)
+        logprobs = None
+        if row.logprob is not None:
+            logprobs = [out.logprobs(row.token_id, row.logprob, row.top_ids, row.top_logprobs)]
+        if out.finished:
+            self.scheduler.finish(seq, out.finish_reason)
+            return self._final_event(tracked, text, committed, logprobs, prompt_lps)
+        return self._event(tracked, text, committed, logprobs, prompt_lps)
+
+    def _after_sampled(self, tracked: _Tracked, committed: list[int]) -> str:
+        """What follows a step's last sampled token: the separator a guide waits for after
+        reasoning closed (committed unsampled), then the context limit; returns the text
+        released."""
+        out, text = tracked.out, ""
         if tracked.guided is not None and not out.finished:
             for forced in tracked.guided.owed():
                 text += self._append(tracked, forced, committed)
                 if out.finished:
                     break
-        logprobs = None
-        if row.logprob is not None:
-            logprobs = [out.logprobs(row.token_id, row.logprob, row.top_ids, row.top_logprobs)]
-        if not out.finished and seq.num_tokens >= self.config.max_context:
+        if not out.finished and tracked.seq.num_tokens >= self.config.max_context:
             text += out.finish("length")  # context capacity
-        if out.finished:
-            self.scheduler.finish(seq, out.finish_reason)
-            return self._final_event(tracked, text, committed, logprobs, prompt_lps)
-        return self._event(tracked, text, committed, logprobs, prompt_lps)
+        return text
 
     def _append(self, tracked: _Tracked, token_id: int, committed: list[int]) -> str:
         """Commit one output token; returns the text it releases."""

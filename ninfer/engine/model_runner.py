@@ -274,8 +274,10 @@ class ModelRunner:
         other sampling rows (plain decode rows, prompts' last rows) sampled as usual."""
         n = sched.num_verify * width
         verify_chunks = sched.chunks[:sched.num_verify]
+        # guided rows' masks at every verify position, filled while the device still runs
+        token_mask = self.guided.verify_masks(verify_chunks, width) if self.guided else None
         verdict = sample_verify_rows(verify_chunks, width, self.model.compute_logits(rows[:n]), self.device,
-                                     draft_probs)
+                                     draft_probs, token_mask)
         plain = self._sample(sched, rows[n:], False, prompt_rows, skip=sched.num_verify)
         return plain.with_verdict(verdict, width)
 

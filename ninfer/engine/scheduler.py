@@ -107,6 +107,8 @@ class Scheduler:
         self.scratch: Optional[VerifyScratch] = state.scratch if state is not None else None
         #: seq id -> {frontier: state row} for the frontiers a verify round passed, until committed
         self._round_rows: dict[int, dict[int, int]] = {}
+        #: (working slot, verify position) per settled round, copied back in one launch before the next step
+        self._settling: list[tuple[int, int]] = []
 
     # -- gauges ---------------------------------------------------------------------
 
@@ -153,14 +155,15 @@ class Scheduler:
         chunk.seq.num_computed_tokens += chunk.num_tokens if num_tokens is None else num_tokens
 
     def settle_verified(self, chunk: ScheduledChunk, kept: int) -> None:
-        """Before a verify row's tokens are committed: its working state slot takes the
-        state after the first ``kept`` positions (the decode token and the accepted
-        drafts), and the page frontiers those positions pass remember their scratch rows
-        for :meth:`commit`'s snapshots."""
+        """Before a verify row's tokens are committed: its working state slot is to take
+        the state after the first ``kept`` positions (the decode token and the accepted
+        drafts; copied for every row of the step at once when the next step is scheduled),
+        and the page frontiers those positions pass remember their scratch rows for
+        :meth:`commit`'s snapshots."""
         seq = chunk.seq
         if seq.state_slot is None or self.scratch is None:
             return
-        self.scratch.settle([seq.state_slot], [kept - 1])
+        self._settling.append((seq.state_slot, kept - 1))
         start = seq.num_computed_tokens
         self._round_rows[seq.seq_id] = {start + t + 1: self.scratch.row(seq.state_slot, t) for t in range(kept)}
 
@@ -227,6 +230,10 @@ class Scheduler:
     def schedule(self, drafts: Optional[Mapping[int, Sequence_[int]]] = None) -> SchedulerOutput:
         """The next step. ``drafts``: speculative tokens per decode-ready sequence (by seq
         id); a sequence with drafts gets a verify row of ``1 + len(drafts)`` tokens."""
+        if self._settling:  # before anything reads a working slot (or a freed one is reused)
+            slots, positions = zip(*self._settling)
+            self.scratch.settle(slots, positions)
+            self._settling.clear()
         out = SchedulerOutput(admitted=self._admit())
         budget = self.max_batched_tokens
         verify, plain = [], []

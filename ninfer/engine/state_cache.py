@@ -11,7 +11,8 @@ the cache for good.
 
 Snapshot rows live in the model's own state pools, after the working slots; a pinned
 host mirror takes the least recently used ones when the device rows are full. Copies
-go through ``model.state_tensors()`` on the current stream, so they are ordered
+go through ``model.state_tensors()`` on the current stream (device rows through one
+multi-pool row copy, ``ninfer_kernels.ops.copy_state_rows``), so they are ordered
 against the steps that write the slots and never make the host wait.
 
 Which frontiers are captured (the scheduler decides when, see :func:`prompt_frontiers`):
@@ -27,6 +28,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from ninfer_kernels import ops
+
+from ninfer.engine.sampling_metadata import to_device
 
 
 def prompt_frontiers(num_prompt_tokens: int, block_size: int) -> tuple[int, ...]:
@@ -119,14 +123,18 @@ class StateSnapshots:
             if previous is not None:
                 self._drop(previous)
             row = self._device_row()
-        for pool in self._pools:
-            pool[row].copy_(pool[slot])
+        self._copy_row(slot, row)
         self._on_device[node] = row
         if roller is not None:
             self._rolling[roller] = node
             self._roller[node] = roller
         self.stats.captures += 1
         return True
+
+    def _copy_row(self, src: int, dst: int) -> None:
+        """Row ``src`` of every pool into row ``dst`` (one launch on CUDA, not two per pool)."""
+        device = self._pools[0].device
+        ops.copy_state_rows(self._pools, to_device([src], torch.int64, device), to_device([dst], torch.int64, device))
 
     def finish(self, seq_id: int) -> None:
         """``seq_id`` is done: its rolling snapshot stays, as the end of its turn."""
@@ -155,9 +163,7 @@ class StateSnapshots:
     def restore(self, node: int, slot: int) -> None:
         """Copy the snapshot ``node`` into working slot ``slot``."""
         if node in self._on_device:
-            row = self._on_device[node]
-            for pool in self._pools:
-                pool[slot].copy_(pool[row])
+            self._copy_row(self._on_device[node], slot)
             self.stats.device_hits += 1
         else:
             row = self._on_host[node]

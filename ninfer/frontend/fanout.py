@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
 from ninfer.engine.request import EngineRequest, GenerationEvent
+
+if TYPE_CHECKING:
+    from ninfer.frontend.host import ServingHost
 
 _DONE = object()
 
 
-async def generate_all(state: Any, requests: Sequence[EngineRequest]) -> AsyncIterator[tuple[int, GenerationEvent]]:
+async def generate_all(host: ServingHost, requests: Sequence[EngineRequest]) -> AsyncIterator[tuple[int, GenerationEvent]]:
     """``(choice index, event)`` in arrival order; closing this aborts every request.
 
     The first failure of any request (a refusal at admission included) is raised here
     and ends the whole answer; the other requests are aborted.
     """
-    streams = [state.generate(r) for r in requests]
+    streams = [host.generate(r) for r in requests]
     if len(streams) == 1:
         try:
             async for event in streams[0]:

@@ -4,9 +4,12 @@ Protocol adapters feed each engine event's text here and render the deltas that 
 back; streaming and aggregate responses use the same splitter, so concatenated stream
 deltas always equal the aggregate result. Nothing here knows a wire format.
 
-Reasoning follows Qwen's rendering ``<think>\\n REASONING \\n</think>\\n\\n ANSWER``: the
-markers, one newline inside each side of the reasoning and the newlines that open the
-answer are formatting, not content. Tool calls are looked for in the answer only.
+The reasoning markers are the :class:`ReasoningParser` plugin's. The layout around them
+is trimmed the same way for every format: one newline inside each side of the reasoning
+and the newlines that open the answer are formatting, not content (Qwen renders
+``<think>\\n REASONING \\n</think>\\n\\n ANSWER``, DeepSeek-R1 likewise), and a format
+without them loses nothing, since only newlines next to a marker are dropped. Tool calls
+are looked for in the answer only.
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ class OutputSplitter:
     """Per-request splitter of generated text into typed deltas.
 
     ``starts_in_reasoning`` is set when the prompt already opened the reasoning channel
-    (Qwen templates end the prompt with ``<think>\\n`` when thinking is on); otherwise a
+    (some templates, Qwen's among them, end the prompt with the opening marker when
+    thinking is on); otherwise a
     reasoning marker is recognised only at the very start of the output.
     """
 

@@ -7,16 +7,19 @@ markup in an answer stays text.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ninfer.capabilities import ReasoningParser
 from ninfer.frontend.output_split import OutputSplitter
 from ninfer.frontend.tool_schema import ToolSpec
 
+if TYPE_CHECKING:
+    from ninfer.frontend.host import ModelHost
 
-def reasoning_parser(state: Any) -> ReasoningParser | None:
-    name = state.profile.reasoning.parser or getattr(state.family, "reasoning_parser", None)
-    return state.registry.get("reasoning_parser", name, key="reasoning.parser") if name else None
+
+def reasoning_parser(host: ModelHost) -> ReasoningParser | None:
+    name = host.profile.reasoning.parser or getattr(host.family, "reasoning_parser", None)
+    return host.registry.get("reasoning_parser", name, key="reasoning.parser") if name else None
 
 
 def tool_specs(tools: Sequence[dict[str, Any]]) -> list[ToolSpec]:
@@ -29,13 +32,13 @@ def starts_in_reasoning(prompt: str, parser: ReasoningParser | None) -> bool:
     return parser is not None and prompt.rfind(parser.start) > prompt.rfind(parser.end)
 
 
-def make_splitter(state: Any, prompt: str, tools: Sequence[dict[str, Any]]) -> OutputSplitter:
+def make_splitter(host: ModelHost, prompt: str, tools: Sequence[dict[str, Any]]) -> OutputSplitter:
     """A fresh splitter for one choice of a request rendered as ``prompt``."""
-    reasoning = reasoning_parser(state)
+    reasoning = reasoning_parser(host)
     tool_parser = None
     if tools:
-        name = state.profile.tools.parser or getattr(state.family, "tool_parser", None)
+        name = host.profile.tools.parser or getattr(host.family, "tool_parser", None)
         if name:
-            plugin = state.registry.get("tool_parser", name, key="tools.parser")
-            tool_parser = plugin.factory(tool_specs(tools), tolerant=state.profile.tools.tolerant_tool_calls)
+            plugin = host.registry.get("tool_parser", name, key="tools.parser")
+            tool_parser = plugin.factory(tool_specs(tools), tolerant=host.profile.tools.tolerant_tool_calls)
     return OutputSplitter(reasoning, tool_parser, starts_in_reasoning(prompt, reasoning))

@@ -1,17 +1,19 @@
 """The one path from a protocol's parsed request to its choices' output events.
 
 Every front door runs the same sequence: admission (a full server answers before any
-work), prompt rendering and tokenizing off the event loop, the prompt-length refusal,
-the output guide, the thinking budget, one engine request per choice (``sample_index``
-picks the seed: the engine's one rule), then the interleaved events of all choices.
-A protocol only parses its body into a :class:`GenerateRequest` and renders the
-:class:`ChoiceEvent` stream and the final :class:`UsageCounts` / :class:`TimingCounts`.
+work), lowering the wire body (when the protocol hands over a function that does it),
+prompt rendering with the template options resolved against the template, tokenizing,
+the prompt-length refusal, the output guide, the thinking budget, one engine request per
+choice (``sample_index`` picks the seed: the engine's one rule), then the interleaved
+events of all choices; everything after admission runs off the event loop. A protocol
+only parses its body into a :class:`GenerateRequest` and renders the :class:`ChoiceEvent`
+stream and the final :class:`UsageCounts` / :class:`TimingCounts`.
 """
 
 from __future__ import annotations
 
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union, cast
 
 import attrs
 import jinja2
@@ -23,15 +25,20 @@ from ninfer.errors import InvalidRequestError
 from ninfer.frontend.chat_messages import template_messages
 from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress, TimingCounts, UsageCounts, timings, usage
 from ninfer.frontend.fanout import generate_all
+from ninfer.frontend.host import ModelHost, ServingHost
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
-from ninfer.frontend.pipeline_request import GenerateRequest, Prompt, TemplateOptions, TextPrompt
+from ninfer.frontend.pipeline_request import GenerateRequest, Prompt, TextPrompt
 from ninfer.frontend.prompt_limits import check_prompt_length
-from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options, template_kwargs
+from ninfer.frontend.prompt_options import PromptOptions, resolve_options, template_kwargs
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer.frontend.thinking import thinking_budget
 from ninfer.frontend.tool_guide import request_guide, tool_parser
 from ninfer.guided.spec import GuideSpec
 from ninfer.server.admission import current_ticket, request_id
+
+#: what :meth:`Pipeline.prepare` takes: the request, or a function lowering the wire body
+#: into one (blocking work the pipeline runs off the loop, after admission)
+Lowering = Union[GenerateRequest, Callable[[], GenerateRequest]]
 
 
 @attrs.frozen
@@ -46,22 +53,12 @@ class Rendered:
     tools: Sequence[dict[str, Any]] = ()
 
 
-def resolve_options(requested: TemplateOptions | PromptOptions, caps: TemplateCaps, profile: Any) -> PromptOptions:
-    """Requested template options checked against the template, server defaults filled in."""
-    if isinstance(requested, PromptOptions):
-        return requested
-    reasoning = profile.reasoning
-    return resolve_prompt_options(
-        caps, effort=requested.effort, enable=requested.enable, preserve=requested.preserve,
-        thinking_default=reasoning.thinking if requested.thinking_default is None else requested.thinking_default,
-        preserve_default=(reasoning.preserve_thinking if requested.preserve_default is None
-                          else requested.preserve_default),
-        effort_param=requested.effort_param,
-    )
-
-
 def render_prompt(prompt: Prompt, tokenizer: Any, profile: Any, caps: Optional[TemplateCaps] = None) -> Rendered:
-    """Template and tokenize one prompt; a token-id prompt is decoded for its text (blocking)."""
+    """Template and tokenize one prompt; a token-id prompt is decoded for its text (blocking).
+
+    A template that refuses the conversation is the request's fault: a 400 naming
+    ``prompt.param``.
+    """
     if isinstance(prompt, TextPrompt):
         if prompt.token_ids is not None:
             ids = list(prompt.token_ids)
@@ -69,7 +66,7 @@ def render_prompt(prompt: Prompt, tokenizer: Any, profile: Any, caps: Optional[T
             return Rendered(text, ids, prompt.thinking)
         return Rendered(prompt.text or "", tokenizer.encode(prompt.text or ""), prompt.thinking)
     caps = caps if caps is not None else detect_caps(tokenizer.chat_template_source)
-    options = resolve_options(prompt.options, caps, profile)
+    options = resolve_options(prompt.options, caps, profile.reasoning.thinking, profile.reasoning.preserve_thinking)
     try:
         text = tokenizer.apply_chat_template(
             template_messages(prompt.turns), tools=list(prompt.tools) or None,
@@ -113,33 +110,45 @@ def output_guide(req: GenerateRequest, parser: Optional[ToolParser]) -> Optional
 
 
 class Pipeline:
-    """Built once per server from its :class:`ninfer.server.state.ServerState`."""
+    """Built once per server from its :class:`ninfer.server.state.ServerState` (or by ``LLM``)."""
 
-    def __init__(self, state: Any):
-        self.state = state
-        self.tokenizer = state.tokenizer
-        self.profile = state.profile
-        self.caps: TemplateCaps = detect_caps(state.tokenizer.chat_template_source)
-        self.reasoning = reasoning_parser(state)
-        self.tool_parser = tool_parser(state)
+    def __init__(self, host: ModelHost):
+        self.host = host
+        self.tokenizer = host.tokenizer
+        self.profile = host.profile
+        self.caps: TemplateCaps = detect_caps(host.tokenizer.chat_template_source)
+        self.reasoning = reasoning_parser(host)
+        self.tool_parser = tool_parser(host)
 
     def render(self, prompt: Prompt) -> Rendered:
-        """:func:`render_prompt` with this server's tokenizer (blocking: run it off the loop)."""
+        """:func:`render_prompt` with this server's tokenizer (blocking: run it off the loop).
+
+        Count and tokenize endpoints call it too, so a count is the prompt a run gets.
+        """
         return render_prompt(prompt, self.tokenizer, self.profile, self.caps)
 
     def thinking_budget(self, req: GenerateRequest, rendered: Rendered) -> Optional[ThinkingBudget]:
-        return choose_thinking_budget(self.tokenizer, self.reasoning, self.profile, self.state.max_model_len,
+        return choose_thinking_budget(self.tokenizer, self.reasoning, self.profile, self.host.max_model_len,
                                       req, rendered)
 
     # -- one request ----------------------------------------------------------------
-    async def prepare(self, req: GenerateRequest) -> Run:
-        """Everything before generation, off the event loop; errors here are plain HTTP errors."""
-        state = self.state
+    async def prepare(self, req: Lowering) -> Run:
+        """Admission, then everything before generation off the event loop (the server's path).
+
+        ``req`` may be a function that lowers the protocol's body (blocking): it runs in
+        the same worker hop, after admission, so a full server refuses before that work.
+        Errors here are plain HTTP errors.
+        """
+        host = cast(ServingHost, self.host)  # only the server prepares; LLM and the batch runner plan
         if current_ticket() is not None:  # outside an HTTP request a slot is held only while generating
-            state.gate.reserve()  # a full server answers 429 before any preparation work
-        rid = req.request_id or request_id()  # read on the loop: the id lives in the request's context
-        plan = await state.run_blocking(self.plan, req, rid)
-        return Run(state, rid, plan.prompts, plan.requests, plan.choices, req.n)
+            host.gate.reserve()  # the one admission check: 429 / 503 before any preparation work
+        rid = request_id()  # read on the loop: the id lives in the request's context
+        plan = await host.run_blocking(self._lower_and_plan, req, rid)
+        return Run(host, plan.request_id, plan.prompts, plan.requests, plan.choices, plan.n)
+
+    def _lower_and_plan(self, req: Lowering, rid: str) -> Plan:
+        req = req if isinstance(req, GenerateRequest) else req()
+        return self.plan(req, req.request_id or rid)
 
     def plan(self, req: GenerateRequest, rid: str) -> Plan:
         """Render, check, guide and fan out one request (blocking): what every caller runs.
@@ -147,9 +156,10 @@ class Pipeline:
         The server runs it off the loop through :meth:`prepare`; ``LLM`` and the batch
         runner call it directly and feed the engine requests to their own engine loop.
         """
+        max_len = self.host.max_model_len
         rendered = [self.render(p) for p in req.prompts]
         for r in rendered:
-            check_prompt_length(len(r.token_ids), self.state.max_model_len, param=req.prompt_param)
+            check_prompt_length(len(r.token_ids), max_len, param=req.prompt_param)
         params = req.params
         guide = output_guide(req, self.tool_parser)
         if guide is not None:
@@ -159,7 +169,7 @@ class Pipeline:
         requests, choices = [], []
         for i, r in enumerate(rendered):
             if req.fit_max_tokens and params.max_tokens is not None:
-                room = self.state.max_model_len - len(r.token_ids)
+                room = max_len - len(r.token_ids)
                 params = attrs.evolve(params, max_tokens=max(1, min(req.params.max_tokens, room)))
             budget = self.thinking_budget(req, r)
             for j in range(req.n):
@@ -169,25 +179,27 @@ class Pipeline:
                     lora_name=req.lora, sample_index=j, lookup_prefix_cache=req.cache.lookup,
                     commit_prefix_cache=req.cache.commit, commit_generated=req.cache.commit_generated,
                     speculate=req.speculate, proposal=req.proposal))
-                splitter = make_splitter(self.state, r.text, r.tools) if r.options is not None else None
+                splitter = make_splitter(self.host, r.text, r.tools) if r.options is not None else None
                 choices.append(ChoiceProgress(k, splitter))
-        return Plan(rendered, requests, choices)
+        return Plan(rid, rendered, requests, choices, req.n)
 
 
 @attrs.frozen
 class Plan:
     """A request made ready for the engine: its prompts, engine requests and choices (prompt-major)."""
 
+    request_id: str
     prompts: list[Rendered]
     requests: list[EngineRequest]
     choices: list[ChoiceProgress]
+    n: int = 1
 
 
 @attrs.define
 class Run:
     """One prepared request: its engine requests (prompt-major, ``n`` per prompt) and choices."""
 
-    state: Any
+    host: ServingHost
     request_id: str
     prompts: list[Rendered]
     requests: list[EngineRequest]
@@ -200,7 +212,7 @@ class Run:
         Nothing comes before the engine admits the first choice, so a refusal at admission
         is still raised here before any output; an event carrying an error raises it.
         """
-        async with aclosing(generate_all(self.state, self.requests)) as events:
+        async with aclosing(generate_all(self.host, self.requests)) as events:
             async for index, event in events:
                 yield self.choices[index].feed(event)
 

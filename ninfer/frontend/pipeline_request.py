@@ -13,24 +13,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 import attrs
 
 from ninfer.frontend.chat_messages import ChatTurn
-from ninfer.frontend.prompt_options import PromptOptions
+from ninfer.frontend.prompt_options import TemplateOptions
 from ninfer.frontend.tool_guide import ToolRequest
 from ninfer.guided.spec import GuideSpec
 from ninfer.sampling_params import SamplingParams
-
-
-@attrs.frozen
-class TemplateOptions:
-    """A request's thinking switch, effort and history reasoning, before the template checks them."""
-
-    effort: Optional[str] = None
-    enable: Optional[bool] = None
-    preserve: Optional[bool] = None
-    #: the field that spelled ``effort`` (errors name it)
-    effort_param: str = "reasoning_effort"
-    #: overrides of the server's defaults (a stored parent's preserve_thinking, say)
-    thinking_default: Optional[bool] = None
-    preserve_default: Optional[bool] = None
 
 
 @attrs.frozen
@@ -40,8 +26,8 @@ class ChatPrompt:
     turns: Sequence[ChatTurn]
     #: template-shaped function tools: rendered into the prompt, and the only callable ones
     tools: Sequence[dict[str, Any]] = ()
-    #: requested options (checked against the template), or options the protocol resolved itself
-    options: Union[TemplateOptions, PromptOptions] = TemplateOptions()
+    #: requested options, checked against the template when the pipeline renders
+    options: TemplateOptions = TemplateOptions()
     #: leave the last (assistant) message open instead of starting a new turn (a prefill)
     continue_final: bool = False
     #: open the assistant turn after the conversation (False: render the history only)

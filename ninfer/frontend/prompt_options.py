@@ -1,9 +1,11 @@
 """Thinking switch, reasoning effort and history reasoning, resolved against the chat template.
 
 Protocols spell these options differently (Chat's ``reasoning_effort``, Responses'
-``reasoning.effort``, ``enable_thinking`` / ``preserve_thinking`` extensions); each
-adapter extracts its values and hands them to :func:`resolve_prompt_options`, which
-checks them against what the loaded template can do and fills in the server defaults.
+``reasoning.effort``, Anthropic's ``thinking`` and ``output_config.effort``, the
+``enable_thinking`` / ``preserve_thinking`` extensions); each adapter translates its
+spellings into :class:`TemplateOptions`, and :func:`resolve_options` (run by the
+pipeline, once for every protocol) checks them against what the loaded template can do
+and fills in the server defaults.
 """
 
 from __future__ import annotations
@@ -15,8 +17,26 @@ import attrs
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.template_caps import TemplateCaps
 
-#: every effort value of the OpenAI protocols; which ones work depends on the template
+#: every effort value a protocol may pass on; which ones work depends on the template
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+@attrs.frozen
+class TemplateOptions:
+    """A request's thinking switch, effort and history reasoning, before the template checks them."""
+
+    effort: Optional[str] = None
+    enable: Optional[bool] = None
+    preserve: Optional[bool] = None
+    #: the field that spelled ``effort`` (errors name it)
+    effort_param: str = "reasoning_effort"
+    #: True (OpenAI's rule): an effort other than "none" turns thinking on. False
+    #: (Anthropic's): the effort applies only while thinking is on and switches nothing
+    effort_enables: bool = True
+    #: overrides of the server's defaults (a stored parent's preserve_thinking, a prefill
+    #: that is continued without thinking)
+    thinking_default: Optional[bool] = None
+    preserve_default: Optional[bool] = None
 
 
 @attrs.frozen
@@ -40,43 +60,44 @@ def pick_spelling(values: dict[str, Any], key: str) -> Optional[bool]:
     return next(iter(given.values()), None)
 
 
-def resolve_prompt_options(
-    caps: TemplateCaps,
-    *,
-    effort: Optional[str],
-    enable: Optional[bool],
-    preserve: Optional[bool],
-    thinking_default: bool,
-    preserve_default: bool,
-    effort_param: str = "reasoning_effort",
-) -> PromptOptions:
-    """Check the request's options against the template; unset ones take the server defaults.
+def _check_effort(asked: TemplateOptions, caps: TemplateCaps) -> None:
+    effort, param = asked.effort, asked.effort_param
+    if effort not in EFFORTS:
+        raise InvalidRequestError(f"{param} must be one of {', '.join(EFFORTS)}", param=param)
+    if effort != "none" and effort not in caps.efforts:
+        offered = (*(("none",) if asked.effort_enables else ()), *caps.efforts)  # "none" switches thinking off
+        what = f"it offers: {', '.join(offered)}" if offered else "it offers no effort levels"
+        raise InvalidRequestError(
+            f"{param} {effort!r} is not offered by the loaded chat template ({what})",
+            param=param, code="reasoning_effort_not_supported",
+        )
 
-    ``effort`` "none" turns thinking off; other efforts must be offered by the template.
+
+def resolve_options(asked: TemplateOptions, caps: TemplateCaps, thinking_default: bool,
+                    preserve_default: bool) -> PromptOptions:
+    """Check the request's options against the template; unset ones take the defaults
+    (the request's overrides first, then the server's ``thinking_default`` / ``preserve_default``).
+
     A template without a thinking switch renders the same prompt whatever the request
-    says, so the server default decides its thinking mode.
+    says, so the default decides its thinking mode.
     """
-    if effort is not None:
-        if effort not in EFFORTS:
-            raise InvalidRequestError(f"{effort_param} must be one of {', '.join(EFFORTS)}", param=effort_param)
-        if effort != "none" and effort not in caps.efforts:
-            offered = ", ".join(("none", *caps.efforts))
-            raise InvalidRequestError(
-                f"{effort_param} {effort!r} is not offered by the loaded chat template (it offers: {offered})",
-                param=effort_param, code="reasoning_effort_not_supported",
-            )
-        if enable is not None and enable != (effort != "none"):
-            raise InvalidRequestError(f"{effort_param} {effort!r} contradicts enable_thinking={str(enable).lower()}",
-                                      param=effort_param, code="conflicting_template_option")
-        enable = effort != "none"
-    if preserve and not caps.preserve_thinking:
+    enable = asked.enable
+    if asked.effort is not None:
+        _check_effort(asked, caps)
+        if asked.effort_enables:
+            if enable is not None and enable != (asked.effort != "none"):
+                raise InvalidRequestError(
+                    f"{asked.effort_param} {asked.effort!r} contradicts enable_thinking={str(enable).lower()}",
+                    param=asked.effort_param, code="conflicting_template_option")
+            enable = asked.effort != "none"
+    if asked.preserve and not caps.preserve_thinking:
         raise UnsupportedFeatureError("preserve_thinking: the loaded chat template cannot keep earlier turns' "
                                       "reasoning", param="preserve_thinking")
-    return PromptOptions(
-        thinking=enable if enable is not None and caps.enable_thinking else thinking_default,
-        preserve_thinking=preserve_default if preserve is None else preserve,
-        effort=effort if effort not in (None, "none") else None,
-    )
+    default = thinking_default if asked.thinking_default is None else asked.thinking_default
+    thinking = enable if enable is not None and caps.enable_thinking else default
+    preserve = preserve_default if asked.preserve_default is None else asked.preserve_default
+    effort = asked.effort if asked.effort != "none" and (asked.effort_enables or thinking) else None
+    return PromptOptions(thinking, preserve if asked.preserve is None else asked.preserve, effort)
 
 
 def template_kwargs(options: PromptOptions, caps: TemplateCaps) -> dict[str, Any]:

@@ -28,8 +28,6 @@ class TemplateCaps:
     preserve_thinking: bool = False
     efforts: tuple[str, ...] = ()
     default_effort: str | None = None
-    #: the template mentions the ``<think>`` marker at all (a reasoning model's template)
-    thinks: bool = False
 
 
 @lru_cache(maxsize=16)
@@ -52,7 +50,6 @@ def detect_caps(source: str) -> TemplateCaps:
         preserve_thinking="preserve_thinking" in read,
         efforts=tuple(efforts),
         default_effort=default,
-        thinks="<think>" in source,
     )
 
 

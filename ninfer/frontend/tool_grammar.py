@@ -36,9 +36,11 @@ from ninfer.guided.schema_patterns import PatternError, schema_with_rust_pattern
 from ninfer.guided.spec import GuideSpec
 
 MODES = ("auto", "required")
-#: JSON inside calls is written the way Qwen writes it, compact but spaced, and bounded
-#: (no runs of free whitespace a weak model could loop on); the backend lays out JSON
-#: guides the same way
+#: JSON inside calls and answers: one layout, bounded (no runs of free whitespace a weak
+#: model could loop on). Generic, not one format's: it is ``json.dumps``' and so Jinja's
+#: ``tojson`` layout, which chat templates render call arguments with and models learn;
+#: the guided backend lays out plain JSON guides the same way. A format that writes JSON
+#: differently puts its own ``x-guidance`` in the schema it embeds, which wins.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 #: the param of a whole tool grammar (each piece is checked on its own first, with its own param)
 GRAMMAR_PARAM = "tools"

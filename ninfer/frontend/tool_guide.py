@@ -8,7 +8,7 @@ that constrains nothing gets no guide at all: plain tool use stays as fast as be
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import attrs
 
@@ -16,6 +16,9 @@ from ninfer.capabilities import ToolParser
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.guided.spec import GuideSpec
+
+if TYPE_CHECKING:
+    from ninfer.frontend.host import ModelHost
 
 
 @attrs.frozen
@@ -34,10 +37,10 @@ class ToolRequest:
     parallel_param: str = "parallel_tool_calls"
 
 
-def tool_parser(state: Any) -> Optional[ToolParser]:
+def tool_parser(host: ModelHost) -> Optional[ToolParser]:
     """The tool parser that reads this server's output (the profile's choice, else the family's)."""
-    name = state.profile.tools.parser or getattr(state.family, "tool_parser", None)
-    return state.registry.get("tool_parser", name, key="tools.parser") if name else None
+    name = host.profile.tools.parser or getattr(host.family, "tool_parser", None)
+    return host.registry.get("tool_parser", name, key="tools.parser") if name else None
 
 
 def _needs_grammar(req: ToolRequest, answer: Optional[GuideSpec]) -> Optional[str]:

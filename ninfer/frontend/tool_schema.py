@@ -1,7 +1,7 @@
 """Declared tools and how a parameter's schema types the text a model wrote for it.
 
-Qwen's XML call format carries every argument as untyped text. The tool's JSON schema
-only guides conversion of that text; it never decides whether markup is a call, and
+Some call formats carry every argument as untyped text (Qwen's XML calls do). The tool's
+JSON schema only guides conversion of that text; it never decides whether markup is a call, and
 nothing here validates a value against the schema beyond its top-level type.
 """
 

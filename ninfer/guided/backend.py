@@ -27,6 +27,15 @@ class GuideMatcher(Protocol):
     def get_error(self) -> str:
         """Why the matcher failed ("" while it has not)."""
 
+    # Speculative decoding looks ahead through a round's drafts and comes back:
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many leading ``token_ids`` the guide would accept in turn (nothing is consumed)."""
+
+    def rollback(self, num_tokens: int) -> bool:
+        """Undo the last ``num_tokens`` consumed tokens (end-of-sequence consumed once the
+        guide had stopped is not one of them)."""
+
 
 class GuideCompiler(Protocol):
     name: str

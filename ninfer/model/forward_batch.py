@@ -16,20 +16,18 @@ class VerifyRows:
     """The speculative verify rows at the head of a batch, for layers with recurrent state.
 
     The first ``num_seqs`` sequences of the batch each bring ``width`` rows (the last
-    committed token, then the drafts), laid out sequence-major. A recurrent layer runs
-    them position by position as decode steps: step ``t`` first copies each sequence's
-    state row ``src_slots[t]`` to ``dst_slots[t]`` and then advances it there, so the
-    state after every position survives in its own scratch row and rejecting drafts is
-    a copy back, never a recomputation. ``steps[t]`` is the decode batch of step ``t``
-    (one token per sequence, state slots ``dst_slots[t]``); ``rest`` the batch of the
-    sequences after them (prefill chunks; None when there are none).
+    committed token, then the drafts), laid out sequence-major; ``head`` is the batch of
+    those sequences alone (their working state slots). A recurrent layer advances each
+    sequence through its rows from its working slot, which it leaves untouched, and
+    writes the state after position ``t`` to scratch row ``position_rows[i, t]``, so
+    rejecting drafts is a copy back, never a recomputation. ``rest`` is the batch of the
+    sequences after them (other decode rows, prefill chunks; None when there are none).
     """
 
     num_seqs: int
     width: int
-    src_slots: list[torch.Tensor]  # per step: int64 [num_seqs]
-    dst_slots: list[torch.Tensor]
-    steps: list["ForwardBatch"]
+    head: "ForwardBatch"
+    position_rows: torch.Tensor  # int64 [num_seqs, width]
     rest: Optional["ForwardBatch"] = None
 
     @property

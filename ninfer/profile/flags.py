@@ -57,6 +57,17 @@ def _convert(parse: Parser) -> Callable[[str], Any]:
     return convert
 
 
+class _Joined(argparse.Action):
+    """Space-separated values, each maybe comma-separated, as one list; ``null`` alone clears it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values == [None]:
+            setattr(namespace, self.dest, None)
+            return  # a null among names stays text, which the NAME=PATH check refuses
+        setattr(namespace, self.dest, [item for v in values for item in (v if v is not None else [NULL_WORD])])
+
+
 def _default_text(field: attrs.Attribute, o: Opt) -> str:
     if o.default_text is not None:
         return o.default_text
@@ -81,6 +92,9 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         common: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS, "help": help_text}
         if isinstance(o.parse, Bool):
             groups[section].add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, **common)
+        elif o.spaced:
+            groups[section].add_argument(f"--{flag}", type=_convert(o.parse), metavar=o.metavar, nargs="+",
+                                         action=_Joined, **common)
         else:
             groups[section].add_argument(f"--{flag}", type=_convert(o.parse), metavar=o.metavar, **common)
 

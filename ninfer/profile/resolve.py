@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
 
-from ninfer.profile.schema import GUIDED_OFF, Profile
+from ninfer.profile.schema import GUIDED_OFF, Media, Profile
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -14,6 +15,10 @@ if TYPE_CHECKING:
 HOST_STATE_SLOTS = 8
 HOST_KV_MIB = 8192
 LONG_ANCHORS_PER_CONTINUATION = 2
+#: media sizing options: meaningless until image and video input exists
+MEDIA_BUDGETS = ("media_cache_mib", "media_live_mib", "media_preprocess_threads")
+#: context-cache descriptor limits, accepted for the spec's sake but not used yet
+DESCRIPTOR_LIMITS = ("max_private_continuations", "max_shared_prefixes", "max_long_anchors_per_continuation")
 
 
 def resolve(profile: Profile) -> Profile:
@@ -73,7 +78,14 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
                 errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
         if kind == "speculative_backend" and profile.speculative.lm_head_draft and not obj.lm_head_draft:
             errors.append(f"speculative.lm_head_draft: the {name} backend drafts without an LM head")
-    return errors + _unavailable(profile, registry)
+    return errors + _unavailable(profile, registry) + _missing_adapters(profile)
+
+
+def _missing_adapters(profile: Profile) -> list[str]:
+    """LoRA adapters whose path is absent: refused before the model loads (the files are read at load)."""
+    items = (item.partition("=") for item in profile.server.lora_modules or ())
+    return [f"server.lora_modules: the adapter {name!r}: {path}: no such adapter directory or file"
+            for name, _, path in items if path and not Path(path).exists()]
 
 
 def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
@@ -81,8 +93,24 @@ def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
     errors = []
     if profile.media.vision:
         errors.append("media.vision: image and video input is not available in this build yet")
+    defaults = Media()
+    for name in MEDIA_BUDGETS:
+        if getattr(profile.media, name) != getattr(defaults, name):
+            errors.append(f"media.{name}: this build prepares no media (image and video input is not available "
+                          "yet), so there is nothing to size")
     if profile.logging.request_log_jsonl is not None:
         errors.append("logging.request_log_jsonl: the structured request log is not available in this build yet")
     if profile.engine.context_cost_presets is not None:
         errors.append("engine.context_cost_presets: this build has no context-cost planner to configure")
     return errors
+
+
+def not_honoured(given: Profile) -> list[str]:
+    """Options accepted but not acted on yet, as ``key.path: ...`` warnings.
+
+    ``given`` is the profile before :func:`resolve`, so only values the user set are
+    named (resolution fills derived defaults in for every profile).
+    """
+    return [f"cache.{name}: accepted but not honoured yet: the context cache keeps no per-continuation or "
+            "shared-prefix descriptors, so every published page is reusable and evicted LRU"
+            for name in DESCRIPTOR_LIMITS if getattr(given.cache, name) is not None]

@@ -41,6 +41,8 @@ class Opt:
     metavar: str | None = None
     #: help wording for a default that is not a literal (e.g. derived from another key)
     default_text: str | None = None
+    #: a list flag that also takes space-separated values (vLLM's ``--lora-modules a=/p b=/q``)
+    spaced: bool = False
 
 
 def opt(default: Any, parse: Parser, help: str, **kw: Any) -> Any:
@@ -66,8 +68,8 @@ class Server:
     protocols: list[str] | None = opt(None, Optional(Names()), "protocol adapters to serve (comma-separated)",
                                       metavar="NAME,...", default_text="every installed protocol")
     lora_modules: list[str] | None = opt(None, Optional(Names()), "PEFT LoRA adapters to serve, NAME=PATH "
-                                         "(comma-separated); a request's model picks one by NAME",
-                                         metavar="NAME=PATH,...", default_text="none")
+                                         "(space- or comma-separated); a request's model picks one by NAME",
+                                         metavar="NAME=PATH", default_text="none", spaced=True)
 
 
 @attrs.frozen
@@ -80,7 +82,7 @@ class Engine:
                                         metavar="N|auto", default_text="follows --max-context")
     max_concurrency: int = opt(1, Int(1, 8), "requests decoded together", metavar="N")
     prefill_chunk: int = opt(1024, _POS, "prompt tokens computed per prefill step", metavar="N")
-    kv_dtype: str = opt("bf16", Str(), "KV-cache format, a kv_dtype plugin (bf16, int8, fp8, nvfp4, k8v4, ...)",
+    kv_dtype: str = opt("bf16", Str(), "KV-cache format, a kv_dtype plugin (built in: bf16)",
                         metavar="NAME")
     cuda_graph: bool = opt(True, Bool(), "replay decode steps from CUDA graphs")
     decode_ahead: bool = opt(True, Bool(), "on CUDA, queue each decode step before the previous one's tokens "
@@ -102,20 +104,22 @@ class Cache:
                                        default_text="8")
     host_kv_mib: int | None = opt(None, Optional(_NAT), "pinned host memory for retained KV pages, in MiB",
                                   metavar="N", default_text="8192")
-    max_private_continuations: int | None = opt(None, Optional(_NAT), "private continuation entries",
+    max_private_continuations: int | None = opt(None, Optional(_NAT), "private continuation entries (accepted, not "
+                                                "honoured yet)",
                                                 metavar="N", default_text="2 x --max-concurrency")
-    max_shared_prefixes: int | None = opt(None, Optional(_NAT), "shared stable-prefix entries", metavar="N",
+    max_shared_prefixes: int | None = opt(None, Optional(_NAT), "shared stable-prefix entries (accepted, not "
+                                          "honoured yet)", metavar="N",
                                           default_text="max(--max-concurrency, 4)")
     max_long_anchors_per_continuation: int | None = opt(None, Optional(_NAT), "long anchors kept per "
-                                                        "continuation", metavar="N", default_text="2")
+                                                        "continuation (accepted, not honoured yet)", metavar="N", default_text="2")
 
 
 @attrs.frozen
 class Speculative:
     backend: str | None = opt(None, Optional(Str()), "speculative decoder, a speculative_backend plugin "
-                              "(mtp, dflash, dflash2, ...)", flag="spec", metavar="NAME", default_text="off")
-    draft_tokens: int | None = opt(None, Optional(_POS), "tokens drafted per round (mtp 1..5, dflash and "
-                                   "dflash2 1..15); needs --spec", metavar="N", default_text="unset")
+                              "(built in: mtp, ngram)", flag="spec", metavar="NAME", default_text="off")
+    draft_tokens: int | None = opt(None, Optional(_POS), "tokens drafted per round (mtp 1..5, ngram "
+                                   "1..15; a plugin declares its own range); needs --spec", metavar="N", default_text="unset")
     lm_head_draft: bool = opt(False, Bool(), "draft over a frequency-ranked shortlist of the vocabulary "
                               "(lm_head_shortlist.json beside the checkpoint); verification keeps the full head")
     lm_head_draft_size: int = opt(32768, _POS, "vocabulary entries the LM-head draft scores, most frequent first",
@@ -164,11 +168,14 @@ class Guided:
 
 @attrs.frozen
 class Media:
-    vision: bool = opt(False, Bool(), "accept image and video input (loads the vision tower)")
-    media_cache_mib: int = opt(1024, _NAT, "prepared media kept for reuse, in MiB; 0 keeps none", metavar="N")
-    media_live_mib: int = opt(2048, _POS, "all prepared media alive at once, in MiB", metavar="N")
-    media_preprocess_threads: int = opt(0, _NAT, "media preparation workers; 0 picks up to 16 from the CPU "
-                                        "count", metavar="N")
+    vision: bool = opt(False, Bool(), "accept image and video input (not in this build "
+                       "yet: refused)")
+    media_cache_mib: int = opt(1024, _NAT, "prepared media kept for reuse, in MiB (only the "
+                               "default is accepted until media input exists)", metavar="N")
+    media_live_mib: int = opt(2048, _POS, "all prepared media alive at once, in MiB (only the "
+                              "default is accepted until media input exists)", metavar="N")
+    media_preprocess_threads: int = opt(0, _NAT, "media preparation workers (only the default, 0, is "
+                                        "accepted until media input exists)", metavar="N")
 
 
 @attrs.frozen

@@ -1,24 +1,32 @@
-"""Strict request bodies: JSON types are checked as sent, with no coercion.
+"""Request bodies: read by the handler, decoded strictly, and off the event loop when large.
 
-A handler's ``data`` parameter documents the body in the OpenAPI schema, but Litestar
-decodes it leniently: ``"5"`` becomes 5, ``5.0`` becomes 5 and ``1`` becomes true.
-OpenAI rejects all three, and a client sending them has a bug worth surfacing, so
-protocols re-check the same parsed JSON (Litestar caches it) with :func:`strict_body`:
-integers must be JSON integers, booleans JSON booleans, strings JSON strings; a float
-field still takes an integer. A mismatch is a 400 naming the field (see
-:func:`ninfer.server.errors.handle_decode_error`).
+Handlers take the raw body instead of a Litestar ``data`` parameter for two reasons.
+Litestar decodes leniently (``"5"`` becomes 5, ``1`` becomes true), where OpenAI
+rejects both and a client sending them has a bug worth surfacing: msgspec decodes with
+``strict`` types, a float field still taking an integer, and a mismatch is a 400 naming
+the field (:func:`ninfer.server.errors.handle_decode_error`). And Litestar would decode
+on the event loop: a 20 MB body of small messages takes seconds to decode and check,
+during which /health and every other stream would stall, so :func:`parse_body` runs a
+large body's decoding and checks in a worker thread. Routes document the body they
+decode with :func:`ninfer.server.openapi.body_operation`.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+import asyncio
+from typing import Callable, TypeVar
 
-import msgspec
 from litestar import Request
 
 T = TypeVar("T")
 
+#: bodies from this size on are parsed in a worker thread; smaller ones cost less than the hop
+OFF_LOOP_BYTES = 1 << 20
 
-async def strict_body(request: Request, type_: type[T]) -> T:
-    """The request's JSON body as ``type_``; raises ``msgspec.ValidationError`` on a wrong type."""
-    return msgspec.convert(await request.json(), type_, strict=True)
+
+async def parse_body(request: Request, parse: Callable[[bytes], T]) -> T:
+    """``parse(body)``: the protocol's decoding and checks, off the event loop for a large body."""
+    body = await request.body()
+    if len(body) < OFF_LOOP_BYTES:
+        return parse(body)
+    return await asyncio.to_thread(parse, body)

@@ -1,9 +1,10 @@
-"""What the OpenAPI document needs beyond Litestar's defaults: our error bodies and event streams.
+"""What the OpenAPI document needs beyond Litestar's defaults: bodies, error bodies, event streams.
 
 Litestar documents a handler's JSON result and its own validation-error shape; ninfer
 answers errors in OpenAI's shape (:mod:`ninfer.server.errors`) and, on request, with
-server-sent events. Routes declare both with the helpers here, so the document says
-what is actually sent.
+server-sent events, and its handlers decode their bodies themselves
+(:mod:`ninfer.server.body`), which Litestar cannot see. Routes declare all three with
+the helpers here, so the document says what is actually sent and accepted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
 
 DONE = "[DONE]"
 
@@ -71,14 +72,34 @@ def self_contained_schema(*types: Any) -> dict[str, Any]:
     return inlined[0] if len(inlined) == 1 else {"anyOf": inlined}
 
 
-def event_stream_operation(*payloads: Any, done: Optional[str] = DONE) -> type[Operation]:
+def _json_body(kind: Any) -> RequestBody:
+    # A plain JSON schema: Litestar writes dicts into the document as they are.
+    media = OpenAPIMediaType(schema=self_contained_schema(kind))  # type: ignore[arg-type]
+    return RequestBody(content={"application/json": media}, required=True)
+
+
+def body_operation(kind: Any) -> type[Operation]:
+    """An ``operation_class`` documenting a JSON body of type ``kind`` that the handler decodes itself."""
+    body = _json_body(kind)
+
+    @dataclass
+    class BodyOperation(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = body
+
+    return BodyOperation
+
+
+def event_stream_operation(*payloads: Any, done: Optional[str] = DONE, body: Any = None) -> type[Operation]:
     """An ``operation_class`` whose 200 response may also be ``text/event-stream``.
 
     Each event's ``data`` is the JSON of one of ``payloads`` or the literal ``done``
     marker. OpenAPI 3.1 has no field for the items of a stream (3.2 adds
     ``itemSchema``); the media type's schema describes one event, which is how
-    validators such as schemathesis read it.
+    validators such as schemathesis read it. ``body``: the JSON body's type, as
+    :func:`body_operation` documents it.
     """
+    request_body = _json_body(body) if body is not None else None
     data: dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
                             "contentSchema": self_contained_schema(*payloads)}
     if done is not None:
@@ -89,6 +110,8 @@ def event_stream_operation(*payloads: Any, done: Optional[str] = DONE) -> type[O
     @dataclass
     class EventStreamOperation(Operation):
         def __post_init__(self) -> None:
+            if request_body is not None:
+                self.request_body = request_body
             ok = (self.responses or {}).get("200")
             if isinstance(ok, OpenAPIResponse):
                 # A plain JSON schema: Litestar writes dicts into the document as they are.

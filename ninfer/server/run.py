@@ -230,7 +230,7 @@ def build_state(profile: Any, registry: Any) -> ServerState:
                          pending_timeout_s=profile.server.pending_timeout_ms / 1000)
     return ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
                        family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
-                       gate=gate, loras=tuple(loras))
+                       vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras))
 
 
 def run(profile: Any, registry: Any) -> None:

@@ -1,32 +1,43 @@
 """What every protocol adapter gets: the engine, the tokenizer, and the server's rules.
 
 Protocol plugins receive one :class:`ServerState` in ``Protocol.routes(state)`` and
-close over it in their handlers (no global service locator).
+close over it in their handlers (no global service locator). It is the pipeline's
+:class:`ninfer.frontend.host.ServingHost`; what a protocol needs of the model (its
+vocabulary size, say) is a field here, so no protocol reaches into the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, TypeVar
 
 from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import InvalidRequestError, NotFoundError
+
+if TYPE_CHECKING:
+    from ninfer.model.family import ModelFamily
+    from ninfer.plugins import PluginRegistry
+    from ninfer.profile.schema import Profile
+    from ninfer.server.admission import AdmissionGate
+    from ninfer.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
 
 @dataclass
 class ServerState:
-    profile: Any  # resolved ninfer.profile.Profile
-    registry: Any  # ninfer.plugins.PluginRegistry
+    profile: Profile  # resolved
+    registry: PluginRegistry
     engine: AsyncEngine
-    tokenizer: Any  # ninfer.tokenizer.Tokenizer
-    family: Any  # ninfer.model.family.ModelFamily
+    tokenizer: Tokenizer
+    family: Optional[ModelFamily]
     model_id: str
     max_model_len: int
-    gate: Any  # ninfer.server.admission.AdmissionGate
+    #: token ids a request may name (logit_bias, token-id prompts) are below this
+    vocab_size: int
+    gate: AdmissionGate
     extras: dict[str, Any] = field(default_factory=dict)  # per-protocol shared objects
     #: the LoRA adapters served beside the base model (``--lora-modules``), by name
     loras: tuple[str, ...] = ()

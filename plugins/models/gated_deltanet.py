@@ -122,16 +122,14 @@ class GatedDeltaNet(nn.Module):
         )
 
     def _verify(self, proj: torch.Tensor, rows) -> torch.Tensor:
-        """Speculative verify rows position by position (see
+        """Speculative verify rows, each position's state to its own scratch row (see
         :class:`ninfer.model.forward_batch.VerifyRows`), then the rest of the batch."""
         n = rows.num_rows
         out = proj.new_empty(proj.shape[0], self.value_dim)
-        head = proj[:n].view(rows.num_seqs, rows.width, -1)
-        out_head = out[:n].view(rows.num_seqs, rows.width, -1)
-        for t in range(rows.width):
-            for state in (self.conv_state, self.ssm_state):
-                state.index_copy_(0, rows.dst_slots[t], state.index_select(0, rows.src_slots[t]))
-            out_head[:, t] = self._decode(head[:, t].contiguous(), rows.steps[t])
+        out[:n] = ops.gated_delta_verify(
+            proj[:n], self.conv1d.weight[:, 0], self.conv_state, self.ssm_state, self.A_log, self.dt_bias,
+            self.norm.weight, self.norm.eps, self.num_k_heads, self.head_k_dim, rows.head, rows.position_rows,
+        )
         if rows.rest is not None:
             out[n:] = self._chunks(proj[n:], rows.rest)
         return out

@@ -36,6 +36,9 @@ class SpeculativeRounds:
             limit = min(self.config.draft_tokens, room)
             if limit > 0:
                 proposed = self.proposer.propose(seq, limit)[:limit]
+                guided = self._requests[seq.request_id].guided
+                if guided is not None:  # proposers know nothing of guides: cut where the guide must
+                    proposed = proposed[: guided.verifiable(proposed)]
                 if proposed:
                     drafts[seq.seq_id] = proposed
         return drafts
@@ -49,13 +52,15 @@ class SpeculativeRounds:
         return {k: v for k, v in found.items() if v is not None} or None
 
     def _may_speculate(self, seq: Sequence) -> bool:
-        """Rows whose next tokens depend on host-side state each step (a guide, a thinking
-        budget, log probabilities) decode plainly, as does a request that opted out."""
+        """Rows whose next tokens depend on host-side state each step (a thinking budget,
+        log probabilities) decode plainly, as does a request that opted out. Guided rows
+        speculate in reasoning and once the guide is active: their drafts are cut where the
+        guide must stop them, and each verify row is masked by the guide's state there."""
         tracked = self._requests.get(seq.request_id)
         return (
             tracked is not None
             and tracked.req.speculate
-            and tracked.guided is None
+            and (tracked.guided is None or tracked.guided.may_speculate)
             and tracked.budget is None
             and seq.sampling.logprobs is None
             and seq.seq_id not in self._prompt_logprobs
@@ -81,6 +86,12 @@ class SpeculativeRounds:
                 if out.finished:
                     self.scheduler.finish(seq, out.finish_reason)
                     return self._final_event(tracked, text, committed)
+            # Drafts stop before a reasoning close marker, so only the round's last token can
+            # close reasoning; the separator then follows unsampled, as after a plain step.
+            text += self._after_sampled(tracked, committed)
+            if out.finished:
+                self.scheduler.finish(seq, out.finish_reason)
+                return self._final_event(tracked, text, committed)
             self.scheduler.commit(seq)
             return self._event(tracked, text, committed)
         except Exception as exc:  # one request's processing failed: fail it alone

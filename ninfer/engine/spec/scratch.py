@@ -4,13 +4,13 @@ Attention KV needs no undo: a rejected position's entry lies past the sequence's
 computed length, is never read and is overwritten by the next round. Recurrent state
 (Gated DeltaNet's conv history and delta-rule matrices) is different, since every token
 folds into it. A verify step therefore never advances a sequence's working slot: each
-of its ``width`` positions advances a scratch row of its own (position ``t`` starts
-from a copy of position ``t - 1``'s row; see
-:class:`ninfer.model.forward_batch.VerifyRows`). Once the host knows how many drafts
-were accepted, :meth:`VerifyScratch.settle` copies the row of the last accepted
-position back into the working slot. This costs one state copy per position and no
-recomputation, and the state after any accepted prefix is exactly the one plain decode
-would have reached (the same decode kernel advances it).
+layer runs the sequence's ``width`` positions in one pass from the working slot and
+stores the state after position ``t`` in a scratch row of its own (see
+:class:`ninfer.model.forward_batch.VerifyRows` and ``gated_delta_verify`` in the
+kernels). Once the host knows how many drafts were accepted, :meth:`VerifyScratch.settle`
+copies the row of the last accepted position back into the working slot. This costs one
+state write per position and no recomputation, and the state after any accepted prefix
+is exactly the one plain decode would have reached (the same arithmetic advances it).
 
 Scratch rows live after the working slots and the snapshot rows in the model's state
 pools; each working slot owns ``width`` consecutive rows, and one last row takes the
@@ -22,6 +22,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from ninfer_kernels import ops
+
+from ninfer.engine.sampling_metadata import to_device
 
 
 class VerifyScratch:
@@ -49,7 +52,5 @@ class VerifyScratch:
         if not slots:
             return
         device = self._pools[0].device
-        src = torch.tensor([self.row(s, p) for s, p in zip(slots, positions)], dtype=torch.int64, device=device)
-        dst = torch.tensor(list(slots), dtype=torch.int64, device=device)
-        for pool in self._pools:
-            pool.index_copy_(0, dst, pool.index_select(0, src))
+        src = to_device([self.row(s, p) for s, p in zip(slots, positions)], torch.int64, device)
+        ops.copy_state_rows(self._pools, src, to_device(list(slots), torch.int64, device))

@@ -1,22 +1,22 @@
 """Verify steps replayed from CUDA graphs: one captured forward per batch bucket.
 
-A verify step has the decode step's shape problem, more so: ``width`` (1 + the draft
-count) rows per sequence through every layer, and for hybrid families ``width`` decode
-passes of every recurrent layer with their state copies. Eagerly that is thousands of
-launches; captured, one replay. Graphs exist for one width (the engine's
-``draft_tokens + 1``) and the decode buckets up to ``max_batch`` sequences; a step whose
-rows are all verify rows of that width, without LoRA or prompt log probabilities,
-replays the smallest bucket that holds it (other steps run eagerly).
+A verify step has the decode step's shape problem: ``width`` (1 + the draft count) rows
+per sequence through every layer, hundreds of small launches eagerly; captured, one
+replay. Graphs exist for one width (the engine's ``draft_tokens + 1``) and the decode
+buckets up to ``max_batch`` sequences; a step whose rows are all verify rows of that
+width, without LoRA or prompt log probabilities, replays the smallest bucket that holds
+it (other steps run eagerly).
 
 The static inputs: ``width`` token ids, positions and KV slots per sequence, one context
-length and block table per sequence, and for recurrent state the per-position source
-and destination rows (:class:`ninfer.engine.spec.scratch.VerifyScratch`). Padding
-sequences write no KV (slot -1), keep a context of ``width`` keys, and copy and advance
-their state in the scratch pool's trash row.
+length and block table per sequence, and for recurrent state the working slot and the
+per-position scratch rows (:class:`ninfer.engine.spec.scratch.VerifyScratch`). Padding
+sequences write no KV (slot -1), keep a context of ``width`` keys (so they start from
+zero state), and write their states to the scratch pool's trash row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import torch
@@ -46,9 +46,7 @@ class VerifyGraphs:
         if scratch is not None:
             trash = scratch.trash_row
             self.state_slots = torch.full((n,), trash, **i64)
-            self.src = torch.full((w, n), trash, **i64)
-            self.dst = torch.full((w, n), trash, **i64)
-            self.step_lens = torch.arange(1, w + 1, **i64)[:, None].repeat(1, n)
+            self.position_rows = torch.full((n, w), trash, **i64)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
 
@@ -64,17 +62,8 @@ class VerifyGraphs:
         )
         if self.scratch is not None:
             batch.state_slots = self.state_slots[:bs]
-            steps = [
-                ForwardBatch(
-                    query_start=self.step_start[: bs + 1], seq_lens=self.step_lens[t, :bs],
-                    block_tables=batch.block_tables, slot_mapping=batch.slot_mapping, logits_indices=self.rows[:bs],
-                    block_size=self.block_size, max_query_len=1, max_seq_len=self.max_context,
-                    query_lens_host=[1] * bs, seq_lens_host=[n - w + t + 1 for n in lens], state_slots=self.dst[t, :bs],
-                )
-                for t in range(w)
-            ]
-            batch.verify = VerifyRows(bs, w, [self.src[t, :bs] for t in range(w)],
-                                      [self.dst[t, :bs] for t in range(w)], steps)
+            head = dataclasses.replace(batch)  # every sequence is a verify row (padding included)
+            batch.verify = VerifyRows(bs, w, head, self.position_rows[:bs])
         return batch
 
     def capture(self) -> None:
@@ -90,6 +79,10 @@ class VerifyGraphs:
 
     def replay(self, bucket: int) -> None:
         self._graphs[bucket].replay()
+
+    def output(self, bucket: int) -> torch.Tensor:
+        """The hidden rows bucket ``bucket`` writes when replayed (``width`` per sequence)."""
+        return self._hidden[bucket]
 
     def run(self, token_ids: Sequence[int], starts: Sequence[int], block_tables: Sequence[Sequence[int]],
             state_slots: Optional[Sequence[int]] = None) -> torch.Tensor:
@@ -131,19 +124,10 @@ class VerifyGraphs:
         self.seq_lens[:num].copy_(pos[:, -1] + 1, non_blocking=True)
         self.block_tables[:bs, :width].copy_(table.to(dev, torch.int32), non_blocking=True)
         if self.scratch is not None:
-            trash = self.scratch.trash_row
-            rows = torch.full((w, bs), trash, dtype=torch.int64)
-            src = rows.clone()
-            slots_t = torch.tensor(list(state_slots), dtype=torch.int64)
-            for t in range(w):
-                rows[t, :num] = torch.tensor([self.scratch.row(s, t) for s in state_slots])
-            src[0, :num] = slots_t
-            src[1:, :num] = rows[:-1, :num]
-            self.dst[:, :bs].copy_(rows, non_blocking=True)
-            self.src[:, :bs].copy_(src, non_blocking=True)
-            lens = torch.arange(1, w + 1)[:, None].repeat(1, bs)
-            lens[:, :num] += torch.tensor(starts, dtype=torch.int64)
-            self.step_lens[:, :bs].copy_(lens, non_blocking=True)
-            self.state_slots[:bs].fill_(trash)
-            self.state_slots[:num].copy_(slots_t, non_blocking=True)
+            rows = torch.full((bs, w), self.scratch.trash_row, dtype=torch.int64)
+            for i, s in enumerate(state_slots):
+                rows[i] = torch.tensor([self.scratch.row(s, t) for t in range(w)])
+            self.position_rows[:bs].copy_(rows, non_blocking=True)
+            self.state_slots[:bs].fill_(self.scratch.trash_row)
+            self.state_slots[:num].copy_(torch.tensor(list(state_slots), dtype=torch.int64), non_blocking=True)
         return bs

@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from ninfer.engine.sampling_metadata import TokenMask, to_device
 from ninfer.engine.spec.acceptance import Verdict, verify
 from ninfer.engine.spec.distribution import bonus_rows, processed_distribution, verify_metadata
 from ninfer.engine.spec.scratch import VerifyScratch
@@ -43,22 +44,16 @@ def verify_rows_for(
     if scratch is None or scratch.width < width:
         raise RuntimeError("a verify step of a model with recurrent state needs scratch rows for its width")
     dev = batch.seq_lens.device
-    head = list(slots[:num_seqs])
-    starts = [batch.seq_lens_host[i] - width for i in range(num_seqs)]  # tokens computed before the round
-    src, dst, steps = [], [], []
-    previous = head
-    for t in range(width):
-        rows = [scratch.row(s, t) for s in head]
-        src.append(torch.tensor(previous, dtype=torch.int64, device=dev))
-        dst.append(torch.tensor(rows, dtype=torch.int64, device=dev))
-        lens = [s + t + 1 for s in starts]
-        steps.append(dataclasses.replace(
-            batch, query_start=torch.arange(num_seqs + 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev), max_query_len=1, max_seq_len=max(lens),
-            query_lens_host=[1] * num_seqs, seq_lens_host=lens, state_slots=dst[-1], verify=None, lora=None,
-        ))
-        previous = rows
-    return VerifyRows(num_seqs, width, src, dst, steps, _rest(batch, num_seqs, width, slots))
+    working = list(slots[:num_seqs])
+    lens = batch.seq_lens_host[:num_seqs]
+    head = dataclasses.replace(
+        batch, query_start=torch.arange(num_seqs + 1, dtype=torch.int32, device=dev) * width,
+        seq_lens=batch.seq_lens[:num_seqs], max_query_len=width, max_seq_len=max(lens),
+        query_lens_host=[width] * num_seqs, seq_lens_host=lens, state_slots=batch.state_slots[:num_seqs],
+        verify=None, lora=None,
+    )
+    rows = to_device([[scratch.row(s, t) for t in range(width)] for s in working], torch.int64, dev)
+    return VerifyRows(num_seqs, width, head, rows, _rest(batch, num_seqs, width, slots))
 
 
 def _rest(batch: ForwardBatch, num_seqs: int, width: int, slots: Sequence[int]) -> Optional[ForwardBatch]:
@@ -78,13 +73,18 @@ def _rest(batch: ForwardBatch, num_seqs: int, width: int, slots: Sequence[int]) 
 
 
 def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.device,
-                       draft_probs: Optional[Mapping[int, torch.Tensor]] = None) -> Verdict:
+                       draft_probs: Optional[Mapping[int, torch.Tensor]] = None,
+                       token_mask: Optional[TokenMask] = None) -> Verdict:
     """The verdict of every verify chunk: ``logits`` [len(chunks) * width, V], chunk-major;
-    ``draft_probs``: per seq id, the q its drafts were drawn from (absent: greedy, one-hot)."""
+    ``draft_probs``: per seq id, the q its drafts were drawn from (absent: greedy, one-hot);
+    ``token_mask``: the guided rows' masks and held stops, addressing these verify rows
+    (:meth:`ninfer.engine.guided_masks.GuidedMasks.verify_masks`), so p is masked as the
+    plain sampler's would be at each position."""
     k = width - 1
     drafts = [list(c.drafts) + [c.drafts[-1] if c.drafts else 0] * (k - len(c.drafts)) for c in chunks]
-    drafts_t = torch.tensor(drafts, dtype=torch.int64, device=device)
-    num_drafts = torch.tensor([len(c.drafts) for c in chunks], dtype=torch.int64, device=device)
+    # (copies through pinned memory: a plain copy would wait for the verify forward to finish)
+    drafts_t = to_device(drafts, torch.int64, device)
+    num_drafts = to_device([len(c.drafts) for c in chunks], torch.int64, device)
     settings = [c.seq.sampling for c in chunks]
     history = any(r.uses_penalties for r in settings)
     meta = verify_metadata(
@@ -92,7 +92,7 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
         [c.seq.num_output_tokens for c in chunks],
         [c.seq.output_token_ids if history else [] for c in chunks],
         [c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in chunks],
-        drafts_t, num_drafts, logits.shape[-1], device,
+        drafts_t, num_drafts, logits.shape[-1], device, token_mask,
     )
     target = processed_distribution(logits.float(), meta, bonus_rows(num_drafts, len(chunks), k))
     q = _draft_q(chunks, drafts_t, logits.shape[-1], draft_probs) if draft_probs else None

@@ -16,5 +16,7 @@ def register_reasoning_parsers(register):
             description="reasoning between [THINK] and [/THINK]",
             start="[THINK]",
             end="[/THINK]",
+            # committed when a thinking budget runs out: the close marker, then the answer's separator
+            budget_close="\n[/THINK]\n\n",
         )
     )

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, AsyncIterator
 from litestar import Request, Response, post
 
 from ninfer.frontend.pipeline import Pipeline, Run
+from ninfer.sampling_params import SamplingParams
 from ninfer.server.admission import request_id
+from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.anthropic_messages.errors import (
@@ -22,8 +24,14 @@ from ninfer_plugins.protocols.anthropic_messages.errors import (
     error_frame,
 )
 from ninfer_plugins.protocols.anthropic_messages.output import MessageState
-from ninfer_plugins.protocols.anthropic_messages.prepare import Context, lower, prepare
-from ninfer_plugins.protocols.anthropic_messages.schema import Message, TokenCount, decode_request, encoder
+from ninfer_plugins.protocols.anthropic_messages.prepare import count, generate_request
+from ninfer_plugins.protocols.anthropic_messages.schema import (
+    Message,
+    MessagesRequest,
+    TokenCount,
+    decode_request,
+    encoder,
+)
 from ninfer_plugins.protocols.anthropic_messages.stream import PING, frames
 from ninfer_plugins.protocols.anthropic_messages.validate import check_model, sampling_params
 
@@ -35,22 +43,27 @@ JSON = "application/json"
 
 def messages_routes(state: ServerState) -> list:
     pipeline = Pipeline(state)
-    ctx = Context(state.tokenizer, state.profile, pipeline.reasoning, state.max_model_len, pipeline.tool_parser)
-    vocab_size = state.engine.engine.vocab_size
     default_max = state.profile.engine.default_max_tokens
+
+    def checked(body: bytes) -> MessagesRequest:
+        req = decode_request(body)
+        check_model(req.model)
+        return req
+
+    def parse(body: bytes) -> tuple[MessagesRequest, SamplingParams]:
+        req = checked(body)
+        return req, sampling_params(req, state.vocab_size)
 
     @post("/v1/messages", summary="Create a message", tags=["Anthropic"], status_code=200,
           exception_handlers=EXCEPTION_HANDLERS,
           description="Anthropic Messages; `stream: true` answers with Anthropic's server-sent events.")
     async def create_message(request: Request) -> Response:
-        req = decode_request(await request.body())
-        check_model(req.model)
-        params = sampling_params(req, vocab_size)
-        state.gate.reserve()  # a full server answers 529 before any preparation work
-        lowered = await state.run_blocking(lower, req, ctx)
+        req, params = await parse_body(request, parse)
         rid = request_id()
-        run = await pipeline.prepare(lowered.generate_request(params, state.lora_for(req.model), rid))
-        message = MessageState(run.choices[0], req.max_tokens or default_max)
+        max_tokens = req.max_tokens or default_max
+        run = await pipeline.prepare(partial(generate_request, req, params, state.lora_for(req.model), rid,
+                                             max_tokens))
+        message = MessageState(run.choices[0], max_tokens)
         message_id, model = "msg_" + rid.removeprefix("req_"), req.model or ""
         headers = {REQUEST_ID_HEADER: rid}
         if req.stream:
@@ -63,10 +76,9 @@ def messages_routes(state: ServerState) -> list:
           status_code=200, exception_handlers=EXCEPTION_HANDLERS,
           description="The input_tokens the same request reports when run, without generating.")
     async def count_tokens(request: Request) -> Response:
-        req = decode_request(await request.body())
-        check_model(req.model)
-        prepared = await state.run_blocking(prepare, req, ctx, False)
-        return Response(encoder.encode(TokenCount(len(prepared.prompt_ids))), media_type=JSON,
+        req = await parse_body(request, checked)
+        rendered = await state.run_blocking(count, req, pipeline)
+        return Response(encoder.encode(TokenCount(len(rendered.token_ids))), media_type=JSON,
                         headers={REQUEST_ID_HEADER: request_id()})
 
     return [create_message, count_tokens]

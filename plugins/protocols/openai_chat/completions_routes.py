@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Union
 
 import attrs
+import msgspec
 from litestar import Request, Response, post
 from msgspec import UNSET, Struct, UnsetType
 
@@ -19,7 +20,7 @@ from ninfer.frontend.pipeline_request import GenerateRequest, TextPrompt
 from ninfer.sampling_params import SamplingParams
 from ninfer.sampling_schema import Limits
 from ninfer.sampling_wire import WireField
-from ninfer.server.body import strict_body
+from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
@@ -33,6 +34,9 @@ from ninfer_plugins.protocols.openai_chat.schema import (
     Usage,
     encoder,
 )
+
+if TYPE_CHECKING:
+    from ninfer.server.state import ServerState
 
 MAX_LOGPROBS = 5
 #: more than chat's four: evaluation harnesses send a task's stop list plus the EOS text
@@ -231,30 +235,33 @@ def _frame(chunk: Completion) -> bytes:
     return b"data: " + encoder.encode(chunk) + b"\n\n"
 
 
-def completion_routes(state: Any) -> list:
+def completion_routes(state: ServerState) -> list:
     tokenizer = state.tokenizer
     pipeline = Pipeline(state)
-    vocab_size = state.engine.engine.vocab_size
+
+    def parse(body: bytes) -> tuple[CompletionRequest, GenerateRequest]:
+        data = msgspec.json.decode(body, type=CompletionRequest)  # strict types: see ninfer.server.body
+        state.check_model(data.model)
+        prompts = _prompts(data.prompt, state.vocab_size)
+        _validate(data)
+        params = _params(data, state.vocab_size)
+        prompts = [TextPrompt(text=p) if isinstance(p, str) else TextPrompt(token_ids=p) for p in prompts]
+        return data, GenerateRequest(prompts, params, n=data.n or 1, lora=state.lora_for(data.model),
+                                     prompt_param="prompt")
 
     @post("/v1/completions", summary="Create a text completion (legacy)", tags=["OpenAI"], status_code=200,
           description="OpenAI's legacy completions on a raw prompt; `stream: true` answers with server-sent events.",
           responses={200: json_response(Completion, "The completion, or (stream: true) server-sent events: "
                                         "text_completion chunks, then [DONE]"),
                      **error_responses(400, 404, 413, 429, 500, 503)},
-          operation_class=event_stream_operation(Completion, ErrorResponse))
-    async def create_completion(request: Request, data: CompletionRequest) -> Response:
-        data = await strict_body(request, CompletionRequest)  # strict types: see ninfer.server.body
-        state.check_model(data.model)
-        prompts = _prompts(data.prompt, vocab_size)
-        _validate(data)
-        params = _params(data, vocab_size)
-        n = data.n or 1
-        prompts = [TextPrompt(text=p) if isinstance(p, str) else TextPrompt(token_ids=p) for p in prompts]
-        run = await pipeline.prepare(GenerateRequest(prompts, params, n=n, lora=state.lora_for(data.model),
-                                                     prompt_param="prompt"))
+          operation_class=event_stream_operation(Completion, ErrorResponse, body=CompletionRequest))
+    async def create_completion(request: Request) -> Response:
+        data, req = await parse_body(request, parse)
+        run = await pipeline.prepare(req)
+        n = req.n
         echo = [run.prompts[k // n].text if data.echo else "" for k in range(len(run.choices))]
         answer = _Answer(run, tokenizer, f"cmpl-{run.request_id}", data.model or state.model_id, echo,
-                         data.logprobs is not None, params.prompt_logprobs is not None)
+                         data.logprobs is not None, req.params.prompt_logprobs is not None)
         if data.stream:
             return sse_response(answer.frames(bool(data.stream_options and data.stream_options.include_usage)))
         return Response(await cancel_on_disconnect(request, answer.aggregate()), media_type=JSON)

@@ -1,11 +1,12 @@
-"""A chat request's output constraints -> one :class:`GuideSpec` for the engine.
+"""A chat request's output constraints -> the answer guide and the :class:`ToolRequest`.
 
 Constraints come from ``response_format`` (json_object, json_schema), from the
 constrained-decoding fields other servers accept (vLLM's ``guided_*`` and
 ``structured_outputs``, llama.cpp's ``grammar``), and from the tools: a required or
 named ``tool_choice``, ``parallel_tool_calls: false`` and strict functions. At most one
-answer constraint may be given; tool constraints combine with it (see
-:mod:`ninfer.frontend.tool_guide`). Errors name the field at fault.
+answer constraint may be given; the pipeline combines it with the tool constraints into
+the one guide the engine follows (:mod:`ninfer.frontend.tool_guide`). Errors name the
+field at fault.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from ninfer.capabilities import ToolParser
 from ninfer.errors import InvalidRequestError
 from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.guided.spec import GuideSpec
 from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import allowed_tool_names, forces_tool_call, named_tool
-from ninfer.frontend.tool_guide import ToolRequest, request_guide
+from ninfer.frontend.tool_guide import ToolRequest
 
 #: ``structured_outputs`` members that constrain (others are backend hints, ignored)
 STRUCTURED_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf",
@@ -112,8 +112,3 @@ def tool_request(req: ChatCompletionRequest) -> ToolRequest:
         if tool.function is not None and (allowed is None or tool.function.name in allowed)
     ]
     return ToolRequest(specs, forced=forces_tool_call(req), parallel=req.parallel_tool_calls is not False)
-
-
-def chat_guide(req: ChatCompletionRequest, parser: Optional[ToolParser]) -> Optional[GuideSpec]:
-    """The guide for every choice of a validated request (blocking: schemas are compiled)."""
-    return request_guide(tool_request(req), answer_guide(req), parser)

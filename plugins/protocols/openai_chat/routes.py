@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from litestar import Request, Response, post
 
 from ninfer.frontend.pipeline import Pipeline, Run
-from ninfer.server.body import strict_body
+from ninfer.sampling_params import SamplingParams
+from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
 from ninfer.server.sse import sse_response
@@ -33,7 +36,12 @@ JSON = "application/json"
 
 def chat_routes(state: ServerState) -> list:
     pipeline = Pipeline(state)
-    vocab_size = state.engine.engine.vocab_size
+
+    def parse(body: bytes) -> tuple[ChatCompletionRequest, SamplingParams]:
+        data = msgspec.json.decode(body, type=ChatCompletionRequest)  # strict types: see ninfer.server.body
+        state.check_model(data.model)
+        validate_request(data)
+        return data, sampling_params(data, state.vocab_size)
 
     @post(
         "/v1/chat/completions",
@@ -42,16 +50,13 @@ def chat_routes(state: ServerState) -> list:
         responses={200: json_response(ChatCompletion, "The completion, or (stream: true) server-sent events: "
                                       "chat.completion.chunk objects, then [DONE]"),
                    **error_responses(400, 404, 413, 429, 500, 503)},
-        operation_class=event_stream_operation(ChatCompletionChunk, ErrorResponse),
+        operation_class=event_stream_operation(ChatCompletionChunk, ErrorResponse, body=ChatCompletionRequest),
         tags=["OpenAI"],
         status_code=200,
     )
-    async def create_chat_completion(request: Request, data: ChatCompletionRequest) -> Response:
-        data = await strict_body(request, ChatCompletionRequest)  # strict types: see ninfer.server.body
-        state.check_model(data.model)
-        validate_request(data)
-        params = sampling_params(data, vocab_size)
-        run = await pipeline.prepare(generate_request(data, params, state.lora_for(data.model)))
+    async def create_chat_completion(request: Request) -> Response:
+        data, params = await parse_body(request, parse)
+        run = await pipeline.prepare(partial(generate_request, data, params, state.lora_for(data.model)))
         chat_id, created, model = f"chatcmpl-{run.request_id}", int(time.time()), data.model or state.model_id
         want_logprobs = bool(data.logprobs)
         if data.stream:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import attrs
 import msgspec
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.frontend.chat_messages import parse_messages
-from ninfer.frontend.pipeline import render_prompt
 from ninfer.frontend.pipeline_request import ChatPrompt, GenerateRequest, TemplateOptions
-from ninfer.frontend.prompt_options import PromptOptions, resolve_prompt_options
-from ninfer.frontend.template_caps import TemplateCaps
 from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.openai_chat.guided import answer_guide, tool_request
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
@@ -47,14 +41,6 @@ def template_options(req: ChatCompletionRequest) -> TemplateOptions:
                            preserve=_both_spellings(req, "preserve_thinking"))
 
 
-def resolve_options(req: ChatCompletionRequest, caps: TemplateCaps, thinking_default: bool,
-                    preserve_default: bool) -> PromptOptions:
-    """Thinking switch, effort and history reasoning from the request, the template and the server."""
-    asked = template_options(req)
-    return resolve_prompt_options(caps, effort=asked.effort, enable=asked.enable, preserve=asked.preserve,
-                                  thinking_default=thinking_default, preserve_default=preserve_default)
-
-
 def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
     """The conversation, its callable tools and the requested template options."""
     options = template_options(req)
@@ -67,21 +53,6 @@ def generate_request(req: ChatCompletionRequest, params: SamplingParams, lora: s
         [chat_prompt(req)], params, n=req.n or 1, lora=lora, tools=tool_request(req), answer=answer_guide(req),
         max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
     )
-
-
-@attrs.frozen
-class Prepared:
-    prompt: str
-    prompt_ids: list[int]
-    options: PromptOptions
-    #: effective tool definitions (rendered into the prompt; the only callable ones)
-    tools: list[dict[str, Any]]
-
-
-def prepare(req: ChatCompletionRequest, tokenizer: Any, profile: Any) -> Prepared:
-    """Render and tokenize the prompt the way the pipeline does (blocking)."""
-    rendered = render_prompt(chat_prompt(req), tokenizer, profile)
-    return Prepared(rendered.text, rendered.token_ids, rendered.options, list(rendered.tools))
 
 
 def sampling_params(req: ChatCompletionRequest, vocab_size: int) -> SamplingParams:

@@ -9,15 +9,17 @@ import msgspec
 from litestar import Request, Response
 
 from ninfer.errors import NotFoundError
-from ninfer.frontend.pipeline import Pipeline, Rendered, Run
+from ninfer.frontend.pipeline import Rendered, Run
 from ninfer.frontend.pipeline_request import GenerateRequest
 from ninfer.frontend.prompt_limits import check_prompt_length
+from ninfer.sampling_params import SamplingParams
+from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.prepare import Lowered, Prepared, PromptContext, lower, prepare
 from ninfer_plugins.protocols.openai_responses.response import Echo, Turn, new_response_id
-from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, PromptFields
+from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, PromptFields, decode
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore, StoredResponse, conversation_bytes
 from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
@@ -57,32 +59,42 @@ class Creation:
 
     def __init__(self, state: ServerState, ctx: PromptContext, store: ResponseStore):
         self.state, self.ctx, self.store = state, ctx, store
-        self.pipeline = Pipeline(state)
+        self.pipeline = ctx.pipeline
 
-    async def __call__(self, request: Request, req: CreateRequest) -> Response:
-        state = self.state
-        state.check_model(req.model, required=True)
+    def parse(self, body: bytes) -> tuple[CreateRequest, SamplingParams]:
+        req = decode(body, CreateRequest)
+        self.state.check_model(req.model, required=True)
         check_create(req)
-        params = sampling_params(req, state.engine.engine.vocab_size)
-        state.gate.reserve()  # a full server answers 429 before any preparation work
+        return req, sampling_params(req, self.state.vocab_size)
+
+    async def __call__(self, request: Request) -> Response:
+        state = self.state
+        req, params = await parse_body(request, self.parse)
         keep = req.store is not False
         parent = parent_of(req, self.store)
-        lowered = await state.run_blocking(lower, req, self.ctx, parent, keep)
-        answer = text_format_guide(req.text)
         rid = new_response_id()
-        run = await self.pipeline.prepare(GenerateRequest(
-            [lowered.prompt], params, lora=state.lora_for(req.model), tools=lowered.tools.request, answer=answer,
-            request_id=rid, prompt_param="input", max_tokens_param="max_output_tokens"))
+        lowered: Optional[Lowered] = None
+
+        def lowering() -> GenerateRequest:  # the pipeline runs it off the loop, after admission
+            nonlocal lowered
+            lowered = lower(req, self.ctx, parent, keep)
+            return GenerateRequest([lowered.prompt], params, lora=state.lora_for(req.model),
+                                   tools=lowered.tools.request, answer=text_format_guide(req.text), request_id=rid,
+                                   prompt_param="input", max_tokens_param="max_output_tokens")
+
+        run = await self.pipeline.prepare(lowering)
+        assert lowered is not None
         rendered = run.prompts[0]
         earlier_bytes = parent.conversation_bytes if parent is not None else 0
         if keep:  # a Response that can never be stored fails before it is generated
             self.store.check_fits(earlier_bytes + 2 * conversation_bytes(lowered.input_items))
         turn = Turn(rid, Echo.of(req, state.model_id), run.choices[0], lowered.tools.identities, req.include)
+        kept: Lowered = lowered  # set by now; a name the closure below sees as such
 
         async def finalize() -> dict[str, Any]:
             response = turn.response()
             if keep:
-                self.store.put(rid, self._record(lowered, rendered, response, earlier_bytes, turn))
+                self.store.put(rid, self._record(kept, rendered, response, earlier_bytes, turn))
             return response
 
         if req.stream:

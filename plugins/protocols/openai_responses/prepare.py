@@ -1,21 +1,21 @@
-"""A checked request (plus its parent Response) -> the rendered prompt and its tokens.
+"""A checked request (plus its parent Response) -> the pipeline's prompt (:func:`lower`).
 
-Create and the input-token count both call :func:`prepare`, so a count is exactly the
-prompt Create would run: same parent lookup, tool set, call-ID checks and template.
+Create hands :func:`lower` to the pipeline; the input-token count calls :func:`prepare`,
+which lowers the same way and renders through the pipeline, so a count is exactly the
+prompt Create would run: same parent lookup, tool set, call-ID checks and template. The
+request's template options are only translated here; the pipeline resolves them.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from ninfer.frontend.chat_messages import ChatTurn
-from ninfer.frontend.pipeline import render_prompt
 from ninfer.frontend.pipeline_request import ChatPrompt
-from ninfer.frontend.prompt_options import PromptOptions, pick_spelling, resolve_prompt_options
-from ninfer.frontend.template_caps import TemplateCaps, detect_caps
+from ninfer.frontend.prompt_options import PromptOptions, TemplateOptions, pick_spelling
 from ninfer_plugins.protocols.openai_responses.history import lower_items
 from ninfer_plugins.protocols.openai_responses.items import Item, canonical_input
 from ninfer_plugins.protocols.openai_responses.schema import PromptFields
@@ -23,21 +23,24 @@ from ninfer_plugins.protocols.openai_responses.store import StoredResponse
 from ninfer_plugins.protocols.openai_responses.tools import ToolSet, resolve_tools
 from ninfer_plugins.protocols.openai_responses.transcript import added_markers, encode_prompt
 
+if TYPE_CHECKING:
+    from ninfer.frontend.pipeline import Pipeline
+
 
 @attrs.frozen
 class PromptContext:
     """Per-server inputs of prompt preparation."""
 
-    tokenizer: Any
-    caps: TemplateCaps
+    pipeline: Pipeline
     markers: tuple[str, ...]
-    thinking_default: bool
-    preserve_default: bool
 
     @classmethod
-    def of(cls, tokenizer: Any, profile: Any) -> "PromptContext":
-        return cls(tokenizer, detect_caps(tokenizer.chat_template_source), added_markers(tokenizer),
-                   profile.reasoning.thinking, profile.reasoning.preserve_thinking)
+    def of(cls, pipeline: Pipeline) -> "PromptContext":
+        return cls(pipeline, added_markers(pipeline.tokenizer))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.pipeline.tokenizer
 
 
 @attrs.frozen
@@ -52,23 +55,18 @@ class Prepared:
     earlier: tuple[Item, ...]
 
 
-def resolve_options(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse]) -> PromptOptions:
-    """Template options; an omitted preserve_thinking is inherited from the parent Response."""
+def template_options(req: PromptFields, parent: Optional[StoredResponse]) -> TemplateOptions:
+    """The request's spellings of the template options; an omitted preserve_thinking is
+    inherited from the parent Response."""
     kwargs = req.chat_template_kwargs or {}
     enable = pick_spelling({"chat_template_kwargs.enable_thinking": kwargs.get("enable_thinking")},
                            "enable_thinking")
     preserve = pick_spelling({"preserve_thinking": req.preserve_thinking,
                               "chat_template_kwargs.preserve_thinking": kwargs.get("preserve_thinking")},
                              "preserve_thinking")
-    return resolve_prompt_options(
-        ctx.caps,
-        effort=req.reasoning.effort if req.reasoning is not None else None,
-        enable=enable,
-        preserve=preserve,
-        thinking_default=ctx.thinking_default,
-        preserve_default=parent.preserve_thinking if parent is not None else ctx.preserve_default,
-        effort_param="reasoning.effort",
-    )
+    return TemplateOptions(effort=req.reasoning.effort if req.reasoning is not None else None, enable=enable,
+                           preserve=preserve, effort_param="reasoning.effort",
+                           preserve_default=parent.preserve_thinking if parent is not None else None)
 
 
 @attrs.frozen
@@ -83,7 +81,7 @@ class Lowered:
 
 def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Lowered:
     """Options, tools and the whole conversation (the parent's, then this input)."""
-    options = resolve_options(req, ctx, parent)
+    options = template_options(req, parent)
     tools = resolve_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     items = canonical_input(req.input, has_parent=parent is not None, unique_ids=store)
     earlier = parent.conversation if parent is not None else ()
@@ -102,6 +100,6 @@ def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse
 def prepare(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Prepared:
     """Lower and render the way the pipeline does (blocking: run it off the event loop)."""
     lowered = lower(req, ctx, parent, store)
-    rendered = render_prompt(lowered.prompt, ctx.tokenizer, None, ctx.caps)
+    rendered = ctx.pipeline.render(lowered.prompt)
     return Prepared(rendered.text, rendered.token_ids, rendered.options, lowered.tools, lowered.input_items,
                     lowered.earlier)

@@ -6,19 +6,19 @@ and server-side compaction are not offered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import MultiDict
-from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
-from ninfer.server.openapi import self_contained_schema
+from ninfer.frontend.pipeline import Pipeline
+from ninfer.server.body import parse_body
+from ninfer.server.openapi import body_operation
 from ninfer_plugins.protocols.openai_responses.create import Creation, not_found, prepare_prompt
 from ninfer_plugins.protocols.openai_responses.prepare import PromptContext
-from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, PromptFields, decode
+from ninfer_plugins.protocols.openai_responses.schema import CountRequest, CreateRequest, decode
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore
 from ninfer_plugins.protocols.openai_responses.validate import check_count
 
@@ -29,24 +29,6 @@ JSON = "application/json"
 TAGS = ["OpenAI Responses"]
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
-
-
-def body_operation(kind: type[PromptFields]) -> type[Operation]:
-    """An ``operation_class`` documenting a JSON body the handler decodes itself.
-
-    The handlers read the raw body (so an unknown member can be ``unknown_parameter``),
-    which Litestar cannot see; this puts the body's schema back into the document.
-    """
-    schema = self_contained_schema(kind)
-
-    @dataclass
-    class BodyOperation(Operation):
-        def __post_init__(self) -> None:
-            # A plain JSON schema: Litestar writes dicts into the document as they are.
-            media = OpenAPIMediaType(schema=schema)  # type: ignore[arg-type]
-            self.request_body = RequestBody(content={JSON: media}, required=True)
-
-    return BodyOperation
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -89,7 +71,13 @@ def _page(items: list[dict[str, Any]], query: MultiDict) -> dict[str, Any]:
 
 
 def responses_routes(state: ServerState) -> list:
-    ctx = PromptContext.of(state.tokenizer, state.profile)
+    def parse_count(body: bytes) -> CountRequest:
+        req = decode(body, CountRequest)
+        state.check_model(req.model)
+        check_count(req)
+        return req
+
+    ctx = PromptContext.of(Pipeline(state))
     server = state.profile.server
     store = ResponseStore(server.response_store_max_records, server.response_store_max_mib)
     state.extras["openai_responses.store"] = store
@@ -100,14 +88,12 @@ def responses_routes(state: ServerState) -> list:
           description="OpenAI Responses: typed input Items in, typed output Items out; `stream: true` answers "
                       "with semantic server-sent events.")
     async def create_response(request: Request) -> Response:
-        return await creation(request, decode(await request.body(), CreateRequest))
+        return await creation(request)
 
     @post("/v1/responses/input_tokens", summary="Count a Response's input tokens", tags=TAGS, status_code=200,
           operation_class=body_operation(CountRequest))
     async def count_input_tokens(request: Request) -> Response:
-        req = decode(await request.body(), CountRequest)
-        state.check_model(req.model)
-        check_count(req)
+        req = await parse_body(request, parse_count)
         prepared, _ = await prepare_prompt(state, ctx, store, req, keep=False)
         return _json({"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)})
 

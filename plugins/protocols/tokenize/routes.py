@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import jinja2
 import msgspec
 from litestar import Request, Response, post
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
-from ninfer.frontend.chat_messages import parse_messages, template_messages
-from ninfer.frontend.prompt_options import resolve_prompt_options, template_kwargs
-from ninfer.frontend.template_caps import detect_caps
+from ninfer.frontend.chat_messages import parse_messages
+from ninfer.frontend.pipeline import Pipeline
+from ninfer.frontend.pipeline_request import ChatPrompt, TemplateOptions
+from ninfer.server.body import parse_body
 from ninfer.server.openapi import error_responses, json_response
 from ninfer_plugins.protocols.tokenize.schema import (
     DetokenizeRequest,
@@ -32,15 +33,25 @@ TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
 
 def tokenize_routes(state: ServerState) -> list:
     tokenizer = state.tokenizer
+    pipeline = Pipeline(state)
+
+    def parse_tokenize(body: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
+        req = _decode_tokenize(msgspec.json.decode(body))  # malformed JSON: a 400
+        state.check_model(req.model)
+        return req
+
+    def parse_detokenize(body: bytes) -> DetokenizeRequest:
+        req = msgspec.json.decode(body, type=DetokenizeRequest, strict=True)
+        state.check_model(req.model)
+        return req
 
     @post("/tokenize", summary="Tokenize a prompt or a chat", tags=["vLLM"], status_code=200,
           description="vLLM's tokenizer endpoint: `prompt` is tokenized as given, `messages` through the chat "
                       "template as Chat Completions renders them.",
           responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(400, 404)})
     async def tokenize(request: Request) -> Response:
-        req = _decode_tokenize(msgspec.json.decode(await request.body()))  # malformed JSON: a 400
-        state.check_model(req.model)
-        ids = await state.run_blocking(_token_ids, req, tokenizer, state.profile)
+        req = await parse_body(request, parse_tokenize)
+        ids = await state.run_blocking(_token_ids, req, pipeline)
         strs = [tokenizer.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
         out = TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
         return Response(encoder.encode(out), media_type=JSON)
@@ -49,8 +60,7 @@ def tokenize_routes(state: ServerState) -> list:
           description="The text of the token ids, special tokens included.",
           responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(400, 404)})
     async def detokenize(request: Request) -> Response:
-        req = msgspec.json.decode(await request.body(), type=DetokenizeRequest, strict=True)
-        state.check_model(req.model)
+        req = await parse_body(request, parse_detokenize)
         vocab = tokenizer.vocab_size
         for i, token in enumerate(req.tokens):
             if not 0 <= token < vocab:
@@ -72,14 +82,17 @@ def _decode_tokenize(body: Any) -> TokenizeCompletionRequest | TokenizeChatReque
     return msgspec.convert(body, kind, strict=True)  # a wrong type is a 400 naming the field
 
 
-def _token_ids(req: TokenizeCompletionRequest | TokenizeChatRequest, tokenizer: Any, profile: Any) -> list[int]:
+def _token_ids(req: TokenizeCompletionRequest | TokenizeChatRequest, pipeline: Pipeline) -> list[int]:
     """Blocking (template rendering and tokenizing): runs off the event loop."""
+    tokenizer = pipeline.tokenizer
     if isinstance(req, TokenizeCompletionRequest):
         return tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    return tokenizer.encode(_render_chat(req, tokenizer, profile), add_special_tokens=req.add_special_tokens)
+    return pipeline.render(_chat_prompt(req, tokenizer)).token_ids
 
 
-def _render_chat(req: TokenizeChatRequest, tokenizer: Any, profile: Any) -> str:
+def _chat_prompt(req: TokenizeChatRequest, tokenizer: Any) -> ChatPrompt:
+    """The chat as Chat Completions renders it; the pipeline's render checks the options and
+    turns a template's refusal into a 400."""
     if req.add_generation_prompt and req.continue_final_message:
         raise InvalidRequestError("add_generation_prompt and continue_final_message cannot both be true: the "
                                   "first opens a new assistant turn, the second continues the last message",
@@ -91,20 +104,10 @@ def _render_chat(req: TokenizeChatRequest, tokenizer: Any, profile: Any) -> str:
                                           f"{', '.join(TEMPLATE_KWARGS)})", param=f"chat_template_kwargs.{key}")
         if not isinstance(kwargs[key], bool):
             raise InvalidRequestError(f"{key} must be a boolean", param=f"chat_template_kwargs.{key}")
-    caps = detect_caps(tokenizer.chat_template_source)
-    options = resolve_prompt_options(caps, effort=None, enable=kwargs.get("enable_thinking"),
-                                     preserve=kwargs.get("preserve_thinking"),
-                                     thinking_default=profile.reasoning.thinking,
-                                     preserve_default=profile.reasoning.preserve_thinking)
-    turns = parse_messages(req.messages)
-    try:
-        return tokenizer.apply_chat_template(
-            template_messages(turns), tools=_tools(req.tools) or None, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, **template_kwargs(options, caps),
-        )
-    except jinja2.TemplateError as exc:
-        raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", param="messages",
-                                  code="invalid_prompt") from exc
+    options = TemplateOptions(enable=kwargs.get("enable_thinking"), preserve=kwargs.get("preserve_thinking"))
+    return ChatPrompt(parse_messages(req.messages), _tools(req.tools), options,
+                      continue_final=req.continue_final_message, add_generation_prompt=req.add_generation_prompt,
+                      encode=partial(tokenizer.encode, add_special_tokens=req.add_special_tokens))
 
 
 def _tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
