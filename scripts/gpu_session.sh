@@ -14,6 +14,8 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
+#   scripts/gpu_session.sh spec2    the spec GPU tests, a default-preset model trained on the GPU with MTP k=1,3
+#                                   at c=1 and 8, the 35B-A3B round cost at 512 and 32k context
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -85,6 +87,16 @@ spec)
         bench 240 "$TRAINED" --dtype bf16 --only decode --spec mtp --draft-tokens 1,2,3,4,5 --concurrency 1,8 \
             --decode-prompt-len 256 --decode-output-len 256 --spec-prompts "$TRAINED/heldout.txt" --no-transformers
     fi
+    ;;
+spec2)
+    timeout 150 python3 -m pytest -q -m gpu tests/test_spec_acceptance.py tests/test_spec_gpu.py 2>&1 | tail -3
+    timeout 150 ninfer-train /tmp/trained --device cuda -q | tee "$OUT/train.json"
+    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(0, 100_000)
+open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 1,3 --concurrency 1,8 \
+        --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt --no-transformers
+    bench 220 random:qwen3.6-35b-a3b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
+        --spec-context 512,32768 --no-transformers
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

@@ -433,3 +433,31 @@ def test_cuda_round_matches_cpu_without_host_syncs_and_replays_in_a_graph() -> N
     assert torch.allclose(gpu[1].cpu(), cpu[1], atol=1e-6)
     (graph_probs, graph_tokens), (eager_probs, eager_tokens) = _round_on("cuda", graph=True)
     assert torch.equal(graph_tokens, eager_tokens) and torch.equal(graph_probs, eager_probs)
+
+
+def test_greedy_verdict_without_metadata_equals_the_processed_one() -> None:
+    """Plain greedy verify rows take the raw argmax; rows with a bias, a penalty or a
+    stop ban still due go through the sampler's processing (and still agree with it)."""
+    from types import SimpleNamespace
+
+    from ninfer.engine.spec.verify_step import sample_verify_rows
+
+    gen = torch.Generator().manual_seed(12)
+    k, vocab = 3, 64
+    settings = [row(temperature=0.0), row(temperature=0.0, stop_token_ids=(7,), min_tokens=2),
+                row(temperature=0.0, stop_token_ids=(7,), min_tokens=9), row(temperature=0.0, logit_bias={3: 5.0})]
+    logits = torch.randn(len(settings) * (k + 1), vocab, generator=gen) * 2
+    logits[:, 7] += 6.0  # the stop token would win wherever it is not banned
+    drafts = [[7, 7, 1], [7, 2], [5, 7, 7], [3]]
+    for group in ([0, 1], [0, 1, 2, 3]):
+        chunks = [SimpleNamespace(drafts=tuple(drafts[i]), seq=SimpleNamespace(
+            sampling=settings[i], num_output_tokens=4, output_token_ids=[1, 2, 3, 4], token_ids=[9, 9, 1, 2, 3, 4],
+            num_prompt_tokens=2, seq_id=i)) for i in group]
+        rows = torch.cat([logits[i * (k + 1) : (i + 1) * (k + 1)] for i in group])
+        got = sample_verify_rows(chunks, k + 1, rows, torch.device("cpu"))
+        padded = torch.tensor([list(c.drafts) + [c.drafts[-1]] * (k - len(c.drafts)) for c in chunks])
+        num = torch.tensor([len(c.drafts) for c in chunks])
+        meta = verify_metadata([c.seq.sampling for c in chunks], [4] * len(chunks), [[1, 2, 3, 4]] * len(chunks),
+                               [[9, 9]] * len(chunks), padded, num, vocab, "cpu")
+        want = verify(padded, num, processed_distribution(rows, meta, bonus_rows(num, len(chunks), k)))
+        assert torch.equal(got.token_ids, want.token_ids) and torch.equal(got.accepted, want.accepted)

@@ -214,10 +214,9 @@ def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Copy host values to ``device`` without making the host wait for queued GPU work."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
+    if device.type == "cuda":  # built in pinned memory: the copy is queued, not waited for
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _wrap_int64(value: int) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
@@ -35,19 +36,36 @@ class MtpGraphs:
         self.buckets = buckets_up_to(max_batch)
         self.max_blocks = -(-max_context // block_size)
         n, w = self.buckets[-1], self.width
-        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
+        c = max(k - 1, 1)  # chained steps after the extend (one unused slot when k = 1)
+        i32 = dict(dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n * w, hidden_size, dtype=dtype, device=device)
-        self.ids = torch.zeros(n * w, **i64)
-        self.positions = torch.zeros(n * w, **i64)
-        self.slot_mapping = torch.full((n * w,), -1, **i64)
-        self.seq_lens = torch.full((n,), w, **i64)
+        # Every per-step input lives in one int64 staging buffer on the device (the graphs
+        # read views of it), followed by the rows to gather from the target's hidden
+        # states and the block tables; a step fills a pinned host copy (two, alternating)
+        # and sends it in one transfer.
+        fields = [("ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n), ("last", n),
+                  ("chain_pos", c * n), ("chain_lens", c * n), ("chain_slots", c * n), ("src", n * w), ("dst", n * w)]
+        self._offsets, end = {}, 0
+        for name, size in fields:
+            self._offsets[name] = (end, end + size)
+            end += size
+        self._table_at = end
+        self._stage = torch.zeros(end + n * self.max_blocks, dtype=torch.int64, device=device)
+        for name, (lo, hi) in self._offsets.items():
+            setattr(self, name, self._stage[lo:hi])
+        self.chain_pos, self.chain_lens, self.chain_slots = (t.view(c, n) for t in
+                                                             (self.chain_pos, self.chain_lens, self.chain_slots))
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.fill_(w)
+        self.last.copy_(torch.arange(n, device=device) * w)  # each sequence's last kept row
+        self.chain_lens.fill_(1)
+        self.chain_slots.fill_(-1)
         self.block_tables = torch.zeros(n, self.max_blocks, **i32)
         self.query_start = torch.arange(n + 1, **i32) * w
         self.step_start = torch.arange(n + 1, **i32)
-        self.last = torch.arange(n, **i64) * w  # each sequence's last kept row
-        self.chain_pos = torch.zeros(max(k - 1, 1), n, **i64)
-        self.chain_lens = torch.ones(max(k - 1, 1), n, **i64)
-        self.chain_slots = torch.full((max(k - 1, 1), n), -1, **i64)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._drafts: dict[int, torch.Tensor] = {}
 
@@ -90,50 +108,68 @@ class MtpGraphs:
               hidden_rows: list[int]) -> int:
         """Fill the static inputs: sequence ``i`` kept positions ``starts[i] ..`` (``kept[i]``
         of them, at most ``width``), whose target hidden rows start at ``hidden_rows[i]``."""
-        num, w, bsz, dev = len(seqs), self.width, self.block_size, self.device
+        num, w, bsz, chained = len(seqs), self.width, self.block_size, self.chain_pos.shape[0]
         bs = self.bucket_for(num)
-        src, dst, ids, pos, slots, last = [], [], [], [], [], []
-        table = torch.zeros(bs, self.max_blocks, dtype=torch.int32)
-        lens = [w] * bs
-        chain_pos = torch.zeros(self.chain_pos.shape[0], bs, dtype=torch.int64)
-        chain_lens = torch.ones(self.chain_pos.shape[0], bs, dtype=torch.int64)
-        chain_slots = torch.full((self.chain_pos.shape[0], bs), -1, dtype=torch.int64)
+        host = self._hosts[self._turn]
+        self._turn ^= 1
+        h = host.numpy()
 
-        def slot(pages: list[int], p: int) -> int:
-            return pages[p // bsz] * bsz + p % bsz if p // bsz < len(pages) else -1
+        def field(name: str, shape) -> np.ndarray:
+            lo = self._offsets[name][0]
+            return h[lo : lo + int(np.prod(shape))].reshape(shape)
 
-        for i, (seq, start, n, row) in enumerate(zip(seqs, starts, kept, hidden_rows)):
-            pages = list(seq.block_table)
-            table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-            src += range(row, row + n)
-            dst += range(i * w, i * w + n)
-            tokens = seq.token_ids[start + 1 : start + 1 + n]
-            ids += tokens + [0] * (w - n)
-            pos += [start + t for t in range(w)]
-            slots += [slot(pages, start + t) if t < n else -1 for t in range(w)]
-            last.append(i * w + n - 1)
-            lens[i] = start + w  # row t sits at position start + t
-            end = start + n - 1
-            for j in range(self.k - 1):
-                p = end + j + 1
-                chain_pos[j, i], chain_lens[j, i], chain_slots[j, i] = p, p + 1, slot(pages, p)
-        for i in range(num, bs):  # padding sequences: no KV writes, a one-key context
-            ids += [0] * w
-            pos += [0] * w
-            slots += [-1] * w
-            last.append(i * w)
-        self.hidden.index_copy_(0, torch.tensor(dst, dtype=torch.int64, device=dev),
-                                hidden.index_select(0, torch.tensor(src, dtype=torch.int64, device=dev)))
-        self.ids[: bs * w].copy_(torch.tensor(ids, dtype=torch.int64), non_blocking=True)
-        self.positions[: bs * w].copy_(torch.tensor(pos, dtype=torch.int64), non_blocking=True)
-        self.slot_mapping[: bs * w].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=True)
-        self.seq_lens[:bs].copy_(torch.tensor(lens, dtype=torch.int64), non_blocking=True)
-        self.last[:bs].copy_(torch.tensor(last, dtype=torch.int64), non_blocking=True)
-        self.block_tables[:bs].copy_(table, non_blocking=True)
-        self.chain_pos[:, :bs].copy_(chain_pos, non_blocking=True)
-        self.chain_lens[:, :bs].copy_(chain_lens, non_blocking=True)
-        self.chain_slots[:, :bs].copy_(chain_slots, non_blocking=True)
-        self._staged = (lens, chain_lens.tolist())
+        start = np.fromiter(starts, dtype=np.int64, count=num)
+        n_kept = np.fromiter(kept, dtype=np.int64, count=num)
+        # the table covers every page a row or its chained drafts reach (zeros past a row's own)
+        reach = int((start + n_kept - 1 + self.k).max()) // bsz + 1
+        cols = min(self.max_blocks, max(reach, max(len(s.block_table) for s in seqs)))
+        table = np.zeros((bs, cols), dtype=np.int64)
+        pages = np.empty(num, dtype=np.int64)
+        ids = field("ids", (bs, w))
+        ids[:] = 0
+        for i, (seq, s0, n) in enumerate(zip(seqs, starts, kept)):
+            row = seq.block_table
+            table[i, : len(row)] = row
+            pages[i] = len(row)
+            ids[i, :n] = seq.token_ids[s0 + 1 : s0 + 1 + n]
+        t = np.arange(w)
+
+        def kv_slot(p: np.ndarray) -> np.ndarray:  # -1 past a row's pages: such a position writes nothing
+            page = p // bsz
+            inside = page < pages.reshape((-1,) + (1,) * (p.ndim - 1))
+            rows = np.arange(num).reshape((-1,) + (1,) * (p.ndim - 1))
+            return np.where(inside, table[rows, np.minimum(page, cols - 1)] * bsz + p % bsz, -1)
+
+        pos = field("positions", (bs, w))
+        pos[:] = 0
+        pos[:num] = start[:, None] + t
+        slots = field("slot_mapping", (bs, w))
+        slots[:] = -1
+        slots[:num] = np.where(t < n_kept[:, None], kv_slot(pos[:num]), -1)
+        lens = field("seq_lens", bs)
+        lens[:] = w
+        lens[:num] = start + w  # row t sits at position start + t
+        last = field("last", bs)
+        last[:] = np.arange(bs) * w
+        last[:num] += n_kept - 1
+        chain_pos, chain_lens, chain_slots = (field(name, (chained, bs))
+                                              for name in ("chain_pos", "chain_lens", "chain_slots"))
+        chain_pos[:], chain_lens[:], chain_slots[:] = 0, 1, -1
+        if self.k > 1:
+            p = (start + n_kept)[:, None] + np.arange(self.k - 1)  # chained step j drafts at end + j + 1
+            chain_pos[:, :num] = p.T
+            chain_lens[:, :num] = p.T + 1
+            chain_slots[:, :num] = kv_slot(p).T
+        src, dst = field("src", n_kept.sum()), field("dst", n_kept.sum())
+        src[:] = np.concatenate([np.arange(r, r + n) for r, n in zip(hidden_rows, kept)])
+        dst[:] = np.concatenate([np.arange(i * w, i * w + n) for i, n in enumerate(kept)])
+        end = self._table_at + bs * cols
+        h[self._table_at : end] = table.reshape(-1)
+        self._stage[:end].copy_(host[:end], non_blocking=True)
+        self.block_tables[:bs, :cols].copy_(self._stage[self._table_at : end].view(bs, cols))
+        rows = int(n_kept.sum())
+        self.hidden.index_copy_(0, self.dst[:rows], hidden.index_select(0, self.src[:rows]))
+        self._staged = (lens.tolist(), chain_lens.tolist())
         return bs
 
     def replay(self, bucket: int, num: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from ninfer_kernels import ops
 
@@ -46,6 +47,12 @@ class VerifyScratch:
         if not 0 <= position < self.width:
             raise IndexError(f"verify position {position} outside 0..{self.width - 1}")
         return self.first_row + slot * self.width + position
+
+    def row_array(self, slots: np.ndarray, width: int) -> np.ndarray:
+        """int64 [len(slots), width]: :meth:`row` of every slot and position below ``width``."""
+        if width > self.width:
+            raise IndexError(f"verify width {width} beyond the scratch rows' {self.width}")
+        return self.first_row + slots[:, None] * self.width + np.arange(width)
 
     def settle(self, slots: Sequence[int], positions: Sequence[int]) -> None:
         """Working slot ``slots[i]`` takes the state after its verify position ``positions[i]``."""

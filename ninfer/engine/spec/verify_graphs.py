@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
@@ -34,19 +35,33 @@ class VerifyGraphs:
         self.buckets = buckets_up_to(max_batch)
         self.max_blocks = -(-max_context // block_size)
         n, w = self.buckets[-1], width
-        i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        self.input_ids = torch.zeros(n * w, **i64)
-        self.positions = torch.zeros(n * w, **i64)
-        self.slot_mapping = torch.full((n * w,), -1, **i64)
-        self.seq_lens = torch.full((n,), w, **i64)
+        i32 = dict(dtype=torch.int32, device=device)
+        # One int64 staging buffer on the device holds every per-step input (the graphs read
+        # views of it), then the block tables on their way into ``block_tables``; a step
+        # fills a pinned host copy (two, alternating) and sends it in one transfer.
+        fields = [("input_ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n)]
+        if scratch is not None:
+            fields += [("state_slots", n), ("position_rows", n * w)]
+        self._offsets, end = {}, 0
+        for name, size in fields:
+            self._offsets[name] = (end, end + size)
+            end += size
+        self._table_at = end
+        self._stage = torch.zeros(end + n * self.max_blocks, dtype=torch.int64, device=device)
+        for name, (lo, hi) in self._offsets.items():
+            setattr(self, name, self._stage[lo:hi])
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.fill_(w)
+        if scratch is not None:
+            self.state_slots.fill_(scratch.trash_row)
+            self.position_rows = self.position_rows.view(n, w)
+            self.position_rows.fill_(scratch.trash_row)
         self.block_tables = torch.zeros(n, self.max_blocks, **i32)
         self.query_start = torch.arange(n + 1, **i32) * w
-        self.rows = torch.arange(n * w, **i64)
-        self.step_start = torch.arange(n + 1, **i32)
-        if scratch is not None:
-            trash = scratch.trash_row
-            self.state_slots = torch.full((n,), trash, **i64)
-            self.position_rows = torch.full((n, w), trash, **i64)
+        self.rows = torch.arange(n * w, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
 
@@ -105,29 +120,47 @@ class VerifyGraphs:
         num, w, bsz = len(starts), self.width, self.block_size
         bs = self.bucket_for(num)
         assert bs is not None, "batch larger than the largest captured bucket"
-        pos = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(w)
+        host = self._hosts[self._turn]
+        self._turn ^= 1
+        h = host.numpy()
+
+        def field(name: str, size: int) -> np.ndarray:
+            lo = self._offsets[name][0]
+            return h[lo : lo + size]
+
+        pos = np.fromiter(starts, dtype=np.int64, count=num)[:, None] + np.arange(w)
         width = max(len(t) for t in block_tables)
-        table = torch.zeros(bs, width, dtype=torch.int64)
-        pages = torch.zeros(bs, dtype=torch.int64)
+        table = np.zeros((bs, width), dtype=np.int64)
+        pages = np.empty(num, dtype=np.int64)
         for i, t in enumerate(block_tables):
-            table[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+            table[i, : len(t)] = t
             pages[i] = len(t)
         page = pos // bsz
-        inside = page < pages[:num, None]  # padding drafts past a row's pages write no KV
-        slots = torch.where(inside, table[torch.arange(num)[:, None], page.clamp(max=width - 1)] * bsz + pos % bsz, -1)
-        dev = self.device
-        self.input_ids[: num * w].copy_(torch.tensor(token_ids, dtype=torch.int64), non_blocking=True)
-        self.positions[: num * w].copy_(pos.reshape(-1), non_blocking=True)
-        self.slot_mapping[: bs * w].fill_(-1)
-        self.slot_mapping[: num * w].copy_(slots.reshape(-1), non_blocking=True)
-        self.seq_lens[:bs].fill_(w)
-        self.seq_lens[:num].copy_(pos[:, -1] + 1, non_blocking=True)
-        self.block_tables[:bs, :width].copy_(table.to(dev, torch.int32), non_blocking=True)
+        inside = page < pages[:, None]  # padding drafts past a row's pages write no KV
+        slots = np.where(inside, table[np.arange(num)[:, None], np.minimum(page, width - 1)] * bsz + pos % bsz, -1)
+        ids = field("input_ids", bs * w)
+        ids[:] = 0
+        ids[: num * w] = token_ids
+        positions = field("positions", bs * w)
+        positions[:] = 0
+        positions[: num * w] = pos.reshape(-1)
+        kv = field("slot_mapping", bs * w)
+        kv[:] = -1
+        kv[: num * w] = slots.reshape(-1)
+        lens = field("seq_lens", bs)
+        lens[:] = w
+        lens[:num] = pos[:, -1] + 1
         if self.scratch is not None:
-            rows = torch.full((bs, w), self.scratch.trash_row, dtype=torch.int64)
-            for i, s in enumerate(state_slots):
-                rows[i] = torch.tensor([self.scratch.row(s, t) for t in range(w)])
-            self.position_rows[:bs].copy_(rows, non_blocking=True)
-            self.state_slots[:bs].fill_(self.scratch.trash_row)
-            self.state_slots[:num].copy_(torch.tensor(list(state_slots), dtype=torch.int64), non_blocking=True)
+            trash = self.scratch.trash_row
+            working = np.fromiter(state_slots, dtype=np.int64, count=num)
+            rows = field("position_rows", bs * w).reshape(bs, w)
+            rows[:] = trash
+            rows[:num] = self.scratch.row_array(working, w)
+            held = field("state_slots", bs)
+            held[:] = trash
+            held[:num] = working
+        end = self._table_at + bs * width
+        h[self._table_at : end] = table.reshape(-1)
+        self._stage[:end].copy_(host[:end], non_blocking=True)
+        self.block_tables[:bs, :width].copy_(self._stage[self._table_at : end].view(bs, width))
         return bs

@@ -17,8 +17,9 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from ninfer.engine.defaults import ResolvedSampling
 from ninfer.engine.sampling_metadata import TokenMask, to_device
-from ninfer.engine.spec.acceptance import Verdict, verify
+from ninfer.engine.spec.acceptance import Verdict, accept_greedy, verify
 from ninfer.engine.spec.distribution import bonus_rows, processed_distribution, verify_metadata
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.model.forward_batch import ForwardBatch, VerifyRows
@@ -86,6 +87,9 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
     drafts_t = to_device(drafts, torch.int64, device)
     num_drafts = to_device([len(c.drafts) for c in chunks], torch.int64, device)
     settings = [c.seq.sampling for c in chunks]
+    if token_mask is None and all(_plain_argmax(c.seq.sampling, c.seq.num_output_tokens) for c in chunks):
+        # p is the point mass on the raw argmax at every row: no sampling metadata needed
+        return accept_greedy(drafts_t, num_drafts, logits.argmax(dim=-1).view(len(chunks), width))
     history = any(r.uses_penalties for r in settings)
     meta = verify_metadata(
         settings,
@@ -97,6 +101,15 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
     target = processed_distribution(logits.float(), meta, bonus_rows(num_drafts, len(chunks), k))
     q = _draft_q(chunks, drafts_t, logits.shape[-1], draft_probs) if draft_probs else None
     return verify(drafts_t, num_drafts, target, q)
+
+
+def _plain_argmax(row: ResolvedSampling, position: int) -> bool:
+    """Whether the plain sampler takes the raw logits' argmax for ``row`` at output
+    ``position`` and every later one: greedy, no bias or penalties, no stop ban left."""
+    return (
+        row.greedy and not row.uses_penalties and not row.logit_bias
+        and not (row.stop_token_ids and position < row.min_tokens)
+    )
 
 
 def _draft_q(chunks, drafts: torch.Tensor, vocab: int, draft_probs: Mapping[int, torch.Tensor]) -> torch.Tensor:
