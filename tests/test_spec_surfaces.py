@@ -43,3 +43,32 @@ def test_the_batch_runner_speculates_per_request_and_reports_it(tiny_qwen3):
     assert summary["backend"] == "ngram" and summary["requests_disabling"] == 1
     assert summary["rounds"] > 0 and summary["draft_tokens"] >= summary["accepted_tokens"]
     assert summary["acceptance_length"] >= 1.0
+
+
+def test_ninfer_shortlist_counts_a_checkpoint_s_vocabulary(tmp_path, capsys):
+    """The command ranks the vocabulary over a corpus (control tokens first, then by
+    count), writes the file beside the checkpoint, and --lm-head-draft reads it."""
+    from ninfer.cli.shortlist import main
+    from ninfer.engine.spec.shortlist import read_shortlist
+    from ninfer.tiny.make import make_tiny
+    from ninfer.tokenizer import Tokenizer
+
+    model = make_tiny(tmp_path / "m", "qwen3_5", seed=0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("zebra " * 300 + "apple " * 100)
+    (corpus / "b.md").write_text("apple banana " * 50)
+    (corpus / "skip.bin").write_bytes(b"\xff\xfe" * 10)  # not a text file: never read
+    main([str(model), "--corpus", str(corpus)])
+    summary = json.loads(capsys.readouterr().out)
+    data = json.loads((model / "lm_head_shortlist.json").read_text())
+    tok = Tokenizer.from_pretrained(model)
+    control = sorted(tok.backend.get_added_tokens_decoder())
+    assert data["format"] == "ninfer-lm-head-shortlist" and data["special_token_ids"] == control
+    assert data["token_ids"][: len(control)] == control
+    rest = data["counts"][len(control):]
+    assert rest == sorted(rest, reverse=True) and sorted(data["token_ids"]) == list(range(tok.vocab_size))
+    zebra = tok.encode(" zebra")
+    assert data["token_ids"][len(control)] in zebra  # the most frequent word's token leads the rest
+    assert summary["tokens"] == sum(data["counts"]) and summary["texts"] == 2
+    assert read_shortlist(model, 12, tok.vocab_size) == data["token_ids"][:12]

@@ -124,6 +124,19 @@ def test_chained_steps_on_a_subset_of_bases_equal_the_full_chain(trained):
                 torch.testing.assert_close(a, b[:, bases], atol=1e-5, rtol=1e-5)
 
 
+def test_cached_decoding_equals_the_full_forward(trained):
+    """The report decodes greedily from the layers' states (conv, recurrent, KV): a prompt,
+    then one token per call, must give the full forward pass's hidden states."""
+    model = _ours(trained)
+    ids = torch.tensor([_prompt_ids(trained)] * 2)
+    with torch.no_grad():
+        full = model.hidden(ids)
+        cache = [{} for _ in model.text.layers]
+        parts = [model.hidden(ids[:, :7], cache)]
+        parts += [model.hidden(ids[:, i : i + 1], cache, start=i) for i in range(7, ids.shape[1])]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
 def test_ninfer_serves_it_greedy_equal(trained):
     from ninfer import LLM, SamplingParams
     from ninfer.train.report import greedy_continue

@@ -7,8 +7,13 @@ training step (small batched LAPACK calls, forward and backward). Here every blo
 system is solved at once, as a product of matrix squares (the system matrix is ``I + A``
 with ``A`` strictly lower triangular, so ``A ** C == 0`` and
 ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)...``), and only the state update walks the
-blocks (FLA's WY form). The result equals the reference up to float rounding
-(tests/test_train.py compares them).
+blocks (FLA's WY form). The inverse's gradient is its closed form (two products per
+block) rather than autograd's walk back through the squares, and the blocks are
+unbound, not indexed, so the backward never writes a full-size tensor per block. The
+result equals the reference up to float rounding (tests/test_train.py compares them).
+
+With a ``state`` to start from and ``return_state``, the same function continues a
+sequence: the report's greedy decoding feeds it a prompt, then one token at a time.
 """
 
 from __future__ import annotations
@@ -32,11 +37,30 @@ def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     return inv
 
 
+class _UnitLowerInverse(torch.autograd.Function):
+    """:func:`unit_lower_inverse` with the inverse's own gradient, ``-M^-T G M^-T`` for
+    ``M = I + a``, instead of autograd's walk back through every matrix square."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor) -> torch.Tensor:
+        inv = unit_lower_inverse(a)
+        ctx.save_for_backward(inv)
+        return inv
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (inv,) = ctx.saved_tensors
+        inv_t = inv.transpose(-1, -2)
+        return -(inv_t @ grad @ inv_t).tril(-1)  # ``a`` is strictly lower: nothing flows elsewhere
+
+
 def chunk_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk: int = CHUNK
-) -> torch.Tensor:
-    """Zero initial state; q/k [N, L, Dk] (normalised, q scaled), v [N, L, Dv], g/beta [N, L],
-    all float32. Returns the outputs [N, L, Dv]."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk: int = CHUNK,
+    state: torch.Tensor | None = None, return_state: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """q/k [N, L, Dk] (normalised, q scaled), v [N, L, Dv], g/beta [N, L], all float32, from
+    ``state`` [N, Dk, Dv] (zeros without it). Returns the outputs [N, L, Dv], and with
+    ``return_state`` the state after the last token too."""
     length = q.shape[1]
     pad = -length % chunk
     if pad:  # padded tokens come last and write nothing (beta = 0), so earlier outputs are unchanged
@@ -49,17 +73,27 @@ def chunk_delta_rule(
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
     kk = k @ k.transpose(-1, -2)
-    inv = unit_lower_inverse((beta[..., None] * kk * decay).tril(-1))
+    inv = _UnitLowerInverse.apply((beta[..., None] * kk * decay).tril(-1))
     u = inv @ (beta[..., None] * v)  # what each token writes, before the state's prediction
     w = inv @ ((beta * cum.exp())[..., None] * k)  # how the state's prediction enters it
     scores = (q @ k.transpose(-1, -2)) * decay
     q_decayed = q * cum.exp()[..., None]
-    k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
-    block_decay = cum[..., -1].exp()
-    state = q.new_zeros(n, dk, dv)
+    k_to_end = (k * (cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2)
+    block_decay = cum[..., -1].exp()[..., None, None]
+
+    def per_block(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # unbind, not indexing: indexing's backward writes a full-size zero tensor per block
+        return t.transpose(0, 1).contiguous().unbind(0)
+
     outs = []
-    for b in range(q.shape[1]):
-        writes = u[:, b] - w[:, b] @ state
-        outs.append(q_decayed[:, b] @ state + scores[:, b] @ writes)
-        state = state * block_decay[:, b, None, None] + k_to_end[:, b].transpose(-1, -2) @ writes
-    return torch.stack(outs, dim=1).reshape(n, -1, dv)[:, :length]
+    for u_b, w_b, qd_b, s_b, ke_b, bd_b in zip(*map(per_block, (u, w, q_decayed, scores, k_to_end, block_decay))):
+        if state is None:  # the state starts at zero
+            writes = u_b
+            outs.append(s_b @ writes)
+            state = ke_b @ writes
+        else:
+            writes = u_b - w_b @ state
+            outs.append(qd_b @ state + s_b @ writes)
+            state = state * bd_b + ke_b @ writes
+    out = torch.stack(outs, dim=1).reshape(n, -1, dv)[:, :length]
+    return (out, state) if return_state else out

@@ -35,12 +35,9 @@ def make_optimizer(model: TrainModel, preset: Preset) -> torch.optim.Optimizer:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed_tokens" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed_tokens" not in n)]
     groups = [{"params": decay, "weight_decay": preset.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    import os
-    if os.environ.get("NTRAIN_EXP") == "lr2":
-        ids = {id(p) for p in model.mtp.parameters()}
-        groups = [{"params": [p for p in g["params"] if id(p) not in ids], "weight_decay": g["weight_decay"], "scale": 1.0} for g in groups] + \
-                 [{"params": [p for p in g["params"] if id(p) in ids], "weight_decay": g["weight_decay"], "scale": 2.0} for g in groups]
-    return torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, 0.95), eps=1e-8)
+    # the fused kernel on a GPU (one launch for all tensors); on a CPU torch's default
+    fused = True if next(model.parameters()).device.type == "cuda" else None
+    return torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
 
 def losses(
@@ -58,40 +55,38 @@ def losses(
     n = tokens.shape[1] - 1 - depth
     every = torch.arange(n, device=tokens.device)
     bases = every[offset % preset.mtp_stride :: preset.mtp_stride]
-    import os
-    iso = os.environ.get("NTRAIN_EXP") == "iso"
-    outs = model.mtp_chain(tokens[:, :-1], hidden[:, :-1].detach(), depth, bases=bases, isolate=iso)
+    outs = model.mtp_chain(tokens[:, :-1], hidden[:, :-1].detach(), depth, bases=bases)
     mtp = []
     for step, out in enumerate(outs, start=1):
         at = every if step == 1 else bases
-        import os
-        if os.environ.get("NTRAIN_EXP") == "hard":
-            target = logits[:, at + step].detach().argmax(-1)
-            mtp.append(F.cross_entropy(model.logits(out).flatten(0, 1), target.flatten()))
-        else:
-            target = logits[:, at + step].detach().softmax(-1)  # main's view of token t + step + 1
-            out_logits = F.linear(out, model.lm_head.weight.detach()).float() if iso else model.logits(out)
-            mtp.append(F.cross_entropy(out_logits.flatten(0, 1), target.flatten(0, 1)))
+        target = logits[:, at + step].detach().softmax(-1)  # main's view of token t + step + 1
+        mtp.append(F.cross_entropy(model.logits(out).flatten(0, 1), target.flatten(0, 1)))
     return lm, mtp
 
 
-def sample_batch(stream: torch.Tensor, preset: Preset, generator: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(stream) - preset.seq_len, (preset.batch_size,), generator=generator)
-    return torch.stack([stream[s : s + preset.seq_len] for s in starts.tolist()])
+def batch_starts(stream_len: int, preset: Preset, seed: int) -> torch.Tensor:
+    """Every step's window starts [steps, batch], drawn up front from their own generator."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, stream_len - preset.seq_len, (preset.steps, preset.batch_size), generator=generator)
 
 
 def train(model: TrainModel, stream: torch.Tensor, preset: Preset, seed: int, device: torch.device) -> dict:
-    """Run ``preset.steps`` steps on token ``stream`` [N]; returns loss figures and the time taken."""
-    generator = torch.Generator().manual_seed(seed + 1)
+    """Run ``preset.steps`` steps on token ``stream`` [N]; returns loss figures and the time taken.
+
+    The stream and the batch plan live on ``device``, and the running losses stay there
+    too, read back only when logged: no host round trip in the loop."""
     optimizer = make_optimizer(model, preset)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    stream = stream.to(device)
+    starts = batch_starts(len(stream), preset, seed).to(device)
+    window = torch.arange(preset.seq_len, device=device)
     model.train()
     start, log_every = time.perf_counter(), max(1, preset.steps // 10)
-    lm_avg = mtp_avg = None
+    running = None  # [lm, mtp 1..depth], exponential moving averages
     for step in range(preset.steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, preset) * group.get("scale", 1.0)
-        tokens = sample_batch(stream, preset, generator).to(device)
+            group["lr"] = lr_at(step, preset)
+        tokens = stream[starts[step, :, None] + window]
         with autocast:
             lm, mtp = losses(model, tokens, preset, offset=step)
             loss = lm + preset.mtp_weight * sum(mtp)
@@ -99,11 +94,12 @@ def train(model: TrainModel, stream: torch.Tensor, preset: Preset, seed: int, de
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        lm_now, mtp_now = lm.item(), [m.item() for m in mtp]
-        lm_avg = lm_now if lm_avg is None else 0.9 * lm_avg + 0.1 * lm_now
-        mtp_avg = mtp_now if mtp_avg is None else [0.9 * a + 0.1 * b for a, b in zip(mtp_avg, mtp_now)]
+        now = torch.stack([lm.detach(), *(m.detach() for m in mtp)]).float()
+        running = now if running is None else running.lerp(now, 0.1)
         if (step + 1) % log_every == 0 or step + 1 == preset.steps:
+            lm_avg, *mtp_avg = running.tolist()
             logger.info("step {}/{}: lm loss {:.3f}, mtp loss {} ({:.0f} s)", step + 1, preset.steps, lm_avg,
                         " ".join(f"{m:.3f}" for m in mtp_avg), time.perf_counter() - start)
+    lm_avg, *mtp_avg = running.tolist()  # waits for the device to finish
     model.eval()
     return {"train_seconds": time.perf_counter() - start, "final_lm_loss": lm_avg, "final_mtp_loss": mtp_avg}

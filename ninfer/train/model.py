@@ -27,7 +27,7 @@ from torch import nn
 from ninfer_kernels.gated_delta import prepare_qk
 from ninfer_kernels.gated_rms_norm import gated_rms_norm
 from ninfer_kernels.rope import apply_rope, rope_cos_sin
-from ninfer.train.delta_rule import chunk_delta_rule
+from ninfer.train.delta_rule import CHUNK, chunk_delta_rule
 from ninfer_plugins.models.hybrid_config import LINEAR, HybridConfig
 
 INIT_STD = 0.02
@@ -71,6 +71,20 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+    """The depthwise causal convolution of ``x`` [B, L, C] by ``weight`` [C, 1, K] (``nn.Conv1d``'s
+    layout, padded by K - 1 and cut to L), as K shifted products: no transposes, and on a CPU
+    cheaper than the convolution's own backward. ``history`` [B, K - 1, C]: the inputs before
+    ``x`` (zeros without it)."""
+    n, size = x.shape[1], weight.shape[-1]
+    padded = F.pad(x, (0, 0, size - 1, 0)) if history is None else torch.cat([history, x], dim=1)
+    taps = weight[:, 0].t()  # [K, C]
+    out = padded[:, :n] * taps[0]
+    for i in range(1, size):
+        out = torch.addcmul(out, padded[:, i : i + n], taps[i])
+    return out
+
+
 class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: HybridConfig):
         super().__init__()
@@ -92,9 +106,17 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = _linear(self.value_dim, h)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """``cache`` (decoding only): the conv inputs and recurrent state to continue from
+        (an empty dict starts from zeros); updated in place."""
         b, n, _ = x.shape
-        qkv = F.silu(self.conv1d(self.in_proj_qkv(x).transpose(1, 2))[..., :n]).transpose(1, 2)
+        mixed = self.in_proj_qkv(x)
+        history = None if cache is None else cache.get("conv")
+        qkv = F.silu(causal_conv(mixed, self.conv1d.weight, history))
+        if cache is not None:
+            size = self.conv1d.weight.shape[-1]
+            tail = F.pad(mixed, (0, 0, size - 1, 0)) if history is None else torch.cat([history, mixed], dim=1)
+            cache["conv"] = tail[:, 1 - size :]
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = prepare_qk(q.reshape(b, n, self.hk, self.dk), k.reshape(b, n, self.hk, self.dk), self.hv)
         beta = self.in_proj_b(x).float().sigmoid()
@@ -104,7 +126,12 @@ class GatedDeltaNet(nn.Module):
             return t.transpose(1, 2).reshape(b * self.hv, n, *t.shape[3:])
 
         with torch.autocast(x.device.type, enabled=False):  # the recurrence stays float32
-            out = chunk_delta_rule(fold(q), fold(k), fold(v.float().reshape(b, n, self.hv, self.dv)), fold(g), fold(beta))
+            args = fold(q), fold(k), fold(v.float().reshape(b, n, self.hv, self.dv)), fold(g), fold(beta)
+            if cache is None:
+                out = chunk_delta_rule(*args)
+            else:  # a prompt in blocks of CHUNK, then (from its state) one token at a time, unpadded
+                chunk = 1 if "state" in cache else CHUNK
+                out, cache["state"] = chunk_delta_rule(*args, chunk=chunk, state=cache.get("state"), return_state=True)
         out = out.reshape(b, self.hv, n, self.dv).transpose(1, 2).to(x.dtype)
         out = self.norm(out, self.in_proj_z(x).reshape(b, n, self.hv, self.dv))
         return self.out_proj(out.reshape(b, n, self.value_dim))
@@ -133,7 +160,8 @@ class GatedAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor, past: list[KV], mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, KV]:
-        """``past``: earlier chain steps' keys and values, seen through ``mask``; causal without a mask."""
+        """``past``: earlier keys and values, seen through ``mask``: the MTP chain's earlier steps,
+        or without a mask a decoding cache (every key visible: ``x`` is the next token)."""
         b, n, _ = x.shape
         q, gate = self.q_proj(x).view(b, n, self.nh, 2 * self.d).chunk(2, dim=-1)
         q = self.q_norm(q)
@@ -142,7 +170,7 @@ class GatedAttention(nn.Module):
         q = q.view(b, n, self.nh, self.d).transpose(1, 2)
         k = k.view(b, n, self.nkv, self.d).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.nkv, self.d).transpose(1, 2)
-        if mask is None:
+        if mask is None and not past:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             keys = torch.cat([p[0] for p in past] + [k], dim=2)
@@ -164,12 +192,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCentredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos_sin, positions, past: list[KV] = (), mask=None) -> tuple[torch.Tensor, KV | None]:
+    def forward(
+        self, x, cos_sin, positions, past: list[KV] = (), mask=None, cache: dict | None = None
+    ) -> tuple[torch.Tensor, KV | None]:
+        """``cache`` (decoding only, updated in place): the layer's state after the tokens so far."""
         kv = None
         if self.is_linear:
-            mixed = self.linear_attn(self.input_layernorm(x))
-        else:
+            mixed = self.linear_attn(self.input_layernorm(x), cache)
+        elif cache is None:
             mixed, kv = self.self_attn(self.input_layernorm(x), cos_sin, positions, list(past), mask)
+        else:
+            past = [cache["kv"]] if "kv" in cache else []
+            mixed, kv = self.self_attn(self.input_layernorm(x), cos_sin, positions, past, None)
+            cache["kv"] = tuple(torch.cat([p, new], dim=2) for p, new in zip(cache["kv"], kv)) if past else kv
         x = x + mixed
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -226,12 +261,16 @@ class TrainModel(nn.Module):
     def text(self) -> TextModel:
         return self.model.language_model
 
-    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [B, L, H] after the final norm (what the LM head and MTP read)."""
+    def hidden(self, tokens: torch.Tensor, cache: list[dict] | None = None, start: int = 0) -> torch.Tensor:
+        """Final hidden states [B, L, H] after the final norm (what the LM head and MTP read).
+
+        Decoding: ``cache`` (one dict per layer, empty at first) holds every layer's state
+        after the tokens so far, and ``tokens`` continue them from position ``start``:
+        a prompt first, then one token per call."""
         x = self.text.embed_tokens(tokens)
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        for layer in self.text.layers:
-            x, _ = layer(x, self.cos_sin, positions)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        for i, layer in enumerate(self.text.layers):
+            x, _ = layer(x, self.cos_sin, positions, cache=None if cache is None else cache[i])
         return self.text.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -239,7 +278,7 @@ class TrainModel(nn.Module):
 
     def mtp_chain(
         self, tokens: torch.Tensor, hidden: torch.Tensor, depth: int, drafts: bool = False,
-        bases: torch.Tensor | None = None, isolate: bool = False,
+        bases: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Chain the MTP ``depth`` times over bases ``t < n = L - depth``.
 
@@ -263,7 +302,7 @@ class TrainModel(nn.Module):
                 ids = self.logits(prev).argmax(-1) if drafts else tokens[:, bases + step]
                 mask = chain_mask(n, bases, step)
             table = self.text.embed_tokens.weight
-            emb = self.mtp.pre_fc_norm_embedding(F.embedding(ids, table.detach() if isolate else table))
+            emb = self.mtp.pre_fc_norm_embedding(F.embedding(ids, table))
             x = self.mtp.fc(torch.cat([emb, self.mtp.pre_fc_norm_hidden(prev)], dim=-1))
             for layer, past in zip(self.mtp.layers, pasts):
                 x, kv = layer(x, self.cos_sin, at + step - 1, past, mask)

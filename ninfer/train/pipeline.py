@@ -17,7 +17,7 @@ from ninfer.train.loop import train
 from ninfer.train.model import TrainModel
 from ninfer.train.presets import Preset
 from ninfer.train.report import evaluate
-from ninfer.train.shortlist import build_shortlist, write_shortlist
+from ninfer.engine.spec.shortlist import build_shortlist, write_shortlist
 from ninfer.train.tokenizer import control_token_ids, encode_documents, fit_tokenizer, write_tokenizer
 from ninfer_plugins.models.hybrid_config import HybridConfig
 
@@ -51,8 +51,11 @@ def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | tor
     total_params = sum(p.numel() for p in model.parameters())
     logger.info("model: {:.2f}M parameters ({:.2f}M in the MTP layer), preset {}", total_params / 1e6,
                 mtp_params / 1e6, preset.name)
+    prepared = time.perf_counter()
     training = train(model, train_stream, preset, seed, device)
+    evaluating = time.perf_counter()
     figures = evaluate(model, heldout_stream, preset, device)
+    evaluated = time.perf_counter()
     write_checkpoint(out_dir, config, ids, checkpoint_tensors(config, model.state_dict(), seed))
     shortlist = build_shortlist(train_stream, ids["vocab_size"], control_token_ids(tok), config["vocab_size"])
     write_shortlist(out_dir, shortlist)
@@ -71,6 +74,8 @@ def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | tor
         "mtp_parameters": mtp_params,
         **training,
         **figures,
+        "prepare_seconds": prepared - start,  # corpus, tokenizer, model
+        "evaluate_seconds": evaluated - evaluating,
         "total_seconds": time.perf_counter() - start,
     }
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -46,12 +46,17 @@ def _accepted(drafts: list[torch.Tensor], targets: list[torch.Tensor]) -> list[f
 
 @torch.no_grad()
 def greedy_continue(model: TrainModel, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation (the whole sequence recomputed per token: short sequences, plain code)."""
-    seq = prompts
-    for _ in range(new_tokens):
-        nxt = model.logits(model.hidden(seq)[:, -1]).argmax(-1)
-        seq = torch.cat([seq, nxt[:, None]], dim=1)
-    return seq
+    """Greedy continuation of ``prompts`` [B, P] by ``new_tokens``, decoding from the layers'
+    states (:meth:`TrainModel.hidden` with a cache) as an engine does; returns [B, P + new_tokens]."""
+    cache: list[dict] = [{} for _ in model.text.layers]
+    hidden = model.hidden(prompts, cache)
+    seq = [prompts]
+    for i in range(new_tokens):
+        nxt = model.logits(hidden[:, -1]).argmax(-1)[:, None]
+        seq.append(nxt)
+        if i + 1 < new_tokens:
+            hidden = model.hidden(nxt, cache, start=prompts.shape[1] + i)
+    return torch.cat(seq, dim=1)
 
 
 @torch.no_grad()

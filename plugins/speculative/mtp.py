@@ -28,11 +28,12 @@ from loguru import logger
 from ninfer.capabilities import SpeculativeBackend
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.spec.distribution import propose
+from ninfer.engine.spec.shortlist import read_shortlist
 from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.interface import AttentionSpec
 from ninfer_plugins.speculative.mtp_graphs import MtpGraphs
-from ninfer_plugins.speculative.shortlist_head import ShortlistHead, read_shortlist
+from ninfer_plugins.speculative.shortlist_head import ShortlistHead
 
 
 def _head(model):

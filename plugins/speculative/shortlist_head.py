@@ -7,36 +7,14 @@ the head) and maps the winner back to its vocabulary id. Verification always run
 full head, so a token outside the shortlist is still produced whenever the target wants
 it; it just cannot be drafted.
 
-The shortlist is ``lm_head_shortlist.json`` beside the checkpoint: ``ninfer-train``
-writes one for the models it trains (frequency-ranked over its corpus, the control
-tokens first; see :mod:`ninfer.train.shortlist`); a command that counts one for any
-checkpoint is not built yet.
+The shortlist is ``lm_head_shortlist.json`` beside the checkpoint (its format:
+:mod:`ninfer.engine.spec.shortlist`): ``ninfer-train`` writes one for the models it
+trains, and ``ninfer-shortlist MODEL_DIR`` counts one for any checkpoint over a corpus.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Optional
-
 import torch
-
-FILE = "lm_head_shortlist.json"
-FORMAT = "ninfer-lm-head-shortlist"
-
-
-def read_shortlist(model_dir: Optional[Path], size: int, vocab_size: int) -> list[int]:
-    """The first ``size`` ids of the checkpoint's shortlist (ids past the vocabulary dropped)."""
-    path = Path(model_dir or ".") / FILE
-    if not path.is_file():
-        raise ValueError(f"speculative.lm_head_draft: no {FILE} beside the checkpoint ({path}); ninfer-train writes "
-                         "one for the models it trains (counting one for another checkpoint is not built yet)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("format") != FORMAT or not isinstance(data.get("token_ids"), list):
-        raise ValueError(f"speculative.lm_head_draft: {path} is not a {FORMAT} file")
-    ids = [int(t) for t in data["token_ids"] if 0 <= int(t) < vocab_size]
-    return list(dict.fromkeys(ids))[:size]
-
 
 class ShortlistHead:
     """``logits`` over the shortlist and ``pick`` mapping their argmax back to vocabulary ids."""
