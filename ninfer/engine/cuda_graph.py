@@ -101,6 +101,58 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     return graphs, outputs
 
 
+class StagedInputs:
+    """A captured step's integer inputs, sent to the device in one transfer per step.
+
+    One int64 buffer on the device holds every named field (the graphs read views of it:
+    :meth:`device`) followed by room for ``table_rows`` block-table rows of ``max_blocks``
+    entries on their way into an int32 table. A step fills a pinned host copy (two,
+    alternating, so the previous step's copy may still be in flight) through numpy views
+    (:meth:`host`), then :meth:`send` moves the filled prefix and the table.
+    """
+
+    def __init__(self, fields: Sequence[tuple[str, int]], table_rows: int, max_blocks: int, device: torch.device):
+        self._offsets: dict[str, int] = {}
+        end = 0
+        for name, size in fields:
+            self._offsets[name] = end
+            end += size
+        self._sizes = dict(fields)
+        self._table_at, self.max_blocks = end, max_blocks
+        self._stage = torch.zeros(end + table_rows * max_blocks, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self._hosts = [torch.zeros(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self._current = self._hosts[0]
+        self._host = self._current.numpy()
+        self.block_tables = torch.zeros(table_rows, max_blocks, dtype=torch.int32, device=device)
+
+    def device(self, name: str) -> torch.Tensor:
+        """The device view of field ``name`` (what a graph captures)."""
+        lo = self._offsets[name]
+        return self._stage[lo : lo + self._sizes[name]]
+
+    def begin(self) -> None:
+        """Start filling the next step's host copy."""
+        self._current = self._hosts[self._turn]
+        self._host = self._current.numpy()
+        self._turn ^= 1
+
+    def host(self, name: str, shape) -> np.ndarray:
+        """The first ``prod(shape)`` entries of field ``name`` in the host copy, shaped."""
+        lo = self._offsets[name]
+        return self._host[lo : lo + int(np.prod(shape))].reshape(shape)
+
+    def send(self, table: np.ndarray) -> None:
+        """Copy the fields and ``table`` [rows, cols] to the device; the table lands in
+        ``block_tables[:rows, :cols]`` (entries past ``cols`` keep stale page ids)."""
+        rows, cols = table.shape
+        end = self._table_at + rows * cols
+        self._host[self._table_at : end] = table.reshape(-1)
+        self._stage[:end].copy_(self._current[:end], non_blocking=True)
+        self.block_tables[:rows, :cols].copy_(self._stage[self._table_at : end].view(rows, cols))
+
+
 class DecodeGraphs:
     """One captured decode forward per bucket; :meth:`run` replays the right one."""
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
+from ninfer.engine.cuda_graph import StagedInputs, buckets_up_to, capture_buckets
 from ninfer.model.forward_batch import ForwardBatch
 
 
@@ -39,31 +39,20 @@ class MtpGraphs:
         c = max(k - 1, 1)  # chained steps after the extend (one unused slot when k = 1)
         i32 = dict(dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n * w, hidden_size, dtype=dtype, device=device)
-        # Every per-step input lives in one int64 staging buffer on the device (the graphs
-        # read views of it), followed by the rows to gather from the target's hidden
-        # states and the block tables; a step fills a pinned host copy (two, alternating)
-        # and sends it in one transfer.
+        # the per-step inputs, then the rows to gather from the target's hidden states
         fields = [("ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n), ("last", n),
                   ("chain_pos", c * n), ("chain_lens", c * n), ("chain_slots", c * n), ("src", n * w), ("dst", n * w)]
-        self._offsets, end = {}, 0
-        for name, size in fields:
-            self._offsets[name] = (end, end + size)
-            end += size
-        self._table_at = end
-        self._stage = torch.zeros(end + n * self.max_blocks, dtype=torch.int64, device=device)
-        for name, (lo, hi) in self._offsets.items():
-            setattr(self, name, self._stage[lo:hi])
-        self.chain_pos, self.chain_lens, self.chain_slots = (t.view(c, n) for t in
-                                                             (self.chain_pos, self.chain_lens, self.chain_slots))
-        pin = device.type == "cuda"
-        self._hosts = [torch.zeros(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self._turn = 0
+        self._inputs = StagedInputs(fields, n, self.max_blocks, device)
+        self.ids, self.positions, self.slot_mapping, self.seq_lens, self.last, self.src, self.dst = (
+            self._inputs.device(f) for f in ("ids", "positions", "slot_mapping", "seq_lens", "last", "src", "dst"))
+        self.chain_pos, self.chain_lens, self.chain_slots = (
+            self._inputs.device(f).view(c, n) for f in ("chain_pos", "chain_lens", "chain_slots"))
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(w)
         self.last.copy_(torch.arange(n, device=device) * w)  # each sequence's last kept row
         self.chain_lens.fill_(1)
         self.chain_slots.fill_(-1)
-        self.block_tables = torch.zeros(n, self.max_blocks, **i32)
+        self.block_tables = self._inputs.block_tables
         self.query_start = torch.arange(n + 1, **i32) * w
         self.step_start = torch.arange(n + 1, **i32)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -110,14 +99,8 @@ class MtpGraphs:
         of them, at most ``width``), whose target hidden rows start at ``hidden_rows[i]``."""
         num, w, bsz, chained = len(seqs), self.width, self.block_size, self.chain_pos.shape[0]
         bs = self.bucket_for(num)
-        host = self._hosts[self._turn]
-        self._turn ^= 1
-        h = host.numpy()
-
-        def field(name: str, shape) -> np.ndarray:
-            lo = self._offsets[name][0]
-            return h[lo : lo + int(np.prod(shape))].reshape(shape)
-
+        inputs = self._inputs
+        inputs.begin()
         start = np.fromiter(starts, dtype=np.int64, count=num)
         n_kept = np.fromiter(kept, dtype=np.int64, count=num)
         # the table covers every page a row or its chained drafts reach (zeros past a row's own)
@@ -125,7 +108,7 @@ class MtpGraphs:
         cols = min(self.max_blocks, max(reach, max(len(s.block_table) for s in seqs)))
         table = np.zeros((bs, cols), dtype=np.int64)
         pages = np.empty(num, dtype=np.int64)
-        ids = field("ids", (bs, w))
+        ids = inputs.host("ids", (bs, w))
         ids[:] = 0
         for i, (seq, s0, n) in enumerate(zip(seqs, starts, kept)):
             row = seq.block_table
@@ -140,19 +123,21 @@ class MtpGraphs:
             rows = np.arange(num).reshape((-1,) + (1,) * (p.ndim - 1))
             return np.where(inside, table[rows, np.minimum(page, cols - 1)] * bsz + p % bsz, -1)
 
-        pos = field("positions", (bs, w))
+        pos = inputs.host("positions", (bs, w))
         pos[:] = 0
         pos[:num] = start[:, None] + t
-        slots = field("slot_mapping", (bs, w))
+        slots = inputs.host("slot_mapping", (bs, w))
         slots[:] = -1
         slots[:num] = np.where(t < n_kept[:, None], kv_slot(pos[:num]), -1)
-        lens = field("seq_lens", bs)
+        lens = inputs.host("seq_lens", bs)
         lens[:] = w
         lens[:num] = start + w  # row t sits at position start + t
-        last = field("last", bs)
+        last = inputs.host("last", bs)
         last[:] = np.arange(bs) * w
         last[:num] += n_kept - 1
-        chain_pos, chain_lens, chain_slots = (field(name, (chained, bs))
+        # [chained, all rows] as the device views are laid out; this bucket uses the first bs columns
+        n = self.chain_pos.shape[1]
+        chain_pos, chain_lens, chain_slots = (inputs.host(name, (chained, n))[:, :bs]
                                               for name in ("chain_pos", "chain_lens", "chain_slots"))
         chain_pos[:], chain_lens[:], chain_slots[:] = 0, 1, -1
         if self.k > 1:
@@ -160,13 +145,10 @@ class MtpGraphs:
             chain_pos[:, :num] = p.T
             chain_lens[:, :num] = p.T + 1
             chain_slots[:, :num] = kv_slot(p).T
-        src, dst = field("src", n_kept.sum()), field("dst", n_kept.sum())
+        src, dst = inputs.host("src", n_kept.sum()), inputs.host("dst", n_kept.sum())
         src[:] = np.concatenate([np.arange(r, r + n) for r, n in zip(hidden_rows, kept)])
         dst[:] = np.concatenate([np.arange(i * w, i * w + n) for i, n in enumerate(kept)])
-        end = self._table_at + bs * cols
-        h[self._table_at : end] = table.reshape(-1)
-        self._stage[:end].copy_(host[:end], non_blocking=True)
-        self.block_tables[:bs, :cols].copy_(self._stage[self._table_at : end].view(bs, cols))
+        inputs.send(table)
         rows = int(n_kept.sum())
         self.hidden.index_copy_(0, self.dst[:rows], hidden.index_select(0, self.src[:rows]))
         self._staged = (lens.tolist(), chain_lens.tolist())

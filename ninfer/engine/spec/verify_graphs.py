@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ninfer.engine.cuda_graph import buckets_up_to, capture_buckets
+from ninfer.engine.cuda_graph import StagedInputs, buckets_up_to, capture_buckets
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.model.forward_batch import ForwardBatch, VerifyRows
 
@@ -36,30 +36,18 @@ class VerifyGraphs:
         self.max_blocks = -(-max_context // block_size)
         n, w = self.buckets[-1], width
         i32 = dict(dtype=torch.int32, device=device)
-        # One int64 staging buffer on the device holds every per-step input (the graphs read
-        # views of it), then the block tables on their way into ``block_tables``; a step
-        # fills a pinned host copy (two, alternating) and sends it in one transfer.
         fields = [("input_ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n)]
         if scratch is not None:
             fields += [("state_slots", n), ("position_rows", n * w)]
-        self._offsets, end = {}, 0
-        for name, size in fields:
-            self._offsets[name] = (end, end + size)
-            end += size
-        self._table_at = end
-        self._stage = torch.zeros(end + n * self.max_blocks, dtype=torch.int64, device=device)
-        for name, (lo, hi) in self._offsets.items():
-            setattr(self, name, self._stage[lo:hi])
-        pin = device.type == "cuda"
-        self._hosts = [torch.zeros(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self._turn = 0
+        self._staged = StagedInputs(fields, n, self.max_blocks, device)
+        self.input_ids, self.positions, self.slot_mapping, self.seq_lens = (
+            self._staged.device(f) for f in ("input_ids", "positions", "slot_mapping", "seq_lens"))
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(w)
         if scratch is not None:
-            self.state_slots.fill_(scratch.trash_row)
-            self.position_rows = self.position_rows.view(n, w)
-            self.position_rows.fill_(scratch.trash_row)
-        self.block_tables = torch.zeros(n, self.max_blocks, **i32)
+            self.state_slots = self._staged.device("state_slots").fill_(scratch.trash_row)
+            self.position_rows = self._staged.device("position_rows").view(n, w).fill_(scratch.trash_row)
+        self.block_tables = self._staged.block_tables
         self.query_start = torch.arange(n + 1, **i32) * w
         self.rows = torch.arange(n * w, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -120,14 +108,8 @@ class VerifyGraphs:
         num, w, bsz = len(starts), self.width, self.block_size
         bs = self.bucket_for(num)
         assert bs is not None, "batch larger than the largest captured bucket"
-        host = self._hosts[self._turn]
-        self._turn ^= 1
-        h = host.numpy()
-
-        def field(name: str, size: int) -> np.ndarray:
-            lo = self._offsets[name][0]
-            return h[lo : lo + size]
-
+        staged = self._staged
+        staged.begin()
         pos = np.fromiter(starts, dtype=np.int64, count=num)[:, None] + np.arange(w)
         width = max(len(t) for t in block_tables)
         table = np.zeros((bs, width), dtype=np.int64)
@@ -138,29 +120,26 @@ class VerifyGraphs:
         page = pos // bsz
         inside = page < pages[:, None]  # padding drafts past a row's pages write no KV
         slots = np.where(inside, table[np.arange(num)[:, None], np.minimum(page, width - 1)] * bsz + pos % bsz, -1)
-        ids = field("input_ids", bs * w)
+        ids = staged.host("input_ids", bs * w)
         ids[:] = 0
         ids[: num * w] = token_ids
-        positions = field("positions", bs * w)
+        positions = staged.host("positions", bs * w)
         positions[:] = 0
         positions[: num * w] = pos.reshape(-1)
-        kv = field("slot_mapping", bs * w)
+        kv = staged.host("slot_mapping", bs * w)
         kv[:] = -1
         kv[: num * w] = slots.reshape(-1)
-        lens = field("seq_lens", bs)
+        lens = staged.host("seq_lens", bs)
         lens[:] = w
         lens[:num] = pos[:, -1] + 1
         if self.scratch is not None:
             trash = self.scratch.trash_row
             working = np.fromiter(state_slots, dtype=np.int64, count=num)
-            rows = field("position_rows", bs * w).reshape(bs, w)
+            rows = staged.host("position_rows", (bs, w))
             rows[:] = trash
             rows[:num] = self.scratch.row_array(working, w)
-            held = field("state_slots", bs)
+            held = staged.host("state_slots", bs)
             held[:] = trash
             held[:num] = working
-        end = self._table_at + bs * width
-        h[self._table_at : end] = table.reshape(-1)
-        self._stage[:end].copy_(host[:end], non_blocking=True)
-        self.block_tables[:bs, :width].copy_(self._stage[self._table_at : end].view(bs, width))
+        staged.send(table)
         return bs
