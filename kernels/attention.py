@@ -10,6 +10,7 @@ so CPU runs stay quick.
 from __future__ import annotations
 
 import itertools
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +37,8 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
 
 
-def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first ``seq_len`` cached tokens of one sequence, contiguous: [seq_len, Hk, D]."""
+def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first ``seq_len`` cached tokens of one sequence, contiguous: [seq_len, Hk, ...]."""
     block_size = cache.shape[1]
     num_pages = -(-seq_len // block_size)
     pages = cache.index_select(0, block_table[:num_pages])
@@ -60,20 +61,32 @@ def paged_attention(
     Math runs in float32; the result has ``q``'s dtype. Rows past the last sequence
     (padding) come back as zeros.
     """
+    return attend_pages(q, lambda table, n: gather_pages(k_cache, table, n),
+                        lambda table, n: gather_pages(v_cache, table, n), k_cache.shape[2], batch, scale)
+
+
+#: reads one sequence's first ``seq_len`` cached keys or values: (block table, seq_len) -> [S, Hk, D]
+PageReader = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def attend_pages(q: torch.Tensor, read_k: PageReader, read_v: PageReader, num_kv_heads: int, batch: ForwardBatch,
+                 scale: float) -> torch.Tensor:
+    """:func:`paged_attention` with the cache behind readers (a quantized format dequantizes there)."""
     num_tokens, num_heads, _ = q.shape
-    num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     group = num_heads // num_kv_heads
-    out = torch.zeros(num_tokens, num_heads, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    out: Optional[torch.Tensor] = None
 
     starts = itertools.accumulate(batch.query_lens_host, initial=0)
     for i, (start, q_len, seq_len) in enumerate(zip(starts, batch.query_lens_host, batch.seq_lens_host)):
         if q_len == 0:
             continue
         table = batch.block_tables[i]
-        k = _gather_pages(k_cache, table, seq_len).float().transpose(0, 1)  # [Hk, S, D]
-        v = _gather_pages(v_cache, table, seq_len).float().transpose(0, 1)  # [Hk, S, Dv]
+        k = read_k(table, seq_len).float().transpose(0, 1)  # [Hk, S, D]
+        v = read_v(table, seq_len).float().transpose(0, 1)  # [Hk, S, Dv]
+        if out is None:
+            out = torch.zeros(num_tokens, num_heads, v.shape[-1], dtype=q.dtype, device=q.device)
         qi = q[start : start + q_len].float().transpose(0, 1)  # [H, q_len, D]
         mask = None
         if q_len > 1:
@@ -84,4 +97,6 @@ def paged_attention(
         # query head h to KV head h // group without copying K/V per query head.
         oi = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=group > 1)
         out[start : start + q_len] = oi.transpose(0, 1).to(q.dtype)
+    if out is None:  # no sequence has queries: the value width is the query's (no cache read)
+        out = torch.zeros_like(q)
     return out

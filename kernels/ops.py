@@ -16,7 +16,7 @@ import torch
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import (
     activation, attention, causal_conv, decode_attention, gated_delta, gated_delta_decode, gated_rms_norm, moe, norm,
-    qk_norm_rope, rope, state_rows,
+    kv_quant, qk_norm_rope, rope, state_rows,
 )
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
@@ -39,6 +39,8 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "moe_route": {"reference": moe.moe_route, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
+    "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
+    "paged_attention_quant": {"reference": kv_quant.paged_attention_quant, "triton": None},
 }
 
 
@@ -47,6 +49,11 @@ def register_triton(op: str, fn: Callable) -> None:
     if op not in IMPLEMENTATIONS:
         raise KeyError(f"unknown kernel op {op!r} (known: {', '.join(IMPLEMENTATIONS)})")
     IMPLEMENTATIONS[op]["triton"] = fn
+
+
+def has_triton(op: str) -> bool:
+    """Whether ``op`` has a CUDA kernel installed (and the references are not forced)."""
+    return IMPLEMENTATIONS[op]["triton"] is not None and not FORCE_REFERENCE
 
 
 def choose(op: str, device_type: str) -> Callable:
@@ -204,6 +211,18 @@ def fused_moe(
     shared2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2)
+
+
+def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,
+                   k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Quantize and store new K/V in a quantized cache's parts (see :mod:`ninfer_kernels.kv_quant`)."""
+    choose("write_kv_quant", k.device.type)(k_parts, v_parts, k_codec, v_codec, k, v, slot_mapping)
+
+
+def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],
+                          k_codec, v_codec, batch: ForwardBatch, scale: float) -> torch.Tensor:
+    """Paged attention over a quantized cache, dequantizing as it reads."""
+    return choose("paged_attention_quant", q.device.type)(q, k_parts, v_parts, k_codec, v_codec, batch, scale)
 
 
 def copy_state_rows(pools: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:

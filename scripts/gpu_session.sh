@@ -16,6 +16,8 @@
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec2    the spec GPU tests, a default-preset model trained on the GPU with MTP k=1,3
 #                                   at c=1 and 8, the 35B-A3B round cost at 512 and 32k context
+#   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
+#                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -97,6 +99,13 @@ open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
         --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt --no-transformers
     bench 220 random:qwen3.6-35b-a3b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 --no-transformers
+    ;;
+kv)
+    timeout 150 python3 -m pytest -q tests/test_kv_quant.py 2>&1 | tail -3 | tee "$OUT/pytest.txt"
+    for fmt in ${KV_FORMATS:-bf16 fp8 k8v4}; do
+        bench 170 random:qwen3.6-27b --dtype bf16 --kv-dtype "$fmt" --only bandwidth,decode --concurrency 1,8 \
+            --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 128 --no-transformers
+    done
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

@@ -29,6 +29,18 @@ def test_cpu_run_prints_one_json_line_per_figure(capsys):
     assert lines[2]["output_tokens"] >= 3 * 4
 
 
+def test_kv_dtype_flag_reaches_the_engine_and_the_figures(capsys):
+    args = ["tiny:qwen3", "--device", "cpu", "--only", "decode", "--concurrency", "1", "--decode-prompt-len", "16",
+            "--decode-output-len", "4", "--no-transformers"]
+    sizes = {}
+    for fmt in ("bf16", "fp8"):
+        assert bench.main([*args, "--kv-dtype", fmt]) == 0
+        line = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
+        assert line["kv_dtype"] == fmt
+        sizes[fmt] = line["bytes_per_step"]
+    assert sizes["fp8"] < sizes["bf16"]  # the step reads the quantized cache's real bytes
+
+
 TINY_HYBRID_MOE = {
     "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "vocab_size": 512,
     "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,

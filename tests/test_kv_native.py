@@ -49,8 +49,8 @@ def causal_oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 def test_registered_through_plugin_registry(native):
     assert native.name == "bf16"
-    assert native.bytes_per_element(torch.bfloat16) == 2
-    assert native.bytes_per_element(torch.float32) == 4
+    assert native.bytes_per_token(torch.bfloat16, HK, D) == 2 * HK * D * 2
+    assert native.bytes_per_token(torch.float32, HK, D) == 2 * HK * D * 4
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -59,7 +59,7 @@ def test_allocates_in_model_dtype(native, dtype):
     assert isinstance(cache, NativeKVCache)
     assert cache.k.dtype == cache.v.dtype == dtype
     assert cache.k.shape == (5, BLOCK, HK, D)
-    assert cache.nbytes == 2 * 5 * BLOCK * HK * D * native.bytes_per_element(dtype)
+    assert cache.nbytes == 5 * BLOCK * native.bytes_per_token(dtype, HK, D)
 
 
 def test_rejects_integer_dtype(native):

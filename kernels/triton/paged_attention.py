@@ -119,6 +119,28 @@ def _attend_range(
 
 
 @triton.jit
+def _block_rows(q_begin, q_len, t0, seq_len, kv_head, split, num_splits,
+                GROUP: tl.constexpr, TOKENS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SPLIT: tl.constexpr):
+    """The rows of a program (token block ``t0..``, every query head of ``kv_head``'s group)
+    and the keys they attend to in this split: (head, row_ok, pos, q_rows, lo, hi)."""
+    rows = tl.arange(0, BLOCK_M)
+    tok = t0 + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
+    pos = seq_len - q_len + tok  # each row sees keys 0..pos
+    q_rows = (q_begin + tok).to(tl.int64)
+    # Keys this block of rows can see at all, then this split's share of them.
+    hi = seq_len - q_len + tl.minimum(t0 + TOKENS, q_len)
+    lo = 0
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(hi, lo + chunk)
+    return head, row_ok, pos, q_rows, lo, hi
+
+
+@triton.jit
 def _attend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     query_start_ptr, seq_lens_ptr, block_tables_ptr,
@@ -146,26 +168,13 @@ def _attend_kernel(
     if t0 >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-
-    rows = tl.arange(0, BLOCK_M)
-    tok = t0 + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
-    pos = seq_len - q_len + tok  # each row sees keys 0..pos
+    head, row_ok, pos, q_rows, lo, hi = _block_rows(q_begin, q_len, t0, seq_len, kv_head, split, num_splits,
+                                                    GROUP, TOKENS, BLOCK_M, BLOCK_N, SPLIT)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-
-    q_rows = (q_begin + tok).to(tl.int64)
-
-    # Keys this block of rows can see at all, then this split's share of them.
-    hi = seq_len - q_len + tl.minimum(t0 + TOKENS, q_len)
-    lo = 0
     if SPLIT:
-        chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.minimum(hi, lo + chunk)
         if lo >= hi:
             # Nothing to see here (the split count is sized for the longest context, so
             # short sequences leave trailing splits empty): mark the partial empty and

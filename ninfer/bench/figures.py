@@ -68,12 +68,12 @@ class Bench:
         spec = dict(spec=a.spec, draft_tokens=draft_tokens) if draft_tokens else {}
         self.llm = LLM(str(path), device=device_arg, dtype=a.dtype,
                        max_num_seqs=max_seqs, max_context=longest, kv_capacity=kv, prefill_chunk=a.prefill_chunk,
-                       cuda_graph=not a.no_cuda_graph, weights=weights, **spec)
+                       cuda_graph=not a.no_cuda_graph, weights=weights, kv_dtype=a.kv_dtype, **spec)
         _free_memory()  # what is left of transformers' copy
         loaded = self.llm.loaded
         self.device, self.dtype, self.vocab = loaded.device, loaded.dtype, loaded.tokenizer.vocab_size
         self.model_dir = loaded.model_dir
-        self.common = {"model": model, "device": str(loaded.device),
+        self.common = {"model": model, "device": str(loaded.device), "kv_dtype": a.kv_dtype,
                        "dtype": str(loaded.dtype).replace("torch.", ""), "host": platform.node()}
         if weights is not None:
             self.common["weights"] = "random, built in device memory"

@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", choices=["gpu"], help="preset figure set (see above); explicit flags still apply")
     p.add_argument("--device", default="0", help="CUDA index, cuda or cpu (CPU when CUDA is absent)")
     p.add_argument("--dtype", default="auto", type=_dtype, help="auto, bf16, fp16 or fp32 (or vLLM's names)")
+    p.add_argument("--kv-dtype", default="bf16", help="KV-cache format of our engine: bf16, int8, fp8, nvfp4, k8v4 "
+                   "(docs/kv-formats.md)")
     p.add_argument("--only", default="offline,decode", help="figures: bandwidth, decode, prefill, offline, guided, "
                    "spec_cost")
     p.add_argument("--num-requests", type=int, default=64, help="offline run: number of requests")

@@ -62,12 +62,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def kv_bytes_per_token(kv_format, specs, dtype: torch.dtype) -> float:
+    """Device bytes one token takes across every cached layer (keys, values, scales)."""
+    return sum(kv_format.bytes_per_token(dtype, s.num_kv_heads, s.head_dim) for s in specs)
+
+
 def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=()) -> int:
     value = profile.engine.kv_capacity
     if value != "auto":
         return int(value)
     specs = [*model.attention_specs(), *draft_specs]
-    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs) * kv_format.bytes_per_element(dtype)
+    per_token = kv_bytes_per_token(kv_format, specs, dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # 1 GiB headroom for activations and the allocator; hybrid families' recurrent
@@ -159,14 +164,18 @@ def engine_parts(
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
     _log_memory_ledger(model, kv, state, cfg, device)
     graphs = None
-    if profile.engine.cuda_graph and device.type == "cuda":
+    use_graphs = profile.engine.cuda_graph and device.type == "cuda"
+    if use_graphs and not kv.capturable:
+        logger.warning("decode runs eagerly: kv_dtype {} has no CUDA-graph-safe kernels yet", cfg.kv_dtype)
+        use_graphs = False
+    if use_graphs:
         graphs = capture_decode_graphs(model, cfg.max_concurrency, cfg.max_context, cfg.block_size, device)
         if graphs is None:
             logger.info("decode runs eagerly: the {} family cannot be captured in CUDA graphs", family.name)
     proposer = None
     if speculative is not None:  # a ninfer.capabilities.SpeculativeBackend
         proposer = speculative.factory(ProposerContext(model, profile, cfg, kv.draft_caches, device, vocab_size,
-                                                       model_dir))
+                                                       model_dir, cuda_graphs=use_graphs))
         logger.info("speculative decoding: {} proposes up to {} tokens per round", speculative.name, cfg.draft_tokens)
     verify_graphs = None
     if proposer is not None and graphs is not None:
@@ -191,9 +200,11 @@ def _log_memory_ledger(model, kv: KVPool, state: Optional[RecurrentState], cfg: 
     snap = snapshot_rows(cfg) if state is not None else 0
     snapshots = f", state snapshots {_size(state_pool_bytes(model, snap))} ({snap} rows)" if snap else ""
     free = f", {_size(torch.cuda.mem_get_info(device)[0])} still free" if device.type == "cuda" else ""
+    per_token = kv.nbytes / max(kv_tokens, 1)  # every cached layer's keys, values and scales
     logger.info(
-        "memory: weights {}, KV {} ({} tokens in pages of {}), recurrent state {} ({} slots){}{}",
-        _size(weights), _size(kv.nbytes), kv_tokens, cfg.block_size,
+        "memory: weights {}, KV {} as {} ({} tokens in pages of {}; {:.0f} bytes a token, {:,.0f} tokens per GiB), "
+        "recurrent state {} ({} slots){}{}",
+        _size(weights), _size(kv.nbytes), cfg.kv_dtype, kv_tokens, cfg.block_size, per_token, (1 << 30) / per_token,
         _size(state_pool_bytes(model, num_slots)), num_slots, snapshots, free,
     )
 

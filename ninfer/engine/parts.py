@@ -43,6 +43,11 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.caches)
 
+    @property
+    def capturable(self) -> bool:
+        """Whether every cache's kernels may be captured in CUDA graphs."""
+        return all(c.capturable for c in self.caches)
+
     def page_tensors(self) -> list[torch.Tensor]:
         """Every tensor indexed by page along dim 0 (what the host tier copies)."""
         return [t for cache in self.caches for t in cache.page_tensors()]

@@ -37,6 +37,12 @@ class KVCache(abc.ABC):
         return None
 
     @property
+    def capturable(self) -> bool:
+        """Whether :meth:`write` and :meth:`attend` may be captured in a CUDA graph: they
+        read only device tensors of the batch, never its host-side lists."""
+        return True
+
+    @property
     @abc.abstractmethod
     def nbytes(self) -> int:
         """Device bytes held by this cache."""
@@ -68,7 +74,8 @@ class HeadNormRope:
 class KVDtype:
     name: str
     description: str
-    #: storage bytes per cached element for a model computing in the given dtype
-    bytes_per_element: Callable[[torch.dtype], float]
+    #: device bytes one token takes in one layer's cache, keys and values with their
+    #: scales: (model dtype, num_kv_heads, head_dim) -> bytes (capacity planning)
+    bytes_per_token: Callable[[torch.dtype, int, int], float]
     #: allocate(num_blocks, block_size, num_kv_heads, head_dim, model_dtype, device) -> KVCache
     allocate: Callable[..., KVCache]

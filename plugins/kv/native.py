@@ -62,14 +62,14 @@ class NativeKVCache(KVCache):
         return [self.k, self.v]
 
 
-def _bytes_per_element(model_dtype: torch.dtype) -> float:
-    return float(model_dtype.itemsize)
+def _bytes_per_token(model_dtype: torch.dtype, num_kv_heads: int, head_dim: int) -> float:
+    return float(2 * num_kv_heads * head_dim * model_dtype.itemsize)
 
 
 NATIVE = KVDtype(
     name="bf16",
     description="unquantized K/V in the model's compute dtype (bf16 in production)",
-    bytes_per_element=_bytes_per_element,
+    bytes_per_token=_bytes_per_token,
     allocate=NativeKVCache,
 )
 

@@ -64,7 +64,7 @@ class MtpProposer:
             self.shortlist = ShortlistHead(self.model.lm_head.weight, ids)
             logger.info("MTP drafts score a shortlist of {} of {} vocabulary entries", len(ids), ctx.vocab_size)
         self.graphs: Optional[MtpGraphs] = None
-        if ctx.device.type == "cuda" and ctx.profile.engine.cuda_graph and self.k > 0:
+        if ctx.cuda_graphs and self.k > 0:
             self.graphs = self.make_graphs()
             self.graphs.capture()
 

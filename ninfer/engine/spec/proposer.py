@@ -30,6 +30,8 @@ class ProposerContext:
     vocab_size: int = 0
     #: the checkpoint directory (files beside the weights, such as an LM-head shortlist)
     model_dir: Optional[Path] = None
+    #: whether the engine replays CUDA graphs (a draft model may capture its own then)
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,309 @@
+"""Quantized KV caches on CUDA: the write that quantizes, and paged attention that
+dequantizes as it loads; see :mod:`ninfer_kernels.kv_quant` for the formats.
+
+The write runs one program per (token, KV head): the head's row, its scales, its codes,
+stored where the reference stores them, rounded the same way (to nearest, ties to even).
+
+Attention is :mod:`.paged_attention`'s kernel with another tile loader: each K/V tile is
+read in its stored form (1 byte an element for int8 and fp8, half a byte for nvfp4),
+scaled in registers and rounded to the query's dtype for the tensor-core products, so
+the cache is never expanded in memory. The format of keys and of values are separate
+compile-time choices (``k8v4`` mixes them). Host values only size the grid, so CUDA
+graphs can capture it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.triton.paged_attention import _block_rows, _fold_kv_tile, _merge_kernel, _num_splits, _tiles
+
+#: compile-time format ids
+INT8, FP8, NVFP4 = 1, 2, 3
+_IDS = {"int8": INT8, "fp8": FP8, "nvfp4": NVFP4}
+
+
+def _format_id(codec: ref.KVCodec) -> int:
+    if codec.name not in _IDS:
+        raise ValueError(f"no CUDA kernel for KV codec {codec.name!r}")
+    return _IDS[codec.name]
+
+
+# -- the write -----------------------------------------------------------------------------------
+@triton.jit
+def _e2m1_code(y):
+    """int32 e2m1 code of float32 ``y``: nearest magnitude (saturating at 6), ties to the even code."""
+    a = tl.minimum(tl.abs(y), 6.0)
+    idx = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
+    return tl.where(y < 0, idx | 8, idx)
+
+
+@triton.jit
+def _round_half_even(x):
+    """``x`` rounded to the nearest integer, ties to even (as torch.round), for |x| < 2**22."""
+    r = tl.floor(x + 0.5)
+    return tl.where((r - x == 0.5) & ((r.to(tl.int32) & 1) != 0), r - 1.0, r)
+
+
+@triton.jit
+def _round_e4m3(x):
+    """float32 ``x`` rounded to the nearest float8 e4m3 value (ties to even, saturating at
+    448), still as float32: converting it is then exact on every backend (Triton's
+    interpreter drops the carry when rounding up crosses a power of two)."""
+    a = tl.minimum(tl.abs(x), 448.0)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    ulp = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits; subnormals below 2**-6
+    r = _round_half_even(a / ulp) * ulp
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, gscale, FMT: tl.constexpr, D: tl.constexpr,
+                  BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+    """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``."""
+    if FMT == 1:  # int8, a scale per GROUP
+        g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
+        scale = tl.max(g, 1) / 127.0
+        s = tl.reshape(tl.broadcast_to(scale[:, None], [BLOCK_D // GROUP, GROUP]), [BLOCK_D])
+        q = tl.where(s > 0, x / tl.where(s > 0, s, 1.0), 0.0)
+        q = tl.minimum(tl.maximum(_round_half_even(q), -127.0), 127.0)
+        tl.store(data_ptr + d, q.to(tl.int8), mask=d_ok)
+        gi = tl.arange(0, BLOCK_D // GROUP)
+        tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
+    elif FMT == 2:  # fp8, one scale per row
+        scale = tl.max(tl.abs(x), 0) / 448.0
+        q = x / tl.where(scale > 0, scale, 1.0)
+        tl.store(data_ptr + d, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
+        tl.store(scale_ptr, scale)
+    else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
+        y = x / gscale
+        g = tl.reshape(y, [BLOCK_D // 16, 16])
+        block = _round_e4m3(tl.max(tl.abs(g), 1) / 6.0)
+        bf = tl.reshape(tl.broadcast_to(block[:, None], [BLOCK_D // 16, 16]), [BLOCK_D])
+        code = _e2m1_code(tl.where(bf > 0, y / tl.where(bf > 0, bf, 1.0), 0.0))
+        pairs = tl.reshape(code, [BLOCK_D // 2, 2])
+        lo, hi = tl.split(pairs)
+        byte = (lo | (hi << 4)).to(tl.uint8)
+        di = tl.arange(0, BLOCK_D // 2)
+        tl.store(data_ptr + di, byte, mask=di < D // 2)
+        bi = tl.arange(0, BLOCK_D // 16)
+        tl.store(scale_ptr + bi, block.to(tl.float8e4nv), mask=bi < D // 16)
+
+
+@triton.jit
+def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_gscale, v_gscale,
+                  stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_kd, stride_kdh, stride_ks, stride_ksh, stride_vd, stride_vdh, stride_vs, stride_vsh,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr,
+                  KGROUP: tl.constexpr, VGROUP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    slot = tl.load(slot_ptr + t)
+    if slot < 0:  # padding rows store nothing
+        return
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=d_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=d_ok, other=0.0).to(tl.float32)
+    _quantize_row(k, d, d_ok, kd_ptr + slot * stride_kd + h * stride_kdh, ks_ptr + slot * stride_ks + h * stride_ksh,
+                  k_gscale, KFMT, D, BLOCK_D, KGROUP)
+    _quantize_row(v, d, d_ok, vd_ptr + slot * stride_vd + h * stride_vdh, vs_ptr + slot * stride_vs + h * stride_vsh,
+                  v_gscale, VFMT, D, BLOCK_D, VGROUP)
+
+
+def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: ref.KVCodec,
+                   v_codec: ref.KVCodec, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Same contract as the reference."""
+    tokens, heads, head_dim = k.shape
+    if tokens == 0:
+        return
+    if head_dim & (head_dim - 1) or v.shape[-1] != head_dim:
+        raise ValueError(f"quantized KV kernels need one power-of-two head dim, got {head_dim} and {v.shape[-1]}")
+    (kd, ks), (vd, vs) = k_parts, v_parts
+    flat = [t.view(-1, *t.shape[2:]) for t in (kd, ks, vd, vs)]  # [slots, heads, width]
+    _write_kernel[(tokens, heads)](
+        k, v, slot_mapping, *flat, k_codec.global_scale, v_codec.global_scale,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *[s for t in flat for s in (t.stride(0), t.stride(1))],
+        D=head_dim, BLOCK_D=max(16, head_dim), KFMT=_format_id(k_codec), VFMT=_format_id(v_codec),
+        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim),
+    )
+
+
+# -- attention -------------------------------------------------------------------------------------
+@triton.jit
+def _e2m1_value(code):
+    """float32 value of int32 e2m1 ``code``."""
+    idx = code & 7
+    e = idx >> 1
+    m = (idx & 1).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+    return tl.where(code >= 8, -mag, mag)
+
+
+@triton.jit
+def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_sb, stride_ss, dims, ok, gscale,
+               FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
+    """A tile of dequantized values rounded to ``DT``. ``page``/``slot`` index the tokens and
+    ``dims`` the head dims; they broadcast to the tile's shape (keys [dims, tokens], values
+    [tokens, dims])."""
+    row = page * stride_db + slot * stride_ds
+    srow = page * stride_sb + slot * stride_ss
+    if FMT == 1:
+        raw = tl.load(data_base + row + dims, mask=ok, other=0).to(tl.float32)
+        scale = tl.load(scale_base + srow + dims // GROUP, mask=ok, other=0.0)
+        return (raw * scale).to(DT)
+    elif FMT == 2:
+        raw = tl.load(data_base + row + dims, mask=ok, other=0.0).to(tl.float32)
+        scale = tl.load(scale_base + srow)
+        return (raw * scale).to(DT)
+    else:
+        byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
+        code = (byte >> ((dims % 2) * 4)) & 15
+        block = tl.load(scale_base + srow + dims // 16, mask=ok, other=0.0).to(tl.float32)
+        return (_e2m1_value(code) * block * gscale).to(DT)
+
+
+@triton.jit
+def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok, dv_ok, k_gscale, v_gscale,
+               PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, KFMT: tl.constexpr,
+               VFMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
+    """Keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_DV], dequantized (see
+    :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`)."""
+    s_kdb, s_kds, s_ksb, s_kss, s_vdb, s_vds, s_vsb, s_vss = strides
+    offs_n = start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
+    if MASKED:
+        page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        k_ok = n_ok[None, :] & d_ok[:, None]
+        v_ok = n_ok[:, None] & dv_ok[None, :]
+    else:
+        page = tl.load(table + offs_n // PAGE).to(tl.int64)
+        k_ok = d_ok[:, None] & (offs_n >= 0)[None, :]
+        v_ok = (offs_n >= 0)[:, None] & dv_ok[None, :]
+    slot = offs_n % PAGE
+    k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_ksb, s_kss, offs_d[:, None], k_ok,
+                   k_gscale, KFMT, GROUP, DT)
+    v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vsb, s_vss, offs_dv[None, :], v_ok,
+                   v_gscale, VFMT, GROUP, DT)
+    return k, v
+
+
+@triton.jit
+def _attend_quant_kernel(
+    q_ptr, kd, ks, vd, vs, out_ptr, part_o_ptr, part_lse_ptr, query_start_ptr, seq_lens_ptr, block_tables_ptr,
+    qk_scale, num_splits, k_gscale, v_gscale,
+    stride_qt, stride_qh, s_kdb, s_kds, s_kdh, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vsb, s_vss, s_vsh,
+    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt,
+    GROUP: tl.constexpr, TOKENS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr,
+):
+    """:func:`ninfer_kernels.triton.paged_attention._attend_kernel` over quantized pages."""
+    block = tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
+    q_begin = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_begin
+    t0 = block * TOKENS
+    if t0 >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    head, row_ok, pos, q_rows, lo, hi = _block_rows(q_begin, q_len, t0, seq_len, kv_head, split, num_splits,
+                                                    GROUP, TOKENS, BLOCK_M, BLOCK_N, SPLIT)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_D
+    if SPLIT:
+        if lo >= hi:
+            tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, float("-inf"), mask=row_ok)
+            return
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    dt = q_ptr.dtype.element_ty
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    strides = (s_kdb, s_kds, s_ksb, s_kss, s_vdb, s_vds, s_vsb, s_vss)
+    kd, ks = kd + kv_head * s_kdh, ks + kv_head * s_ksh
+    vd, vs = vd + kv_head * s_vdh, vs + kv_head * s_vsh
+    first_pos = seq_len - q_len + t0
+    mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
+    for start in range(lo, mid, BLOCK_N):
+        k, v = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok, k_gscale, v_gscale,
+                          PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, dt)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+    for start in range(mid, hi, BLOCK_N):
+        k, v = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok, k_gscale, v_gscale,
+                          PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, dt)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if SPLIT:
+        part = split * stride_ps + q_rows[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+        tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & d_ok[None, :])
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, lse, mask=row_ok)
+    else:
+        dest = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],
+                          k_codec: ref.KVCodec, v_codec: ref.KVCodec, batch: ForwardBatch, scale: float,
+                          num_splits: int | None = None) -> torch.Tensor:
+    """Same contract as the reference. ``num_splits`` overrides the key-split heuristic."""
+    num_tokens, num_heads, head_dim = q.shape
+    (kd, ks), (vd, vs) = k_parts, v_parts
+    _, page_size, num_kv_heads, _ = ks.shape
+    if num_heads % num_kv_heads or page_size & (page_size - 1):
+        raise ValueError("query heads must group onto KV heads, and the page size must be a power of two")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = num_heads // num_kv_heads
+    num_seqs = batch.seq_lens.shape[0]
+    block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
+    blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
+    splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
+    out = (torch.zeros if splits == 1 else torch.empty)(num_tokens, num_heads, head_dim, dtype=q.dtype,
+                                                        device=q.device)
+    if splits == 1:
+        part_o = part_lse = out
+    else:
+        part_o = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
+    if num_seqs == 0 or num_tokens == 0:
+        return out.zero_()
+    parts = [kd, ks, vd, vs]
+    _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
+        q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
+        scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
+        q.stride(0), q.stride(1), *[s for t in parts for s in (t.stride(0), t.stride(1), t.stride(2))],
+        out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
+        GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16,
+        KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if splits > 1:
+        _merge_kernel[(num_tokens, num_heads)](
+            part_o, part_lse, out, batch.query_start, num_seqs, splits,
+            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1), HEAD_DV=head_dim, BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_DV=triton.next_power_of_2(head_dim),
+        )
+    return out
