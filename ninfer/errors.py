@@ -40,6 +40,13 @@ class RequestAbortedError(NinferError):
     code = "request_cancelled"
 
 
+class RequestTimeoutError(NinferError):
+    """The client sent its request body too slowly (HTTP 408; see ninfer.server.connections)."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class AuthenticationError(NinferError):
     status = 401
     code = "invalid_api_key"

@@ -215,7 +215,7 @@ def test_errors_auth_and_probes(server, client):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.count_tokens(
             model=MODEL, messages=USER)
-    # Claude Code's first probe ("/" answers without a key too)
+    # Claude Code's first probe (HEAD / answers without a key too)
     assert httpx.head(f"{server}/", headers={"x-api-key": KEY}, timeout=10).status_code == 200
 
 

@@ -267,7 +267,6 @@ def test_log_lines_are_coloured_on_a_terminal():
     "flags, key",
     [
         (["--vision"], "media.vision"),
-        (["--request-log-jsonl", "/tmp/ninfer-requests.jsonl"], "logging.request_log_jsonl"),
         (["--context-cost-presets", "/tmp/presets.yaml"], "engine.context_cost_presets"),
         (["--media-cache-mib", "10"], "media.media_cache_mib"),
         (["--media-live-mib", "4096"], "media.media_live_mib"),
@@ -281,3 +280,25 @@ def test_options_this_build_cannot_honour_are_refused_at_startup(flags, key):
     assert check.returncode == 2 and key in check.stderr
     start = subprocess.run([SERVE, *flags, "--port", "1"], capture_output=True, text=True, env=env, timeout=60)
     assert start.returncode == 2 and key in start.stderr
+
+
+def test_the_request_log_path_is_checked_before_the_model_loads(tmp_path):
+    """A missing directory, a directory, or a path into the model: exit 2 on --check and at
+    startup, naming the key and why. A good path passes --check and leaves no file."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.safetensors").write_bytes(b"")
+    (model / "link").symlink_to(model / "weights.safetensors")
+    cases = [(tmp_path / "absent" / "log.jsonl", "does not exist"), (tmp_path, "is a directory"),
+             (model / "log.jsonl", "resolves into the model"), (model / "link", "resolves into the model"),
+             (tmp_path / "up" / ".." / "model" / "weights.safetensors", "resolves into the model")]
+    (tmp_path / "up").mkdir()
+    for i, (path, why) in enumerate(cases):
+        for mode in (["--check"], ["--port", "1"])[: 2 if i in (0, 2) else 1]:  # startup runs the same check
+            result = serve(str(model), "--request-log-jsonl", str(path), *mode)
+            assert result.returncode == 2, (path, mode, result.stderr)
+            assert "logging.request_log_jsonl" in result.stderr and why in result.stderr, result.stderr
+    good = tmp_path / "campaign.jsonl"
+    result = serve(str(model), "--request-log-jsonl", str(good), "--check")
+    assert result.returncode == 0, result.stderr
+    assert "request_log_jsonl: " + str(good) in result.stdout and not good.exists()

@@ -169,3 +169,60 @@ def test_admission_is_the_pipelines_and_comes_before_the_protocols_lowering(stat
     assert prepared.request_id == ticket.request_id  # the HTTP request's id names the engine requests
     run(prepared.drain())
     ticket.release()
+
+
+def test_observers_hear_a_refusal_or_one_start_and_exactly_one_end(state):
+    """Rejected at admission: no start. Started: one end however the run ends (drained,
+    closed early by its reader, or never read before the HTTP request ended)."""
+    from ninfer.errors import ServerOverloadedError
+    from ninfer.frontend.lifecycle import failure_kind
+    from ninfer.server.admission import Ticket, reset_current_ticket, set_current_ticket
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def rejected(self, rejection):
+            self.calls.append(("rejected", rejection.phase, type(rejection.error)))
+
+        def started(self, run):
+            self.calls.append(("started", run.request_id))
+
+        def ended(self, run):
+            self.calls.append(("ended", run.request_id, "done" if run.finished else failure_kind(run.life.failure)))
+
+    recorder, saved = Recorder(), state.observers
+    state.observers = (*saved, recorder)
+    pipeline = Pipeline(state)
+
+    async def prepared(ticket, read=None):
+        token = set_current_ticket(ticket)
+        try:
+            req = await pipeline.prepare(GenerateRequest([chat()], SamplingParams(max_tokens=4)))
+        finally:
+            reset_current_ticket(token)
+        if read == "all":
+            await req.drain()
+        elif read == "one":
+            events = req.events()
+            await anext(events)
+            await events.aclose()  # the reader stops early: the engine requests are aborted
+        return req
+
+    try:
+        others = [state.gate.reserve(Ticket()) for _ in range(state.gate.capacity - state.gate.in_flight)]
+        with pytest.raises(ServerOverloadedError):
+            run(prepared(Ticket()))
+        for other in others:
+            other.release()
+        assert recorder.calls == [("rejected", "admission", ServerOverloadedError)]
+        tickets = [Ticket(), Ticket(), Ticket()]
+        runs = [run(prepared(tickets[0], "all")), run(prepared(tickets[1], "one")), run(prepared(tickets[2]))]
+        for ticket in tickets + tickets:  # the end of the HTTP request, twice: still one end each
+            ticket.release()
+    finally:
+        state.observers = saved
+    ids = [r.request_id for r in runs]
+    assert recorder.calls[1:] == [("started", ids[0]), ("ended", ids[0], "done"),
+                                  ("started", ids[1]), ("ended", ids[1], "cancelled"),
+                                  ("started", ids[2]), ("ended", ids[2], "not_generated")]

@@ -126,10 +126,13 @@ def test_a_missing_key_is_answered_in_the_routes_own_error_shape():
             core = await _get(app, "GET", "/v1/models")
             assert _error(core, 401, "invalid_api_key")["type"] == "authentication_error"
             assert core.headers["www-authenticate"] == "Bearer"
-            # Without --cors an OPTIONS is not a preflight, yet it stays open; so do the probes.
-            for method, path in (("OPTIONS", "/v1/own"), ("OPTIONS", "/v1/models"), ("GET", "/health"),
-                                 ("GET", "/"), ("HEAD", "/")):
-                assert (await _get(app, method, path)).status_code in (200, 204), (method, path)
+            # Only the probes and CORS preflights are open (test_server_auth.py checks every route).
+            for method, path in (("GET", "/health"), ("HEAD", "/")):
+                assert (await _get(app, method, path)).status_code == 200, (method, path)
+            preflight = {"origin": "https://example.com", "access-control-request-method": "GET"}
+            assert (await _get(app, "OPTIONS", "/v1/own", headers=preflight)).status_code == 204
+            for method, path in (("OPTIONS", "/v1/own"), ("GET", "/")):
+                assert (await _get(app, method, path)).status_code == 401, (method, path)
 
         asyncio.run(main())
     finally:
@@ -202,11 +205,13 @@ async def _exits(app: ServerApp, within: float) -> bool:
 
 @pytest.mark.parametrize("finishes", [True, False])
 def test_drain_waits_for_requests_in_flight_then_exits(monkeypatch, finishes):
-    monkeypatch.setattr("ninfer.server.run.DRAIN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("ninfer.server.drain.CUT_GRACE_S", 0.5)
     gate = AdmissionGate(capacity=2, pending_timeout_s=1.0)
     app = ServerApp(profile=None, registry=None, url="http://127.0.0.1:1")
-    app.server = types.SimpleNamespace(should_exit=False)
-    app.state = types.SimpleNamespace(gate=gate)
+    app.drain_timeout_s = 1.0
+    app.server = types.SimpleNamespace(should_exit=False, server_state=types.SimpleNamespace(connections=set()))
+    failed: list[NinferError] = []  # what the engine was told to end its requests with
+    app.state = types.SimpleNamespace(gate=gate, engine=types.SimpleNamespace(fail_requests=failed.append))
     ticket = gate.reserve(Ticket())
 
     async def main():
@@ -219,7 +224,9 @@ def test_drain_waits_for_requests_in_flight_then_exits(monkeypatch, finishes):
         if finishes:
             ticket.release()
             assert await _exits(app, 0.5)
-        else:  # stuck past the bound: exit anyway (uvicorn then cancels what still runs)
+            assert not failed and not gate.cut
+        else:  # past the bound: the engine ends what runs, then the server exits
             assert await _exits(app, 3.0) and gate.in_flight == 1
+            assert gate.cut and [e.code for e in failed] == ["server_shutting_down"]
 
     asyncio.run(main())

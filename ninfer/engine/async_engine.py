@@ -8,6 +8,7 @@ queue, and the engine thread hands each step's events back to the event loop in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -16,15 +17,25 @@ from typing import AsyncIterator, Callable, Optional
 from loguru import logger
 
 from ninfer.engine.llm_engine import LLMEngine
-from ninfer.engine.request import EngineRequest, GenerationEvent
+from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
 from ninfer.engine.stats import ContextCacheCounters, IntervalStats
-from ninfer.errors import EngineDeadError
+from ninfer.errors import EngineDeadError, NinferError
+
+
+#: how often a request waiting for the engine thread to take it checks that the thread lives
+WATCH_S = 1.0
+#: receives an interval's stats and the prefix cache's counters at its start and end
+IntervalHook = Callable[[IntervalStats, ContextCacheCounters, ContextCacheCounters], None]
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, stats_interval_s: float = 5.0):
+    def __init__(self, engine: LLMEngine, stats_interval_s: float = 5.0,
+                 on_interval: Optional[IntervalHook] = None):
         self.engine = engine
         self.stats_interval_s = stats_interval_s
+        #: called on the engine thread with each non-idle interval, next to the throughput
+        #: line (the request log's throughput event); it reads the engine's gauges itself
+        self.on_interval = on_interval
         self._last_cache_summary = ""
         #: the prefix cache's cumulative counters at the last throughput line, for per-interval rates
         self._last_cache = ContextCacheCounters.of(engine.scheduler)
@@ -76,7 +87,15 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_settle, accepted, None)
 
         self._inbox.put(add)
-        await accepted
+        try:
+            while not accepted.done():  # an engine thread that died never settles it
+                await asyncio.wait({accepted}, timeout=WATCH_S)
+                if not accepted.done() and not self.alive:
+                    raise EngineDeadError(self.engine.dead or "the engine is not running")
+        except BaseException:  # cancelled (a queue timeout, a hang-up) before the engine took it
+            self.abort(rid)  # queued behind the add, so the request never runs unread
+            raise
+        accepted.result()
         finished = False
         try:
             while not finished:
@@ -86,6 +105,10 @@ class AsyncEngine:
         finally:
             if not finished:  # client went away or the consumer stopped early
                 self.abort(rid)
+
+    def fail_requests(self, error: NinferError) -> None:
+        """End every request the engine holds with ``error`` (thread-safe; the drain's cut)."""
+        self._inbox.put(lambda: self._publish(self.engine.fail_all(error)))
 
     def abort(self, request_id: str) -> None:
         def do_abort() -> None:
@@ -97,6 +120,24 @@ class AsyncEngine:
 
     # -- the engine thread -------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # a bug outside a step's own handling: no request may hang on it
+            self.engine.dead = self.engine.dead or f"the engine thread failed: {type(exc).__name__}"
+            logger.opt(exception=exc).error("engine stopped: {}", self.engine.dead)
+            self._fail_streams(EngineDeadError(self.engine.dead))
+
+    def _fail_streams(self, error: EngineDeadError) -> None:
+        """A last event carrying ``error`` for every stream, without the engine's bookkeeping
+        (which may be what broke)."""
+        for rid, (loop, events) in list(self._streams.items()):
+            event = GenerationEvent(rid, [], "", 0, 0, 0, RequestTimings(arrival=time.monotonic()), finished=True,
+                                    finish_reason="error", error=error)
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_deliver, [(events, event)])
+        self._streams.clear()
+
+    def _run(self) -> None:
         next_stats = time.monotonic() + self.stats_interval_s
         while not self._stop.is_set():
             self._drain_inbox(block=not self.engine.has_unfinished())
@@ -116,13 +157,20 @@ class AsyncEngine:
         except queue.Empty:
             return
         while True:
+            started = time.perf_counter()
             job()
+            self.engine.stats.record_control("requests", time.perf_counter() - started)
             try:
                 job = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
     def _publish(self, events: list[GenerationEvent]) -> None:
+        started = time.perf_counter()
+        self._hand_over(events)
+        self.engine.stats.record_control("publish", time.perf_counter() - started)
+
+    def _hand_over(self, events: list[GenerationEvent]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, GenerationEvent]]] = {}
         for event in events:
             stream = self._streams.get(event.request_id)
@@ -132,7 +180,12 @@ class AsyncEngine:
                 del self._streams[event.request_id]
             by_loop.setdefault(stream[0], []).append((stream[1], event))
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop has closed: nobody reads these requests any more
+                for _, event in items:
+                    self.engine.abort_request(event.request_id)
+                    self._streams.pop(event.request_id, None)
 
     def _fail_all(self) -> None:
         self._publish(self.engine.fail_all(EngineDeadError(self.engine.dead or "engine failed")))
@@ -144,6 +197,11 @@ class AsyncEngine:
         if s.steps == 0 and self.engine.scheduler.num_waiting == 0:
             return  # fully idle intervals are omitted
         logger.info(throughput_line(s, self.engine.scheduler, self.engine.block_manager.usage(), before, cache))
+        if self.on_interval is not None:
+            try:
+                self.on_interval(s, before, cache)
+            except Exception:  # a measurement sink must never stop the engine
+                logger.opt(exception=True).warning("the throughput record could not be written")
         summary = cache.summary()
         if summary != self._last_cache_summary:  # only when the cache did something
             self._last_cache_summary = summary

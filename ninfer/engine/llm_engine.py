@@ -17,6 +17,7 @@ from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.decode_ahead import plan_ahead
 from ninfer.engine.defaults import resolve_sampling
+from ninfer.engine.exposure import RequestExposure, StepPhases
 from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.guided_state import GuidedState
 from ninfer.engine.model_runner import ModelRunner
@@ -46,7 +47,7 @@ class _Tracked:
 
     def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState, guided: Optional[GuidedState]):
         self.req, self.seq, self.out, self.guided = req, seq, out, guided
-        self.timings = RequestTimings(arrival=seq.arrival_time)
+        self.timings = RequestTimings(arrival=seq.arrival_time, sampling=seq.sampling)
         self.budget = ThinkingBudgetTracker(req.thinking_budget) if req.thinking_budget else None
         # prompt log probabilities gathered over the prefill chunks, until delivered
         self.prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = (
@@ -229,17 +230,37 @@ class LLMEngine(SpeculativeRounds):
         ahead), queue the next decode step behind it where that cannot depend on this
         step's tokens, then wait for this step's tokens and commit them."""
         events: list[GenerationEvent] = []
+        began = time.perf_counter()
         try:
             current = self._take_launched_ahead() or self._schedule_and_launch(events)
             if current is None:
                 return events  # nothing to run
             following = self._launch_ahead(current)
+            launched = time.perf_counter()
             rows, prompt_rows = self._wait(current)
         except _BatchFailed as failed:  # the whole batch failed (and what was queued behind it)
             return events + self._fail_batch(failed.sched, failed.__cause__)
+        ready = time.perf_counter()
+        charged = self._exposures(current.sched)  # before the commit: finishing forgets a request
         events += self._commit_step(current, rows, prompt_rows)
         self._in_flight = following
+        # charged after the commit, before the events leave this thread: a final event's
+        # reader sees the whole step
+        phases = StepPhases(launched - began, ready - launched, time.perf_counter() - ready,
+                            prefill=current.sched.num_decode < len(current.sched.chunks))
+        self.stats.record_phases(phases)
+        for exposure, decode_row in charged:
+            exposure.charge(phases, decode_row)
         return events
+
+    def _exposures(self, sched: SchedulerOutput) -> list[tuple[RequestExposure, bool]]:
+        """The live requests of a step, each with whether its row decodes."""
+        out = []
+        for i, chunk in enumerate(sched.chunks):
+            tracked = None if chunk.seq.is_finished else self._requests.get(chunk.seq.request_id)
+            if tracked is not None:
+                out.append((tracked.timings.exposure, i < sched.num_decode))
+        return out
 
     def _take_launched_ahead(self) -> Optional[InFlight]:
         """The step launched ahead last time, unless all its requests have ended since."""
@@ -427,6 +448,9 @@ class LLMEngine(SpeculativeRounds):
         self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None
     ) -> GenerationEvent:
         self._forget(tracked)
+        budget = tracked.budget
+        if budget is not None:  # for the request log: how far it counted, whether it forced the close
+            tracked.timings.thinking_counted, tracked.timings.thinking_forced = budget.count, budget.applied
         self.stats.record_finish(tracked.seq)
         return self._event(
             tracked,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ninfer.engine.exposure import RequestExposure
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import NinferError
 from ninfer.outputs import PositionLogprobs
@@ -42,7 +43,11 @@ class EngineRequest:
 
 @dataclass
 class RequestTimings:
-    """Monotonic timestamps (seconds) of a request's milestones."""
+    """Monotonic timestamps (seconds) of a request's milestones, and the engine's counters of it.
+
+    The engine updates one object per request and every event of the request refers to
+    it; read the counters once the final event has arrived (the engine is done with it then).
+    """
 
     arrival: float
     admitted: Optional[float] = None
@@ -51,6 +56,29 @@ class RequestTimings:
     #: speculative decoding: tokens drafted for this request, and how many of them were kept
     draft_tokens: int = 0
     draft_accepted: int = 0
+    #: verify rounds that carried drafts, and per draft position (0 = first) how many kept it
+    draft_rounds: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    #: the engine steps this request sat through (see ninfer.engine.exposure)
+    exposure: RequestExposure = field(default_factory=RequestExposure)
+    #: the sampler settings the engine resolved (a ninfer.engine.defaults.ResolvedSampling)
+    sampling: Optional[object] = None
+    #: thinking budget: reasoning tokens the engine counted against it, and whether it forced the close
+    thinking_counted: Optional[int] = None
+    thinking_forced: bool = False
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One verify round of this request: ``drafted`` proposals, the first ``accepted`` kept."""
+        self.draft_tokens += drafted
+        self.draft_accepted += accepted
+        if not drafted:  # padded into another row's verify step: no round of its own
+            return
+        self.draft_rounds += 1
+        grow = drafted - len(self.accepted_per_position)  # positions reached show, kept or not
+        if grow > 0:
+            self.accepted_per_position += [0] * grow
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
 
 
 @dataclass

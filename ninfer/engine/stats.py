@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ninfer.engine.exposure import HostWork, StepPhases
 from ninfer.engine.state_cache import SnapshotStats
 
 
@@ -26,6 +27,8 @@ class IntervalStats:
     accepted: int = 0
     reached: tuple[int, ...] = ()
     kept: tuple[int, ...] = ()
+    #: the engine thread's time over the interval (ninfer.engine.exposure)
+    host_work: HostWork = field(default_factory=HostWork)
 
     @property
     def acceptance_length(self) -> float:
@@ -75,8 +78,11 @@ class EngineStats:
     total_rounds: int = 0
     total_drafted: int = 0
     total_accepted: int = 0
+    #: per draft position, rounds that kept it, over the whole run (Prometheus counters)
+    total_kept: list = field(default_factory=list)
     _reached: list = field(default_factory=list)
     _kept: list = field(default_factory=list)
+    _host_work: HostWork = field(default_factory=HostWork)
     _since: float = field(default_factory=time.monotonic)
 
     def record_step(self, sched, seconds: float) -> None:
@@ -106,9 +112,21 @@ class EngineStats:
         if grow > 0:
             self._reached += [0] * grow
             self._kept += [0] * grow
+        grow = drafted - len(self.total_kept)
+        if grow > 0:
+            self.total_kept += [0] * grow
         for i in range(drafted):
             self._reached[i] += 1
             self._kept[i] += i < accepted
+            self.total_kept[i] += i < accepted
+
+    def record_phases(self, step: StepPhases) -> None:
+        """A finished step's wall-time segments (the engine thread's own)."""
+        self._host_work.add_step(step)
+
+    def record_control(self, phase: str, seconds: float) -> None:
+        """Engine-thread work outside steps: adding/aborting requests, publishing events."""
+        self._host_work.add_control(phase, seconds)
 
     def record_finish(self, seq) -> None:
         self.finished += 1
@@ -131,10 +149,12 @@ class EngineStats:
             accepted=self.accepted,
             reached=tuple(self._reached),
             kept=tuple(self._kept),
+            host_work=self._host_work,
         )
         self.prefill_tokens = self.decode_tokens = self.steps = self.decode_steps = self.decode_rows = 0
         self.finished = self.rounds = self.drafted = self.accepted = 0
         self._reached, self._kept = [], []
+        self._host_work = HostWork()
         self.busy_seconds = 0.0
         self._since = now
         return out

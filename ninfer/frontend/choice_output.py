@@ -33,6 +33,10 @@ class ChoiceProgress:
         self.stop_reason: object = None
         self.called_tools = False
         self.started = False
+        #: seconds between this choice's token-carrying events, as the event loop received
+        #: them (the inter-token latency metric); one entry per event after the first
+        self.token_gaps: list[float] = []
+        self._last_tokens_at: Optional[float] = None
 
     @property
     def reasoning_tokens(self) -> int:
@@ -53,6 +57,11 @@ class ChoiceProgress:
         self.prompt_processed = max(self.prompt_processed, event.prompt_processed)
         self.timings = event.timings
         self.output_ids += event.token_ids
+        if event.token_ids:
+            now = time.monotonic()
+            if self._last_tokens_at is not None:
+                self.token_gaps.append(now - self._last_tokens_at)
+            self._last_tokens_at = now
         deltas: list[Delta]
         if self.splitter is None:
             deltas = [TextDelta(event.text)] if event.text else []

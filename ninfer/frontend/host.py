@@ -7,10 +7,11 @@ works off its event loop and streams the engine's events.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Optional, Protocol, Sequence, TypeVar
 
 if TYPE_CHECKING:
     from ninfer.engine.request import EngineRequest, GenerationEvent
+    from ninfer.frontend.lifecycle import RequestObserver
     from ninfer.model.family import ModelFamily
     from ninfer.plugins import PluginRegistry
     from ninfer.profile.schema import Profile
@@ -45,6 +46,11 @@ class ServingHost(ModelHost, Protocol):
 
     @property
     def gate(self) -> AdmissionGate: ...
+
+    @property
+    def observers(self) -> Sequence[RequestObserver]:
+        """Told of each generation request's rejection, start and end (:mod:`ninfer.frontend.lifecycle`)."""
+        ...
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
 

@@ -7,11 +7,14 @@ the prompt-length refusal, the output guide, the thinking budget, one engine req
 choice (``sample_index`` picks the seed: the engine's one rule), then the interleaved
 events of all choices; everything after admission runs off the event loop. A protocol
 only parses its body into a :class:`GenerateRequest` and renders the :class:`ChoiceEvent`
-stream and the final :class:`UsageCounts` / :class:`TimingCounts`.
+stream and the final :class:`UsageCounts` / :class:`TimingCounts`. Being the one path,
+it is also where the server's request observers (the JSONL log, the metrics) hear of
+each request: its refusal, or its start and one end (:mod:`ninfer.frontend.lifecycle`).
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Callable, Optional, Sequence, Union, cast
 
@@ -26,6 +29,7 @@ from ninfer.frontend.chat_messages import template_messages
 from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress, TimingCounts, UsageCounts, timings, usage
 from ninfer.frontend.fanout import generate_all
 from ninfer.frontend.host import ModelHost, ServingHost
+from ninfer.frontend.lifecycle import Lifecycle, Rejection, end_run, notify
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer.frontend.pipeline_request import GenerateRequest, Prompt, TextPrompt
 from ninfer.frontend.prompt_limits import check_prompt_length
@@ -132,22 +136,41 @@ class Pipeline:
                                       req, rendered)
 
     # -- one request ----------------------------------------------------------------
-    async def prepare(self, req: Lowering) -> Run:
+    async def prepare(self, req: Lowering, stream: bool = False) -> Run:
         """Admission, then everything before generation off the event loop (the server's path).
 
         ``req`` may be a function that lowers the protocol's body (blocking): it runs in
         the same worker hop, after admission, so a full server refuses before that work.
-        Errors here are plain HTTP errors.
+        Errors here are plain HTTP errors. ``stream`` (whether the protocol answers with
+        events) is for the host's request observers, which hear of the refusal or the start
+        here (:mod:`ninfer.frontend.lifecycle`).
         """
         host = cast(ServingHost, self.host)  # only the server prepares; LLM and the batch runner plan
-        if current_ticket() is not None:  # outside an HTTP request a slot is held only while generating
-            host.gate.reserve()  # the one admission check: 429 / 503 before any preparation work
+        ticket = current_ticket()
         rid = request_id()  # read on the loop: the id lives in the request's context
-        plan = await host.run_blocking(self._lower_and_plan, req, rid)
-        return Run(host, plan.request_id, plan.prompts, plan.requests, plan.choices, plan.n)
+        began = time.monotonic()
+        lowered: list[GenerateRequest] = []  # what lowering produced, for a rejection's record
+        phase = "admission"
+        try:
+            if ticket is not None:  # outside an HTTP request a slot is held only while generating
+                host.gate.reserve()  # the one admission check: 429 / 503 before any preparation work
+            phase = "prepare"
+            plan = await host.run_blocking(self._lower_and_plan, req, rid, lowered)
+        except Exception as exc:
+            notify(host.observers, "rejected", Rejection(rid, ticket, phase, exc, next(iter(lowered), None), stream,
+                                                         time.monotonic() - began))
+            raise
+        life = Lifecycle(host.observers, ticket, lowered[0], stream,
+                         ticket.started if ticket is not None else began, time.monotonic() - began)
+        run = Run(host, plan.request_id, plan.prompts, plan.requests, plan.choices, plan.n, life)
+        notify(host.observers, "started", run)
+        if ticket is not None:  # a run whose events are never read still ends once, with the request
+            ticket.on_release(lambda: end_run(run, None))
+        return run
 
-    def _lower_and_plan(self, req: Lowering, rid: str) -> Plan:
+    def _lower_and_plan(self, req: Lowering, rid: str, lowered: list[GenerateRequest]) -> Plan:
         req = req if isinstance(req, GenerateRequest) else req()
+        lowered.append(req)
         return self.plan(req, req.request_id or rid)
 
     def plan(self, req: GenerateRequest, rid: str) -> Plan:
@@ -205,16 +228,26 @@ class Run:
     requests: list[EngineRequest]
     choices: list[ChoiceProgress]
     n: int
+    #: the request as its observers see it (None: a run made outside the server's prepare)
+    life: Optional[Lifecycle] = None
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events in arrival order; closing this aborts every engine request.
 
         Nothing comes before the engine admits the first choice, so a refusal at admission
         is still raised here before any output; an event carrying an error raises it.
+        When it ends, however it ends, the observers hear of the run's one terminal.
         """
-        async with aclosing(generate_all(self.host, self.requests)) as events:
-            async for index, event in events:
-                yield self.choices[index].feed(event)
+        failure: Optional[BaseException] = None
+        try:
+            async with aclosing(generate_all(self.host, self.requests)) as events:
+                async for index, event in events:
+                    yield self.choices[index].feed(event)
+        except BaseException as exc:  # noted for the terminal, never swallowed
+            failure = exc
+            raise
+        finally:
+            end_run(self, failure)
 
     async def drain(self) -> None:
         """Run every choice to its end (an aggregate answer reads :attr:`choices` after)."""

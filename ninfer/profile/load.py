@@ -185,9 +185,14 @@ def load_profile(path: str | None = None, model: str | None = None,
     return profile
 
 
-def to_yaml(profile: Profile, redact: bool = True) -> str:
-    """The profile as YAML, every key present, sections in schema order."""
+def to_dict(profile: Profile, redact: bool = True) -> dict:
+    """The profile as plain data, every key present, sections in schema order."""
     data = _converter.unstructure(profile)
     if redact and data["server"]["api_key"] is not None:
         data["server"]["api_key"] = REDACTED
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return data
+
+
+def to_yaml(profile: Profile, redact: bool = True) -> str:
+    """The profile as YAML, every key present, sections in schema order."""
+    return yaml.safe_dump(to_dict(profile, redact), sort_keys=False, default_flow_style=False, allow_unicode=True)

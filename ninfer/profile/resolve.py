@@ -78,7 +78,7 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
                 errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
         if kind == "speculative_backend" and profile.speculative.lm_head_draft and not obj.lm_head_draft:
             errors.append(f"speculative.lm_head_draft: the {name} backend drafts without an LM head")
-    return errors + _unavailable(profile, registry) + _missing_adapters(profile)
+    return errors + _unavailable(profile, registry) + _missing_adapters(profile) + request_log_errors(profile)
 
 
 def _missing_adapters(profile: Profile) -> list[str]:
@@ -98,8 +98,6 @@ def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
         if getattr(profile.media, name) != getattr(defaults, name):
             errors.append(f"media.{name}: this build prepares no media (image and video input is not available "
                           "yet), so there is nothing to size")
-    if profile.logging.request_log_jsonl is not None:
-        errors.append("logging.request_log_jsonl: the structured request log is not available in this build yet")
     if profile.engine.context_cost_presets is not None:
         errors.append("engine.context_cost_presets: this build has no context-cost planner to configure")
     return errors
@@ -114,3 +112,41 @@ def not_honoured(given: Profile) -> list[str]:
     return [f"cache.{name}: accepted but not honoured yet: the context cache keeps no per-continuation or "
             "shared-prefix descriptors, so every published page is reusable and evicted LRU"
             for name in DESCRIPTOR_LIMITS if getattr(given.cache, name) is not None]
+
+
+def request_log_errors(profile: Profile) -> list[str]:
+    """Why ``logging.request_log_jsonl`` cannot be the request log, checked before the model loads.
+
+    Its directory must exist (it is never created), it must not be (or be inside) the
+    model, and the file must open for appending: an existing file is opened and closed
+    unchanged; a new one is created and removed again, so ``--check`` leaves nothing behind.
+    """
+    path = profile.logging.request_log_jsonl
+    if path is None:
+        return []
+    key = "logging.request_log_jsonl"
+    target = Path(path).resolve()  # symlinks followed: the file actually written
+    if not target.parent.is_dir():
+        return [f"{key}: {path}: the directory {target.parent} does not exist (it is not created)"]
+    if target.is_dir():
+        return [f"{key}: {path} is a directory"]
+    model = _model_location(profile.model)
+    if model is not None and (target == model or model in target.parents):
+        return [f"{key}: {path} resolves into the model {profile.model} ({model}); write the log elsewhere"]
+    try:
+        if target.exists():
+            open(target, "a").close()
+        else:
+            open(target, "x").close()
+            target.unlink()
+    except OSError as exc:
+        return [f"{key}: {path} cannot be opened for appending: {exc.strerror or exc}"]
+    return []
+
+
+def _model_location(reference: str) -> Path | None:
+    """Where the model's files are (None for a random shape, which has none)."""
+    from ninfer.model.sources import RANDOM_PREFIX
+    from ninfer.tiny.cache import checkpoint_dir
+
+    return None if reference.startswith(RANDOM_PREFIX) else checkpoint_dir(reference).resolve()

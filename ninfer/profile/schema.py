@@ -63,6 +63,19 @@ class Server:
     max_request_mib: int = opt(384, _POS, "largest request body accepted, in MiB (checked before parsing)", metavar="N")
     max_pending_requests: int = opt(16, _NAT, "requests allowed to wait behind the active ones", metavar="N")
     pending_timeout_ms: int = opt(30000, _POS, "longest wait for preparation plus admission, in ms", metavar="N")
+    # Slow clients and shutdown (ninfer.server.connections, ninfer.server.run); not in the spec's table.
+    drain_timeout_ms: int = opt(30000, _NAT, "on SIGTERM, how long running requests may still finish before "
+                                "they are ended with an error, in ms", metavar="N")
+    header_timeout_ms: int = opt(10000, _POS, "time a client has to send a request's headers, from connecting "
+                                 "or from the previous response, in ms", metavar="N")
+    body_timeout_ms: int = opt(10000, _POS, "time a request body may take beyond what --body-min-rate "
+                               "allows, in ms", metavar="N")
+    body_min_rate: int = opt(1024, _NAT, "body bytes per second that extend the body deadline by a second "
+                             "(0: the body must arrive within --body-timeout-ms)", metavar="N")
+    keep_alive_timeout_ms: int = opt(5000, _POS, "idle time after which a kept-alive connection closes, in ms",
+                                     metavar="N")
+    max_connections: int = opt(1024, _POS, "open connections; a new one past it closes the longest-idle one, "
+                               "or is refused when all are busy", metavar="N")
     response_store_max_records: int = opt(1024, _POS, "Responses objects kept for later retrieval", metavar="N")
     response_store_max_mib: int = opt(256, _POS, "memory budget of stored Responses, in MiB", metavar="N")
     protocols: list[str] | None = opt(None, Optional(Names()), "protocol adapters to serve (comma-separated)",
@@ -82,7 +95,7 @@ class Engine:
                                         metavar="N|auto", default_text="follows --max-context")
     max_concurrency: int = opt(1, Int(1, 8), "requests decoded together", metavar="N")
     prefill_chunk: int = opt(1024, _POS, "prompt tokens computed per prefill step", metavar="N")
-    kv_dtype: str = opt("bf16", Str(), "KV-cache format, a kv_dtype plugin (built in: bf16)",
+    kv_dtype: str = opt("bf16", Str(), "KV-cache format, a kv_dtype plugin (built in: bf16, int8, fp8, nvfp4, k8v4)",
                         metavar="NAME")
     cuda_graph: bool = opt(True, Bool(), "replay decode steps from CUDA graphs")
     decode_ahead: bool = opt(True, Bool(), "on CUDA, queue each decode step before the previous one's tokens "

@@ -16,13 +16,17 @@ import uuid
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Optional
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Optional
 
 from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import RequestQueueTimeoutError, ServerOverloadedError, ServerShuttingDownError
 
 if TYPE_CHECKING:
     from ninfer.engine.async_engine import AsyncEngine
+
+
+#: what a request still running when the drain bound passes fails with
+SHUT_DOWN_MESSAGE = "the server shut down before the request finished"
 
 
 def new_request_id() -> str:
@@ -43,17 +47,29 @@ class Ticket:
     disconnected: bool = False
     #: the machine-readable code of the error the request ended with (see ninfer.server.errors)
     error_code: Optional[str] = None
+    #: the ASGI scope of the HTTP request (the request log reads its route and protocol)
+    scope: Optional[dict] = None
     _gate: Optional[AdmissionGate] = None  # set while the ticket holds a slot
+    #: run once when the request ends (see :meth:`on_release`)
+    _on_release: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def holds_slot(self) -> bool:
         return self._gate is not None
 
+    def on_release(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when the request ends (the middleware releases every ticket then):
+        the pipeline settles a run whose events were never read this way."""
+        self._on_release.append(fn)
+
     def release(self) -> None:
-        """Give the slot back (idempotent)."""
+        """Give the slot back and run the end-of-request callbacks (idempotent)."""
         if self._gate is not None:
             self._gate.in_flight -= 1
             self._gate = None
+        callbacks, self._on_release = self._on_release, []
+        for fn in callbacks:
+            fn()
 
     def count(self, last: GenerationEvent) -> None:
         self.generated = True
@@ -92,6 +108,9 @@ class AdmissionGate:
         self.in_flight = 0
         #: set when the server drains before exit: no new slots, /health answers 503
         self.draining = False
+        #: set when the drain bound has passed: the engine's requests are failed
+        #: (:meth:`ninfer.engine.async_engine.AsyncEngine.fail_all`) and none starts any more
+        self.cut = False
 
     def reserve(self, ticket: Optional[Ticket] = None) -> Ticket:
         """Count ``ticket`` (default: the current request's) against capacity from now on.
@@ -125,6 +144,8 @@ class AdmissionGate:
         ticket = self.reserve(ticket or Ticket(request.request_id))
         last: Optional[GenerationEvent] = None
         try:
+            if self.cut:
+                raise ServerShuttingDownError(SHUT_DOWN_MESSAGE)
             remaining = ticket.started + self.pending_timeout_s - time.monotonic()
             if remaining <= 0:
                 raise self._timeout()

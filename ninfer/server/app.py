@@ -11,13 +11,15 @@ from ninfer.server.core_routes import core_routes
 from ninfer.server.errors import EXCEPTION_HANDLERS, MIB
 from ninfer.server.middleware import (
     CORE_PROTOCOL,
-    OPEN_PATHS,
     PROTOCOL_OPT,
     RequestMiddleware,
     api_key_guard,
+    is_open,
     record_error,
 )
-from ninfer.server.openapi import error_responses
+from ninfer.server.metrics import metrics_route
+from ninfer.server.openapi import ERROR_SHAPE_OPT, ErrorResponse, error_responses
+from ninfer.server.resources import resource_routes
 from ninfer.server.state import ServerState
 
 
@@ -38,9 +40,17 @@ def _router(state: ServerState, handlers: list, protocol: str) -> Router:
     if state.profile.server.api_key:
         # Every route but the open ones can then answer the key guard's 401.
         for handler in handlers:
-            if not handler.paths <= OPEN_PATHS:
-                handler.responses = {**error_responses(401), **(handler.responses or {})}
+            if not all(is_open(method, handler.paths) for method in handler.http_methods):
+                shape = handler.opt.get(ERROR_SHAPE_OPT, ErrorResponse)  # the guard's 401 is rendered in it
+                handler.responses = {**error_responses(401, container=shape), **(handler.responses or {})}
     return Router(path="/", route_handlers=handlers, opt={PROTOCOL_OPT: protocol})
+
+
+def _metrics_router(state: ServerState) -> list[Router]:
+    """``GET /metrics`` when the state has a registry (a server built by ninfer.server.run has)."""
+    if state.metrics is None:
+        return []
+    return [_router(state, [metrics_route(state.metrics)], CORE_PROTOCOL)]
 
 
 def build_app(state: ServerState) -> Litestar:
@@ -50,7 +60,9 @@ def build_app(state: ServerState) -> Litestar:
         cors = CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
                           expose_headers=["x-request-id", "request-id"])
     app = Litestar(
-        route_handlers=[_router(state, core_routes(state), CORE_PROTOCOL), *protocol_routers(state)],
+        route_handlers=[_router(state, [*core_routes(state), *resource_routes(state)], CORE_PROTOCOL),
+                        *protocol_routers(state),
+                        *_metrics_router(state)],
         # App-wide, so it covers the OpenAPI document too; a guard runs after routing, so its
         # 401 is rendered by the route's own exception handlers (Anthropic's shape on /v1/messages).
         guards=[api_key_guard(server.api_key)] if server.api_key else None,

@@ -33,9 +33,23 @@ TICKET_KEY = "ninfer.ticket"
 PROTOCOL_OPT = "ninfer_protocol"
 #: the protocol name of the server's own routes (/health, /v1/models, ...)
 CORE_PROTOCOL = "core"
-#: reachable without the API key
-# "/" answers reachability probes that clients (Claude Code) send before their key
-OPEN_PATHS = frozenset({"/health", "/"})
+#: (method, path) of the routes reachable without the API key: readiness, and the
+#: ``HEAD /`` reachability probe clients (Claude Code) send before their key. ``GET /``
+#: names the server and model, so it needs the key like everything else.
+OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/")})
+
+
+def is_open(method: str, paths: set[str] | frozenset[str]) -> bool:
+    """Whether ``method`` on a handler serving ``paths`` needs no API key."""
+    return bool(paths) and all((method, path) in OPEN_ROUTES for path in paths)
+
+
+def is_preflight(scope: Scope) -> bool:
+    """A CORS preflight: an OPTIONS naming the origin and the method it asks about."""
+    if scope["method"] != "OPTIONS":
+        return False
+    names = {name for name, _ in scope["headers"]}
+    return b"origin" in names and b"access-control-request-method" in names
 
 
 def request_id(connection: ASGIConnection | Scope) -> str:
@@ -52,7 +66,7 @@ class RequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        ticket = Ticket()
+        ticket = Ticket(scope=scope)  # type: ignore[arg-type]  # the request log reads its route
         scope[TICKET_KEY] = ticket  # type: ignore[literal-required]
         status = 0
         rid = (REQUEST_ID_HEADER, ticket.request_id.encode())
@@ -93,13 +107,16 @@ async def record_error(exc: Exception, scope: Scope) -> None:
 def api_key_guard(api_key: str) -> Guard:
     """A guard admitting requests that carry ``api_key`` as a Bearer token or in ``x-api-key``.
 
-    Open routes (:data:`OPEN_PATHS`) and OPTIONS pass without it: with ``--cors`` Litestar
-    answers preflights before routing, and without it a plain OPTIONS only lists methods.
+    Only :data:`OPEN_ROUTES` and CORS preflights pass without it (with ``--cors`` Litestar
+    answers preflights before routing; without it they reach the route's OPTIONS handler,
+    which only lists methods). A plain OPTIONS needs the key: its ``Allow`` header maps
+    the API.
     """
     expected = api_key.encode()
 
     async def require_api_key(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-        if connection.scope["method"] == "OPTIONS" or handler.paths <= OPEN_PATHS:
+        scope = connection.scope
+        if is_open(scope["method"], handler.paths) or is_preflight(scope):
             return
         if not _carries_key(connection.scope["headers"], expected):
             raise AuthenticationError("a valid API key is required")

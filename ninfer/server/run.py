@@ -2,10 +2,13 @@
 
 The listening socket is opened first and uvicorn answers from the start: until the
 engine is built (in a background thread), ``/health`` says 503 and every other path
-a 503 ``model_loading`` error. The first SIGTERM (or Ctrl-C) drains: new generations
-get 503, running ones may finish for up to :data:`DRAIN_TIMEOUT_S`, then the rest
-are cancelled (which aborts them in the engine) and the process exits 0. A second
-signal skips the wait.
+a 503 ``model_loading`` error. Connections go through
+:class:`ninfer.server.connections.GuardedH11Protocol` (read deadlines, a connection cap).
+
+The first SIGTERM (or Ctrl-C) drains: new generations get 503 in their protocol's
+shape, running ones may finish for up to ``--drain-timeout-ms``, then they end with
+their protocol's terminal error (:mod:`ninfer.server.drain`); logs are flushed and the
+process exits 0. A second signal skips the wait.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import signal
 import socket
 import threading
+from functools import partial
 from types import FrameType
 from typing import Any, Optional
 
@@ -30,14 +34,27 @@ from ninfer.lora.config import LoraAdapterError
 from ninfer.profile.rules import lora_modules
 from ninfer.server.admission import AdmissionGate, new_request_id
 from ninfer.server.app import build_app
+from ninfer.server.connections import (
+    OVER_CAPACITY,
+    ConnectionLimits,
+    connection_counts,
+    ensure_fd_limit,
+    guarded_protocol,
+    guarded_receive,
+    refuse_connection,
+)
 from ninfer.server.core_routes import HEALTH_UNAVAILABLE
+from ninfer.server.drain import drain
 from ninfer.server.errors import send_error, send_json
 from ninfer.server.middleware import REQUEST_ID_HEADER, RETRY_AFTER_HEADER
+from ninfer.server.observe import observe
+from ninfer.server.resources import CONNECTIONS_KEY
 from ninfer.server.retry_after import retry_after
 from ninfer.server.state import ServerState
 
+#: the drain bound when there is no profile (tests); served: ``--drain-timeout-ms``
 DRAIN_TIMEOUT_S = 30.0
-#: after the drain, how long uvicorn waits for connections before cancelling them
+#: after all that, how long uvicorn waits for connections before cancelling them
 CANCEL_GRACE_S = 2
 # A silent peer is probed after 5 s idle, every 5 s, 3 times; unacknowledged data
 # fails the connection after 15 s. Accepted sockets inherit these on Linux.
@@ -103,12 +120,17 @@ class ServerApp:
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.failed = False
         self.stopping = False
+        self.drain_timeout_s = profile.server.drain_timeout_ms / 1000 if profile is not None else DRAIN_TIMEOUT_S
         self._drain_task: Optional[asyncio.Task] = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
+        elif scope["type"] == "http" and scope.get("state", {}).get(OVER_CAPACITY):
+            await refuse_connection(send)
         elif self.app is not None:
+            if scope["type"] == "http":
+                receive = guarded_receive(scope, receive)  # a body deadline raises into the handler
             await self.app(scope, receive, send)
         elif scope["type"] == "http":
             headers = [(REQUEST_ID_HEADER, new_request_id().encode())]
@@ -131,6 +153,7 @@ class ServerApp:
                 if self.state is not None:
                     await asyncio.to_thread(self.state.engine.shutdown)
                 logger.info("server stopped")
+                await logger.complete()  # every record written before the process exits
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -162,6 +185,7 @@ class ServerApp:
         if self.stopping or self.server.should_exit:  # a signal came while loading
             state.engine.shutdown()
             return
+        state.extras[CONNECTIONS_KEY] = partial(connection_counts, self.server.server_state.connections)
         self.state, self.app = state, app
         logger.info("server ready on {}", self.url)
 
@@ -183,17 +207,12 @@ class ServerApp:
             return
         gate = self.state.gate
         gate.draining = True
-        logger.info("{}: shutting down; waiting for {} request(s) in flight (at most {:.0f} s)",
-                    signame, gate.in_flight, DRAIN_TIMEOUT_S)
-        self._drain_task = asyncio.get_running_loop().create_task(self._drain(gate))
+        logger.info("{}: shutting down; waiting for {} request(s) in flight (at most {:g} s)",
+                    signame, gate.in_flight, self.drain_timeout_s)
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain(self.state))
 
-    async def _drain(self, gate: AdmissionGate) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DRAIN_TIMEOUT_S
-        while gate.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.1)
-        if gate.in_flight:
-            logger.warning("cancelling {} request(s) still running after {:.0f} s", gate.in_flight, DRAIN_TIMEOUT_S)
+    async def _drain(self, state: ServerState) -> None:
+        await drain(state, self.server.server_state.connections, self.drain_timeout_s)
         self.server.should_exit = True
 
 
@@ -228,9 +247,11 @@ def build_state(profile: Any, registry: Any) -> ServerState:
     engine.start()
     gate = AdmissionGate(capacity=profile.engine.max_concurrency + profile.server.max_pending_requests,
                          pending_timeout_s=profile.server.pending_timeout_ms / 1000)
-    return ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
-                       family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
-                       vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras))
+    state = ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
+                        family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
+                        vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras))
+    observe(state, loaded)  # the request log (--request-log-jsonl) and the /metrics registry
+    return state
 
 
 def run(profile: Any, registry: Any) -> None:
@@ -243,8 +264,20 @@ def run(profile: Any, registry: Any) -> None:
         logger.error("cannot listen on {}: {}", display_url(host, port), exc)
         raise SystemExit(1) from None
     app = ServerApp(profile, registry, display_url(host, sock.getsockname()[1]))
+    server_options = profile.server
+    limits = ConnectionLimits(header_timeout_s=server_options.header_timeout_ms / 1000,
+                              body_timeout_s=server_options.body_timeout_ms / 1000,
+                              body_min_rate=server_options.body_min_rate,
+                              max_connections=server_options.max_connections)
+    warning = ensure_fd_limit(limits.max_connections)
+    if warning:
+        logger.warning(warning)
+    # No limit_concurrency: its refusal is a plain-text 503 and counts only connections
+    # that already sent a request; the guarded protocol caps connections instead.
     config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False, proxy_headers=False,
-                            server_header=False, ws="none", timeout_graceful_shutdown=CANCEL_GRACE_S)
+                            server_header=False, ws="none", timeout_graceful_shutdown=CANCEL_GRACE_S,
+                            http=guarded_protocol(limits),
+                            timeout_keep_alive=server_options.keep_alive_timeout_ms / 1000)  # type: ignore[arg-type]
     server = _Server(config, app)
     app.server = server
     logger.info("listening on {} while the model loads", app.url)

@@ -51,13 +51,14 @@ def sse_response(
     frames: AsyncIterator[Frame],
     *,
     on_error: ErrorRenderer = openai_error_frame,
-    keepalive_s: float = KEEPALIVE_S,
+    keepalive_s: Optional[float] = None,
     headers: Optional[dict[str, str]] = None,
     keepalive_frame: Frame = KEEPALIVE_FRAME,
 ) -> SSEResponse:
-    """A streaming response for ``frames`` (see the module docstring)."""
-    return SSEResponse(frames, on_error=on_error, keepalive_s=keepalive_s, headers=headers,
-                       keepalive_frame=keepalive_frame)
+    """A streaming response for ``frames`` (see the module docstring); ``keepalive_s``
+    defaults to :data:`KEEPALIVE_S` as it is when called (tests shorten it)."""
+    return SSEResponse(frames, on_error=on_error, keepalive_s=KEEPALIVE_S if keepalive_s is None else keepalive_s,
+                       headers=headers, keepalive_frame=keepalive_frame)
 
 
 class SSEResponse(Stream):

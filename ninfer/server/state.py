@@ -17,10 +17,12 @@ from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import InvalidRequestError, NotFoundError
 
 if TYPE_CHECKING:
+    from ninfer.frontend.lifecycle import RequestObserver
     from ninfer.model.family import ModelFamily
     from ninfer.plugins import PluginRegistry
     from ninfer.profile.schema import Profile
     from ninfer.server.admission import AdmissionGate
+    from ninfer.server.metrics import ServerMetrics
     from ninfer.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -41,6 +43,10 @@ class ServerState:
     extras: dict[str, Any] = field(default_factory=dict)  # per-protocol shared objects
     #: the LoRA adapters served beside the base model (``--lora-modules``), by name
     loras: tuple[str, ...] = ()
+    #: told of every generation request's lifecycle: the request log, the metrics
+    observers: tuple[RequestObserver, ...] = ()
+    #: the Prometheus registry ``GET /metrics`` renders (None: no metrics route)
+    metrics: Optional[ServerMetrics] = None
 
     @property
     def model_ids(self) -> tuple[str, ...]:

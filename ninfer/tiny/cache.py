@@ -19,12 +19,20 @@ def cache_root() -> Path:
     return Path(base) / "tiny"
 
 
-def resolve_model_path(model: str, registry=None) -> Path:
-    """A checkpoint directory for ``model``: a path, or ``tiny:FAMILY[:SEED]``."""
+def checkpoint_dir(model: str) -> Path:
+    """Where ``model``'s checkpoint is (or will be, for a tiny one not built yet)."""
     if not model.startswith(PREFIX):
         return Path(model)
     family, _, seed = model[len(PREFIX) :].partition(":")
-    target = cache_root() / f"{family}-seed{seed or 0}"
+    return cache_root() / f"{family}-seed{seed or 0}"
+
+
+def resolve_model_path(model: str, registry=None) -> Path:
+    """A checkpoint directory for ``model``: a path, or ``tiny:FAMILY[:SEED]``."""
+    target = checkpoint_dir(model)
+    if not model.startswith(PREFIX):
+        return target
+    family, _, seed = model[len(PREFIX) :].partition(":")
     if (target / "config.json").exists():
         return target
     from ninfer.tiny.make import make_tiny

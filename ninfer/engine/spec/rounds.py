@@ -73,8 +73,7 @@ class SpeculativeRounds:
         try:
             self.scheduler.settle_verified(chunk, len(rows))
             tracked.timings.last_token = now
-            tracked.timings.draft_tokens += len(chunk.drafts)
-            tracked.timings.draft_accepted += len(rows) - 1
+            tracked.timings.record_round(len(chunk.drafts), len(rows) - 1)
             if chunk.drafts:  # a row padded into another row's verify step proposed nothing
                 self.stats.record_round(len(chunk.drafts), len(rows) - 1)
             text, committed = "", []

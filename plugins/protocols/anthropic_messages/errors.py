@@ -15,7 +15,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from loguru import logger
 
-from ninfer.errors import NinferError, RequestQueueTimeoutError, ServerOverloadedError
+from ninfer.errors import NinferError, RequestQueueTimeoutError, RequestTimeoutError, ServerOverloadedError
 from ninfer.server.admission import request_id
 from ninfer.server.errors import INTERNAL_MESSAGE, MIB
 
@@ -29,6 +29,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    408: "timeout_error",
     429: "rate_limit_error",
     GATEWAY_TIMEOUT: "timeout_error",
     OVERLOADED: "overloaded_error",
@@ -46,6 +47,8 @@ def status_of(exc: NinferError) -> int:
     """Anthropic's status for a typed error (most keep the core's)."""
     if isinstance(exc, ServerOverloadedError):
         return OVERLOADED
+    if isinstance(exc, RequestTimeoutError):  # the client's own slow body: not a wait of ours
+        return exc.status
     if isinstance(exc, RequestQueueTimeoutError) or exc.code.endswith("_timeout"):  # queue or media wait
         return GATEWAY_TIMEOUT
     return exc.status

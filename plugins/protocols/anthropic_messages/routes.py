@@ -17,9 +17,13 @@ from ninfer.sampling_params import SamplingParams
 from ninfer.server.admission import request_id
 from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.openapi import BODY_ERRORS, ERROR_SHAPE_OPT, documented, error_responses, json_response
 from ninfer.server.sse import sse_response
+from ninfer_plugins.protocols.anthropic_messages import openapi as doc
 from ninfer_plugins.protocols.anthropic_messages.errors import (
     EXCEPTION_HANDLERS,
+    GATEWAY_TIMEOUT,
+    OVERLOADED,
     REQUEST_ID_HEADER,
     error_frame,
 )
@@ -56,13 +60,17 @@ def messages_routes(state: ServerState) -> list:
 
     @post("/v1/messages", summary="Create a message", tags=["Anthropic"], status_code=200,
           exception_handlers=EXCEPTION_HANDLERS,
-          description="Anthropic Messages; `stream: true` answers with Anthropic's server-sent events.")
+          description="Anthropic Messages; `stream: true` answers with Anthropic's server-sent events.",
+          responses={200: json_response(doc.MessageDoc, "The message, or (stream: true) Anthropic's events"),
+                     **_errors(*BODY_ERRORS, 503, GATEWAY_TIMEOUT, OVERLOADED)},
+          operation_class=documented(body=doc.MessagesRequestDoc, events=doc.EVENTS),
+          opt={ERROR_SHAPE_OPT: doc.AnthropicError})
     async def create_message(request: Request) -> Response:
         req, params = await parse_body(request, parse)
         rid = request_id()
         max_tokens = req.max_tokens or default_max
         run = await pipeline.prepare(partial(generate_request, req, params, state.lora_for(req.model), rid,
-                                             max_tokens))
+                                             max_tokens), stream=bool(req.stream))
         message = MessageState(run.choices[0], max_tokens)
         message_id, model = "msg_" + rid.removeprefix("req_"), req.model or ""
         headers = {REQUEST_ID_HEADER: rid}
@@ -74,7 +82,9 @@ def messages_routes(state: ServerState) -> list:
 
     @post("/v1/messages/count_tokens", summary="Count a message's input tokens", tags=["Anthropic"],
           status_code=200, exception_handlers=EXCEPTION_HANDLERS,
-          description="The input_tokens the same request reports when run, without generating.")
+          description="The input_tokens the same request reports when run, without generating.",
+          responses={200: json_response(doc.COUNT, "The prompt's token count"), **_errors(*BODY_ERRORS)},
+          operation_class=documented(body=doc.MessagesRequestDoc), opt={ERROR_SHAPE_OPT: doc.AnthropicError})
     async def count_tokens(request: Request) -> Response:
         req = await parse_body(request, checked)
         rendered = await state.run_blocking(count, req, pipeline)
@@ -82,6 +92,10 @@ def messages_routes(state: ServerState) -> list:
                         headers={REQUEST_ID_HEADER: request_id()})
 
     return [create_message, count_tokens]
+
+
+def _errors(*statuses: int) -> dict:
+    return error_responses(*statuses, container=doc.AnthropicError, why=doc.ERROR_REASONS)
 
 
 async def _aggregate(run: Run, message: MessageState, message_id: str, model: str) -> Message:

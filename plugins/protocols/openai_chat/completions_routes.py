@@ -22,7 +22,13 @@ from ninfer.sampling_schema import Limits
 from ninfer.sampling_wire import WireField
 from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
-from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
+from ninfer.server.openapi import (
+    GENERATION_ERRORS,
+    ErrorResponse,
+    error_responses,
+    event_stream_operation,
+    json_response,
+)
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import finish_reason, timings, token_text
 from ninfer_plugins.protocols.openai_chat.schema import (
@@ -253,11 +259,11 @@ def completion_routes(state: ServerState) -> list:
           description="OpenAI's legacy completions on a raw prompt; `stream: true` answers with server-sent events.",
           responses={200: json_response(Completion, "The completion, or (stream: true) server-sent events: "
                                         "text_completion chunks, then [DONE]"),
-                     **error_responses(400, 404, 413, 429, 500, 503)},
+                     **error_responses(*GENERATION_ERRORS)},
           operation_class=event_stream_operation(Completion, ErrorResponse, body=CompletionRequest))
     async def create_completion(request: Request) -> Response:
         data, req = await parse_body(request, parse)
-        run = await pipeline.prepare(req)
+        run = await pipeline.prepare(req, stream=bool(data.stream))
         n = req.n
         echo = [run.prompts[k // n].text if data.echo else "" for k in range(len(run.choices))]
         answer = _Answer(run, tokenizer, f"cmpl-{run.request_id}", data.model or state.model_id, echo,

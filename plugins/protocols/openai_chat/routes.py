@@ -14,7 +14,13 @@ from ninfer.frontend.pipeline import Pipeline, Run
 from ninfer.sampling_params import SamplingParams
 from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
-from ninfer.server.openapi import ErrorResponse, error_responses, event_stream_operation, json_response
+from ninfer.server.openapi import (
+    GENERATION_ERRORS,
+    ErrorResponse,
+    error_responses,
+    event_stream_operation,
+    json_response,
+)
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.openai_chat.choice import wire_logprobs
 from ninfer_plugins.protocols.openai_chat.render import MessageBuilder, completion
@@ -49,14 +55,15 @@ def chat_routes(state: ServerState) -> list:
         description="OpenAI Chat Completions; `stream: true` answers with server-sent events.",
         responses={200: json_response(ChatCompletion, "The completion, or (stream: true) server-sent events: "
                                       "chat.completion.chunk objects, then [DONE]"),
-                   **error_responses(400, 404, 413, 429, 500, 503)},
+                   **error_responses(*GENERATION_ERRORS)},
         operation_class=event_stream_operation(ChatCompletionChunk, ErrorResponse, body=ChatCompletionRequest),
         tags=["OpenAI"],
         status_code=200,
     )
     async def create_chat_completion(request: Request) -> Response:
         data, params = await parse_body(request, parse)
-        run = await pipeline.prepare(partial(generate_request, data, params, state.lora_for(data.model)))
+        run = await pipeline.prepare(partial(generate_request, data, params, state.lora_for(data.model)),
+                                   stream=bool(data.stream))
         chat_id, created, model = f"chatcmpl-{run.request_id}", int(time.time()), data.model or state.model_id
         want_logprobs = bool(data.logprobs)
         if data.stream:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import aclosing
+from functools import partial
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
 
 import msgspec
@@ -21,7 +22,7 @@ from ninfer_plugins.protocols.openai_responses.prepare import Lowered, Prepared,
 from ninfer_plugins.protocols.openai_responses.response import Echo, Turn, new_response_id
 from ninfer_plugins.protocols.openai_responses.schema import CreateRequest, PromptFields, decode
 from ninfer_plugins.protocols.openai_responses.store import ResponseStore, StoredResponse, conversation_bytes
-from ninfer_plugins.protocols.openai_responses.stream import Finalize, frames
+from ninfer_plugins.protocols.openai_responses.stream import Finalize, early_failure, frames
 from ninfer_plugins.protocols.openai_responses.transcript import Transcript
 from ninfer_plugins.protocols.openai_responses.validate import check_create, sampling_params
 
@@ -82,7 +83,7 @@ class Creation:
                                    tools=lowered.tools.request, answer=text_format_guide(req.text), request_id=rid,
                                    prompt_param="input", max_tokens_param="max_output_tokens")
 
-        run = await self.pipeline.prepare(lowering)
+        run = await self.pipeline.prepare(lowering, stream=bool(req.stream))
         assert lowered is not None
         rendered = run.prompts[0]
         earlier_bytes = parent.conversation_bytes if parent is not None else 0
@@ -98,7 +99,7 @@ class Creation:
             return response
 
         if req.stream:
-            return sse_response(self._frames(turn, run, finalize))
+            return sse_response(self._frames(turn, run, finalize), on_error=partial(early_failure, turn))
         result = await cancel_on_disconnect(request, self._aggregate(turn, run, finalize))
         return Response(msgspec.json.encode(result), media_type=JSON)
 

@@ -3,7 +3,9 @@
 Each frame's ``event:`` name equals its JSON ``type``; ``sequence_number`` counts up
 from 0 across the whole stream. Nothing is sent before the engine admits the request,
 so a refusal at admission is still a plain HTTP error; a failure after that ends the
-stream with ``response.failed``. There is no ``[DONE]`` sentinel.
+stream with ``response.failed``. There is no ``[DONE]`` sentinel. A refusal that comes
+after a keep-alive comment has already sent the 200 (a queue timeout) is told as
+``response.created`` then ``response.failed`` (:func:`early_failure`).
 """
 
 from __future__ import annotations
@@ -57,3 +59,11 @@ async def frames(turn: Turn, events: AsyncIterator[ChoiceEvent], finalize: Final
         yield framer.frame({"type": "response.failed", "response": turn.response(error=exc)})
         return
     yield framer.frame({"type": f"response.{final['status']}", "response": final})
+
+
+def early_failure(turn: Turn, exc: NinferError) -> bytes:
+    """The frames for a failure before ``response.created`` once the status is out: the
+    stream's ``on_error``, so clients that expect the Response lifecycle get it."""
+    framer = Framer()
+    return (framer.frame({"type": "response.created", "response": turn.response()})
+            + framer.frame({"type": "response.failed", "response": turn.response(error=exc)}))

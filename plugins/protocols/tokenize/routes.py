@@ -13,7 +13,7 @@ from ninfer.frontend.chat_messages import parse_messages
 from ninfer.frontend.pipeline import Pipeline
 from ninfer.frontend.pipeline_request import ChatPrompt, TemplateOptions
 from ninfer.server.body import parse_body
-from ninfer.server.openapi import error_responses, json_response
+from ninfer.server.openapi import BODY_ERRORS, documented, error_responses, json_response, self_contained_schema
 from ninfer_plugins.protocols.tokenize.schema import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -48,7 +48,8 @@ def tokenize_routes(state: ServerState) -> list:
     @post("/tokenize", summary="Tokenize a prompt or a chat", tags=["vLLM"], status_code=200,
           description="vLLM's tokenizer endpoint: `prompt` is tokenized as given, `messages` through the chat "
                       "template as Chat Completions renders them.",
-          responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(400, 404)})
+          responses={200: json_response(TokenizeResponse, "the token ids"), **error_responses(*BODY_ERRORS, 404)},
+          operation_class=documented(body=self_contained_schema(TokenizeCompletionRequest, TokenizeChatRequest)))
     async def tokenize(request: Request) -> Response:
         req = await parse_body(request, parse_tokenize)
         ids = await state.run_blocking(_token_ids, req, pipeline)
@@ -58,7 +59,8 @@ def tokenize_routes(state: ServerState) -> list:
 
     @post("/detokenize", summary="Detokenize token ids", tags=["vLLM"], status_code=200,
           description="The text of the token ids, special tokens included.",
-          responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(400, 404)})
+          responses={200: json_response(DetokenizeResponse, "the text"), **error_responses(*BODY_ERRORS, 404)},
+          operation_class=documented(body=DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
         req = await parse_body(request, parse_detokenize)
         vocab = tokenizer.vocab_size
