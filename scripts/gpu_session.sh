@@ -80,7 +80,7 @@ insitu)
         | tee "$OUT/profile_27b_prefill.jsonl" | tail -1
     ;;
 spec)
-    timeout 220 python3 -m pytest -q -m gpu tests/test_spec_gpu.py tests/test_spec_acceptance.py \
+    timeout 220 python3 -m pytest -q -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
         tests/test_gated_delta_decode.py tests/test_cuda_graph.py 2>&1 | tail -30 | tee "$OUT/pytest.txt"
     timeout 60 python3 -m pytest -q tests/test_kernels_triton.py -k copy_state_rows 2>&1 | tail -2
     bench 300 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
@@ -91,7 +91,7 @@ spec)
     fi
     ;;
 spec2)
-    timeout 150 python3 -m pytest -q -m gpu tests/test_spec_acceptance.py tests/test_spec_gpu.py 2>&1 | tail -3
+    timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
     timeout 150 ninfer-train /tmp/trained --device cuda -q | tee "$OUT/train.json"
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(0, 100_000)
 open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"

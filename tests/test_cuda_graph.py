@@ -34,7 +34,7 @@ def test_one_transfer_stages_every_row_field_and_padding():
     assert graphs.seq_lens[:4].tolist() == [1, 6, 10, 1]  # padding rows attend to one key
     assert graphs.slot_mapping[:4].tolist() == [4, 13, 25, -1]  # padding rows write no KV
     assert graphs.block_tables[:4, :3].tolist() == [[1, 0, 0], [2, 3, 0], [4, 5, 6], [0, 0, 0]]
-    first_host = graphs._hosts[0].clone()
+    first_host = graphs._inputs._hosts[0].clone()
 
     # a smaller batch, ids already on the device: the rows it leaves become padding
     assert graphs.stage_inputs(torch.tensor([8]), [2], [[7]]) == 1
@@ -43,7 +43,7 @@ def test_one_transfer_stages_every_row_field_and_padding():
     assert graphs.seq_lens[:4].tolist() == [3, 1, 1, 1]
     assert graphs.slot_mapping[:4].tolist() == [30, -1, -1, -1]
     # it was packed in the other pinned buffer: the first one's transfer may still be queued
-    assert torch.equal(graphs._hosts[0], first_host)
+    assert torch.equal(graphs._inputs._hosts[0], first_host)
 
 
 def test_state_slots_are_staged_with_the_rows_and_padding_gets_none():

@@ -102,7 +102,8 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
 
 
 class StagedInputs:
-    """A captured step's integer inputs, sent to the device in one transfer per step.
+    """A captured step's integer inputs, sent to the device in one transfer per step
+    (decode, speculative verify and MTP drafting graphs all stage through one).
 
     One int64 buffer on the device holds every named field (the graphs read views of it:
     :meth:`device`) followed by room for ``table_rows`` block-table rows of ``max_blocks``
@@ -168,23 +169,18 @@ class DecodeGraphs:
         self.max_blocks = -(-max_context // block_size)
         n = self.buckets[-1]
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        # staging: four or five [n] fields (the graphs' inputs themselves), then up to
-        # n * max_blocks block-table entries on their way into ``block_tables``
-        self._fields = 5 if state_slots else 4
-        self._stage = torch.zeros(self._fields * n + n * self.max_blocks, **i64)
-        fields = self._stage[: self._fields * n].view(self._fields, n)
-        self.input_ids, self.positions, self.seq_lens, self.slot_mapping = fields[:4]
-        self.state_slots: Optional[torch.Tensor] = fields[4] if state_slots else None
+        # the graphs' inputs themselves: four or five [n] fields, staged in one transfer
+        names = ["input_ids", "positions", "seq_lens", "slot_mapping"] + (["state_slots"] if state_slots else [])
+        self._inputs = StagedInputs([(name, n) for name in names], n, self.max_blocks, device)
+        self.input_ids, self.positions, self.seq_lens, self.slot_mapping = (self._inputs.device(f) for f in names[:4])
+        self.state_slots: Optional[torch.Tensor] = self._inputs.device("state_slots") if state_slots else None
         self.seq_lens.fill_(1)
         self.slot_mapping.fill_(-1)
         if self.state_slots is not None:
             self.state_slots.fill_(-1)
-        self.block_tables = torch.zeros(n, self.max_blocks, **i32)
+        self.block_tables = self._inputs.block_tables
         self.query_start = torch.arange(n + 1, **i32)
         self.rows = torch.arange(n, **i64)
-        pin = device.type == "cuda"
-        self._hosts = [torch.empty(self._stage.shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self._turn = 0
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
 
@@ -257,15 +253,14 @@ class DecodeGraphs:
         assert bs is not None, "batch larger than the largest captured bucket"
         n = self.buckets[-1]
         width = max(len(t) for t in block_tables)
-        host = self._hosts[self._turn]
-        self._turn ^= 1
-        h = host.numpy()
+        inputs = self._inputs
+        inputs.begin()
         pos = np.fromiter(positions, dtype=np.int64, count=num)
         table = np.zeros((bs, width), dtype=np.int64)
         for i, t in enumerate(block_tables):
             table[i, : len(t)] = t
-        fields = h[: self._fields * n].reshape(self._fields, n)
-        ids, pos_f, lens, slots = fields[:4]
+        ids, pos_f, lens, slots = (inputs.host(name, n) for name in ("input_ids", "positions", "seq_lens",
+                                                                      "slot_mapping"))
         ids[:] = 0
         if not on_device:
             ids[:num] = token_ids
@@ -275,12 +270,9 @@ class DecodeGraphs:
         slots[:num] = table[np.arange(num), pos // bsz] * bsz + pos % bsz
         slots[num:] = -1  # padding rows never write KV
         if state_slots is not None:
-            fields[4, :num], fields[4, num:] = np.fromiter(state_slots, dtype=np.int64, count=num), -1
-        first = self._fields * n
-        end = first + bs * width
-        h[first:end] = table.reshape(-1)
-        self._stage[:end].copy_(host[:end], non_blocking=True)
+            held = inputs.host("state_slots", n)
+            held[:num], held[num:] = np.fromiter(state_slots, dtype=np.int64, count=num), -1
+        inputs.send(table)
         if on_device:
             self.input_ids[:num].copy_(token_ids)
-        self.block_tables[:bs, :width].copy_(self._stage[first:end].view(bs, width))
         return bs

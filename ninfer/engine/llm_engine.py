@@ -14,6 +14,7 @@ import torch
 from loguru import logger
 
 from ninfer.engine.block_manager import BlockManager
+from ninfer.engine.commit import TokenCommits, Tracked
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.decode_ahead import plan_ahead
 from ninfer.engine.defaults import resolve_sampling
@@ -24,35 +25,18 @@ from ninfer.engine.model_runner import ModelRunner
 from ninfer.engine.output_processor import RequestOutputState
 from ninfer.engine.parts import EngineParts, prefix_reuse_on
 from ninfer.engine.pending_step import InFlight, SampledRow
-from ninfer.engine.request import EngineRequest, GenerationEvent, RequestTimings
+from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.engine.sampling_metadata import to_device
 from ninfer.engine.scheduler import Scheduler, SchedulerOutput
 from ninfer.engine.spec.distribution import PROPOSAL_POLICIES
 from ninfer.engine.spec.rounds import SpeculativeRounds
 from ninfer.engine.sequence import Sequence
 from ninfer.engine.stats import EngineStats
-from ninfer.engine.thinking_budget import ThinkingBudgetTracker
-from ninfer.errors import ContextLengthExceededError, InvalidRequestError, NinferError, UnsupportedFeatureError
+from ninfer.errors import ContextLengthExceededError, InvalidRequestError, UnsupportedFeatureError
 from ninfer.lora import LoraRegistry
-from ninfer.outputs import PositionLogprobs
 
 #: consecutive failed model steps after which the engine declares itself dead
 MAX_FAILED_STEPS = 3
-
-
-class _Tracked:
-    """Engine-side bookkeeping of one request."""
-
-    __slots__ = ("req", "seq", "out", "timings", "budget", "prompt_logprobs", "guided")
-
-    def __init__(self, req: EngineRequest, seq: Sequence, out: RequestOutputState, guided: Optional[GuidedState]):
-        self.req, self.seq, self.out, self.guided = req, seq, out, guided
-        self.timings = RequestTimings(arrival=seq.arrival_time, sampling=seq.sampling)
-        self.budget = ThinkingBudgetTracker(req.thinking_budget) if req.thinking_budget else None
-        # prompt log probabilities gathered over the prefill chunks, until delivered
-        self.prompt_logprobs: Optional[list[Optional[PositionLogprobs]]] = (
-            [None] if req.params.prompt_logprobs is not None else None
-        )
 
 
 class _BatchFailed(Exception):
@@ -63,7 +47,7 @@ class _BatchFailed(Exception):
         self.sched = sched
 
 
-class LLMEngine(SpeculativeRounds):
+class LLMEngine(SpeculativeRounds, TokenCommits):
     """Requests in, one step at a time, events out.
 
     Assembled whole by its constructor from :class:`~ninfer.engine.parts.EngineParts`
@@ -102,7 +86,7 @@ class LLMEngine(SpeculativeRounds):
         self.proposer = parts.proposer
         self.stats = EngineStats()
         self.eos_token_ids = list(tokenizer.eos_token_ids)
-        self._requests: dict[str, _Tracked] = {}
+        self._requests: dict[str, Tracked] = {}
         self._seq_ids = itertools.count()
         self._prompt_logprobs: dict[int, int] = {}  # seq id -> top-N, while its prompt is being scored
         self._failed_steps = 0
@@ -169,7 +153,7 @@ class LLMEngine(SpeculativeRounds):
                 param="max_tokens",
             )
         out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)
-        self._requests[req.request_id] = _Tracked(req, seq, out, guided)
+        self._requests[req.request_id] = Tracked(req, seq, out, guided)
         self.scheduler.add(seq)
         if guided is not None:
             self.guided_masks.track(seq.seq_id, guided)
@@ -369,115 +353,6 @@ class LLMEngine(SpeculativeRounds):
             or seq.sampling.uses_penalties
             or seq.seq_id in self._prompt_logprobs
         )
-
-    def _commit_token(self, tracked: _Tracked, row, now: float) -> GenerationEvent:
-        seq, out = tracked.seq, tracked.out
-        # The prompt is fully computed now: its log probabilities go out with this event, once.
-        self._prompt_logprobs.pop(seq.seq_id, None)
-        prompt_lps, tracked.prompt_logprobs = tracked.prompt_logprobs, None
-        if seq.max_tokens == 0:  # prompt processing only
-            text = out.finish("length")
-            self.scheduler.finish(seq, out.finish_reason)  # frees its slot and pages like any finish
-            return self._final_event(tracked, text, [], prompt_logprobs=prompt_lps)
-        tracked.timings.first_token = tracked.timings.first_token or now
-        tracked.timings.last_token = now
-        committed: list[int] = []
-        text = self._append(tracked, row.token_id, committed)
-        # Tokens committed unsampled: the thinking budget's close, then the separator a
-        # guide waits for after reasoning. The next step computes them like a short
-        # prefill and samples after them.
-        if tracked.budget is not None and not out.finished:
-            for forced in tracked.budget.on_token(row.token_id, seq.num_output_tokens - 1):
-                text += self._append(tracked, forced, committed)
-                if out.finished:
-                    break
-        text += self._after_sampled(tracked, committed)
-        logprobs = None
-        if row.logprob is not None:
-            logprobs = [out.logprobs(row.token_id, row.logprob, row.top_ids, row.top_logprobs)]
-        if out.finished:
-            self.scheduler.finish(seq, out.finish_reason)
-            return self._final_event(tracked, text, committed, logprobs, prompt_lps)
-        return self._event(tracked, text, committed, logprobs, prompt_lps)
-
-    def _after_sampled(self, tracked: _Tracked, committed: list[int]) -> str:
-        """What follows a step's last sampled token: the separator a guide waits for after
-        reasoning closed (committed unsampled), then the context limit; returns the text
-        released."""
-        out, text = tracked.out, ""
-        if tracked.guided is not None and not out.finished:
-            for forced in tracked.guided.owed():
-                text += self._append(tracked, forced, committed)
-                if out.finished:
-                    break
-        if not out.finished and tracked.seq.num_tokens >= self.config.max_context:
-            text += out.finish("length")  # context capacity
-        return text
-
-    def _append(self, tracked: _Tracked, token_id: int, committed: list[int]) -> str:
-        """Commit one output token; returns the text it releases."""
-        self.scheduler.append_token(tracked.seq, token_id)
-        committed.append(token_id)
-        out, guided = tracked.out, tracked.guided
-        text = out.on_token(token_id)
-        if guided is not None and not out.finished:
-            guided.on_token(token_id)  # raises GuideRejectedError, failing this request alone
-            if guided.finished:  # the guide allows nothing more
-                text += out.finish("stop")
-        return text
-
-    def _event(
-        self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None, **final
-    ) -> GenerationEvent:
-        seq = tracked.seq
-        return GenerationEvent(
-            request_id=seq.request_id,
-            token_ids=token_ids,
-            text=text,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            timings=tracked.timings,
-            prompt_processed=min(seq.num_computed_tokens, seq.num_prompt_tokens),
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            **final,
-        )
-
-    def _final_event(
-        self, tracked: _Tracked, text: str, token_ids: list[int], logprobs=None, prompt_logprobs=None
-    ) -> GenerationEvent:
-        self._forget(tracked)
-        budget = tracked.budget
-        if budget is not None:  # for the request log: how far it counted, whether it forced the close
-            tracked.timings.thinking_counted, tracked.timings.thinking_forced = budget.count, budget.applied
-        self.stats.record_finish(tracked.seq)
-        return self._event(
-            tracked,
-            text,
-            token_ids,
-            logprobs,
-            prompt_logprobs,
-            finished=True,
-            finish_reason=tracked.out.finish_reason,
-            stop_reason=tracked.out.stop_reason,
-        )
-
-    def _error_event(self, tracked: _Tracked, exc: Exception) -> GenerationEvent:
-        self.scheduler.abort(tracked.seq)
-        self._forget(tracked)
-        error = exc if isinstance(exc, NinferError) else NinferError(f"internal error: {type(exc).__name__}")
-        return self._event(tracked, "", [], finished=True, finish_reason="error", error=error)
-
-    def _forget(self, tracked: _Tracked) -> None:
-        self._requests.pop(tracked.seq.request_id, None)
-        self._prompt_logprobs.pop(tracked.seq.seq_id, None)
-        if self.guided_masks is not None:
-            self.guided_masks.forget(tracked.seq.seq_id)
-
-    def fail_all(self, error: NinferError) -> list[GenerationEvent]:
-        """End every request with ``error`` (the engine is going away)."""
-        return [self._error_event(t, error) for t in list(self._requests.values())]
 
     def _fail_batch(self, sched: SchedulerOutput, exc: BaseException) -> list[GenerationEvent]:
         logger.opt(exception=exc).error("model step failed; failing its {} requests", len(sched.chunks))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ninfer.engine.defaults import ResolvedSampling
@@ -53,7 +54,7 @@ def verify_rows_for(
         query_lens_host=[width] * num_seqs, seq_lens_host=lens, state_slots=batch.state_slots[:num_seqs],
         verify=None, lora=None,
     )
-    rows = to_device([[scratch.row(s, t) for t in range(width)] for s in working], torch.int64, dev)
+    rows = to_device(scratch.row_array(np.array(working, dtype=np.int64), width).tolist(), torch.int64, dev)
     return VerifyRows(num_seqs, width, head, rows, _rest(batch, num_seqs, width, slots))
 
 
