@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.kv_quant import FP8_MAX
 
 
 @torch.inference_mode()
@@ -77,13 +78,18 @@ def greedy_agreement(reference: Sequence[Sequence[int]], other: Sequence[Sequenc
     return {"greedy_agreement": same / max(total, 1), "greedy_first_difference": sum(first) / max(len(first), 1)}
 
 
+def _fp8_squared_error(values: torch.Tensor, scale: torch.Tensor) -> float:
+    """Sum of squared errors of ``values`` stored as e4m3 with ``scale`` (broadcast)."""
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    back = (values / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * safe
+    return (back - values).square().sum().item()
+
+
 def fp8_scale_granularity(llm, num_tokens: int) -> dict:
     """Relative error of fp8 keys and values stored with one scale per token and head
     against one per page and head (the page's largest value, known in advance: the best a
     per-page scale can do), over the first ``num_tokens`` tokens in pages 0.. of a native
     (full-precision) cache, such as :func:`teacher_forced_logits` leaves it."""
-    from ninfer_kernels.kv_quant import FP8_MAX
-
     out: dict = {}
     for part in ("k", "v"):
         per_token = per_page = total = 0.0
@@ -94,14 +100,8 @@ def fp8_scale_granularity(llm, num_tokens: int) -> dict:
             pages = x[: num_tokens // bs * bs].unflatten(0, (-1, bs))
             token_scale = x.abs().amax(-1, keepdim=True) / FP8_MAX
             page_scale = pages.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX
-
-            def err(values, scale):
-                safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-                back = (values / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * safe
-                return (back - values).square().sum().item()
-
-            per_token += err(x, token_scale)
-            per_page += err(pages, page_scale)
+            per_token += _fp8_squared_error(x, token_scale)
+            per_page += _fp8_squared_error(pages, page_scale)
             total += x.square().sum().item()
         out[f"fp8_{part}_rel_error_per_token"] = math.sqrt(per_token / total) if total else None
         out[f"fp8_{part}_rel_error_per_page"] = math.sqrt(per_page / total) if total else None

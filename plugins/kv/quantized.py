@@ -57,10 +57,14 @@ class QuantizedKVCache(KVCache):
 
 
 def _format(name: str, description: str, k_codec: kv_quant.KVCodec, v_codec: kv_quant.KVCodec) -> KVDtype:
+    warned = []  # once per format, not once per layer
+
     def allocate(num_blocks, block_size, num_kv_heads, head_dim, model_dtype, device) -> QuantizedKVCache:
-        if torch.device(device).type == "cuda" and not ops.has_triton("paged_attention_quant"):
-            logger.warning("kv_dtype {}: no CUDA kernel reads this format yet; attention runs the reference "
-                           "(slow: it dequantizes each sequence's pages per step)", name)
+        if torch.device(device).type == "cuda" and not ops.has_triton("paged_attention_quant") and not warned:
+            warned.append(True)
+            logger.warning("kv_dtype {}: no CUDA kernel reads this format (Triton missing, or NINFER_KERNELS="
+                           "reference); attention runs the reference, which dequantizes each sequence's pages per "
+                           "step", name)
         return QuantizedKVCache(k_codec, v_codec, num_blocks, block_size, num_kv_heads, head_dim, device)
 
     def bytes_per_token(model_dtype: torch.dtype, num_kv_heads: int, head_dim: int) -> float:

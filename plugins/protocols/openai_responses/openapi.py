@@ -129,104 +129,88 @@ class ResponseObject(Struct, kw_only=True):
 
 
 # -- stream events (each ``event:`` name equals ``type``) -----------------------------------
-class Created(Struct, tag="response.created", tag_field="type"):
+# Bases carry the members events share; each event adds its tag (and its own members).
+class _Event(Struct, tag_field="type"):
     sequence_number: int
+
+
+class _Lifecycle(_Event):
     response: ResponseObject
 
 
-class InProgress(Struct, tag="response.in_progress", tag_field="type"):
-    sequence_number: int
-    response: ResponseObject
-
-
-class Completed(Struct, tag="response.completed", tag_field="type"):
-    sequence_number: int
-    response: ResponseObject
-
-
-class Incomplete(Struct, tag="response.incomplete", tag_field="type"):
-    sequence_number: int
-    response: ResponseObject
-
-
-class Failed(Struct, tag="response.failed", tag_field="type"):
-    sequence_number: int
-    response: ResponseObject
-
-
-class ItemAdded(Struct, tag="response.output_item.added", tag_field="type"):
-    sequence_number: int
+class _ItemEvent(_Event):
     output_index: int
     item: OutputItem
 
 
-class ItemDone(Struct, tag="response.output_item.done", tag_field="type"):
-    sequence_number: int
-    output_index: int
-    item: OutputItem
-
-
-class PartAdded(Struct, tag="response.content_part.added", tag_field="type"):
-    sequence_number: int
+class _InItem(_Event):
     item_id: str
     output_index: int
+
+
+class _InPart(_InItem):
     content_index: int
+
+
+class Created(_Lifecycle, tag="response.created"):
+    pass
+
+
+class InProgress(_Lifecycle, tag="response.in_progress"):
+    pass
+
+
+class Completed(_Lifecycle, tag="response.completed"):
+    pass
+
+
+class Incomplete(_Lifecycle, tag="response.incomplete"):
+    pass
+
+
+class Failed(_Lifecycle, tag="response.failed"):
+    pass
+
+
+class ItemAdded(_ItemEvent, tag="response.output_item.added"):
+    pass
+
+
+class ItemDone(_ItemEvent, tag="response.output_item.done"):
+    pass
+
+
+class PartAdded(_InPart, tag="response.content_part.added"):
     part: Union[OutputText, ReasoningText]
 
 
-class PartDone(Struct, tag="response.content_part.done", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
+class PartDone(_InPart, tag="response.content_part.done"):
     part: Union[OutputText, ReasoningText]
 
 
-class TextDelta(Struct, tag="response.output_text.delta", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
+class TextDelta(_InPart, tag="response.output_text.delta"):
     delta: str
     logprobs: list[Any]
 
 
-class TextDone(Struct, tag="response.output_text.done", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
+class TextDone(_InPart, tag="response.output_text.done"):
     text: str
     logprobs: list[Any]
 
 
-class ReasoningDelta(Struct, tag="response.reasoning_text.delta", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningDelta(_InPart, tag="response.reasoning_text.delta"):
     delta: str
 
 
-class ReasoningDone(Struct, tag="response.reasoning_text.done", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
+class ReasoningDone(_InPart, tag="response.reasoning_text.done"):
     text: str
 
 
-class ArgumentsDelta(Struct, tag="response.function_call_arguments.delta", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class ArgumentsDelta(_InItem, tag="response.function_call_arguments.delta"):
     delta: str
 
 
-class ArgumentsDone(Struct, tag="response.function_call_arguments.done", tag_field="type"):
-    sequence_number: int
-    item_id: str
-    output_index: int
+class ArgumentsDone(_InItem, tag="response.function_call_arguments.done"):
     name: str
     arguments: str
 
