@@ -21,6 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer_kernels import quant_rows
+from ninfer_kernels.quant_formats import QuantWeight
+
 
 def moe_route(
     logits: torch.Tensor,
@@ -95,8 +98,8 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
 
 def fused_moe(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | QuantWeight,
+    w2: torch.Tensor | QuantWeight,
     weights: torch.Tensor,
     ids: torch.Tensor,
     shared13: torch.Tensor | None = None,
@@ -107,7 +110,9 @@ def fused_moe(
     ``x`` [T, H]; ``w13`` [E, 2I, H] (per expert the gate rows, then the up rows); ``w2``
     [E, H, I]; ``weights`` float32 [T, k'] and ``ids`` int32 [T, k'] as :func:`moe_route`
     returns them. Expert id ``E`` names the shared expert, ``shared13`` [2I, H] and
-    ``shared2`` [H, I] (any strides), when given.
+    ``shared2`` [H, I] (any strides), when given. ``w13`` and ``w2`` may be quantized
+    (:mod:`ninfer_kernels.quant_formats`, stacked with a leading ``E``): each expert used is
+    then dequantized to float32, which is exactly the weight its format encodes.
 
     Rounding: each pair's ``silu(gate) * up`` is computed in float32 from float32 matmul
     results and rounded to ``x``'s dtype; its down projection is accumulated in float32,
@@ -125,7 +130,7 @@ def fused_moe(
                 raise ValueError(f"expert id {expert} names the shared expert, but none was given")
             gate_up, down = shared13, shared2
         else:
-            gate_up, down = w13[expert], w2[expert]
+            gate_up, down = _expert_weight(w13, expert), _expert_weight(w2, expert)
         pairs = (flat_ids == expert).nonzero().flatten()
         projected = x[pairs // k].float() @ gate_up.float().T
         gate, up = projected.chunk(2, dim=-1)
@@ -133,6 +138,12 @@ def fused_moe(
         rows = (hidden.float() @ down.float().T) * flat_weights[pairs, None]
         out_pairs[pairs] = rows.to(x.dtype)
     return out_pairs.view(num_tokens, k, x.shape[1]).float().sum(dim=1).to(x.dtype)
+
+
+def _expert_weight(stacked: torch.Tensor | QuantWeight, expert: int) -> torch.Tensor:
+    if isinstance(stacked, torch.Tensor):
+        return stacked[expert]
+    return quant_rows.expert(stacked, expert).dequantize(torch.float32)
 
 
 def expert_loop(

@@ -16,7 +16,7 @@ import torch
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import (
     activation, attention, causal_conv, decode_attention, gated_delta, gated_delta_decode, gated_rms_norm, moe, norm,
-    kv_quant, qk_norm_rope, rope, state_rows,
+    kv_quant, qk_norm_rope, quant_formats, rope, state_rows,
 )
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
@@ -41,6 +41,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
     "paged_attention_quant": {"reference": kv_quant.paged_attention_quant, "triton": None},
+    "quant_linear": {"reference": quant_formats.quant_linear, "triton": None},
 }
 
 
@@ -210,6 +211,9 @@ def fused_moe(
     shared13: torch.Tensor | None = None,
     shared2: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """The routed experts' MLPs (:func:`ninfer_kernels.moe.fused_moe`). ``w13`` / ``w2`` are
+    stacked tensors, or quantized weights of :mod:`ninfer_kernels.quant_formats` with a
+    leading expert dimension; every implementation takes both."""
     return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2)
 
 
@@ -223,6 +227,12 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
                           k_codec, v_codec, batch: ForwardBatch, scale: float) -> torch.Tensor:
     """Paged attention over a quantized cache, dequantizing as it reads."""
     return choose("paged_attention_quant", q.device.type)(q, k_parts, v_parts, k_codec, v_codec, batch, scale)
+
+
+def quant_linear(x: torch.Tensor, weight: "quant_formats.QuantWeight", bias: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """``y = x W^T (+ b)`` for a weight in one of :mod:`ninfer_kernels.quant_formats`' layouts."""
+    return choose("quant_linear", x.device.type)(x, weight, bias)
 
 
 def copy_state_rows(pools: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:

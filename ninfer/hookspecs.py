@@ -71,3 +71,13 @@ def register_guided_decoding_backends(register):
 
     Compiles schemas, regexes and grammars into per-step token masks.
     """
+
+
+@hookspec
+def register_weight_formats(register):
+    """Offer checkpoint weight formats: ``register(ninfer.model.weight_format.WeightFormat(...))``.
+
+    A format claims a checkpoint from its directory (``quantization_config`` or a file of
+    its own) and converts its quantized tensors into the in-memory layouts of
+    ``ninfer_kernels.quant_formats`` at load time.
+    """

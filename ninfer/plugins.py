@@ -29,6 +29,7 @@ KINDS: dict[str, str] = {
     "register_reasoning_parsers": "reasoning_parser",
     "register_protocols": "protocol",
     "register_guided_decoding_backends": "guided_decoding",
+    "register_weight_formats": "weight_format",
 }
 
 

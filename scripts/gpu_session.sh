@@ -18,6 +18,8 @@
 #                                   at c=1 and 8, the 35B-A3B round cost at 512 and 32k context
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
+#   scripts/gpu_session.sh validate the spec and quantized-KV GPU tests, then 27B decode at 32k for bf16 and fp8 KV
+#   scripts/gpu_session.sh quant    quantized-KV and quantized-weight GPU tests, then the quantized GEMM/MoE timings
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -106,6 +108,24 @@ kv)
         bench 170 random:qwen3.6-27b --dtype bf16 --kv-dtype "$fmt" --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 128 --no-transformers
     done
+    ;;
+validate)
+    timeout 200 python3 -m pytest -q -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
+        tests/test_gated_delta_decode.py tests/test_cuda_graph.py 2>&1 | tail -30 | tee "$OUT/pytest_spec.txt"
+    timeout 150 python3 -m pytest -q tests/test_kv_quant.py tests/test_kv_quant_gpu.py 2>&1 | tail -30 \
+        | tee "$OUT/pytest_kv.txt"
+    for fmt in ${KV_FORMATS:-bf16 fp8}; do
+        bench 130 random:qwen3.6-27b --dtype bf16 --kv-dtype "$fmt" --only decode --concurrency 1,8 \
+            --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 64 --no-transformers
+    done
+    ;;
+quant)
+    timeout 120 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py -k triton tests/test_kv_quant_gpu.py \
+        > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
+    timeout 160 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
+        > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
+    timeout 170 python3 scripts/gpu_quant_gemm_sweep.py --parts linear,moe --budget-s 140 --out-dir "$OUT" \
+        > "$OUT/quant_sweep.jsonl" 2> "$OUT/quant_sweep.err"; tail -3 "$OUT/quant_sweep.err"
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

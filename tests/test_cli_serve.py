@@ -202,20 +202,29 @@ def test_startup_logs_a_summary_then_runs_the_server(monkeypatch, capsys, restor
         assert text in err, text
 
 
-def test_descriptor_limits_are_accepted_but_a_given_one_is_a_warning(monkeypatch, capsys, restore_logging):
-    """Issue #23's options: the profile keeps them, and startup and --check say they do nothing yet."""
+def test_descriptor_limits_are_honoured_without_a_warning(monkeypatch, capsys, restore_logging):
+    """Issue #23's options: the profile keeps them, and the context cache honours them."""
     server = types.ModuleType("ninfer.server")
     server.run = lambda profile, registry: None
     monkeypatch.setitem(sys.modules, "ninfer.server", server)
     monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
     assert main(["tiny:qwen3", "--device", "cpu", "--max-shared-prefixes", "6"]) == 0
-    err = capsys.readouterr().err
-    assert re.search(r"WARNING cache\.max_shared_prefixes: accepted but not honoured yet", err), err
-    assert "max_private_continuations: accepted" not in err  # derived defaults are not the user's
+    assert "not honoured" not in capsys.readouterr().err
     check = serve("tiny:qwen3", "--max-shared-prefixes", "6", "--check")
     assert check.returncode == 0 and "max_shared_prefixes: 6" in check.stdout
-    assert "ninfer-serve: warning: cache.max_shared_prefixes: accepted but not honoured yet" in check.stderr
-    assert "warning" not in serve("tiny:qwen3", "--check").stderr
+    assert "warning" not in check.stderr
+
+
+def test_a_malformed_cost_presets_file_stops_check_and_startup(tmp_path):
+    bad = tmp_path / "costs.yaml"
+    bad.write_text("transfer:\n  host_gbps: fast\n")
+    for extra in (["--check"], ["--port", "1"]):
+        run = serve("tiny:qwen3", "--context-cost-presets", str(bad), *extra)
+        assert run.returncode == 2 and "engine.context_cost_presets" in run.stderr
+        assert "transfer.host_gbps: expected a positive number" in run.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text("transfer:\n  host_gbps: 12\n")
+    assert serve("tiny:qwen3", "--context-cost-presets", str(good), "--check").returncode == 0
 
 
 def test_lora_modules_take_vllms_spaced_form_and_missing_paths_exit_2(tmp_path):
@@ -267,7 +276,6 @@ def test_log_lines_are_coloured_on_a_terminal():
     "flags, key",
     [
         (["--vision"], "media.vision"),
-        (["--context-cost-presets", "/tmp/presets.yaml"], "engine.context_cost_presets"),
         (["--media-cache-mib", "10"], "media.media_cache_mib"),
         (["--media-live-mib", "4096"], "media.media_live_mib"),
         (["--media-preprocess-threads", "4"], "media.media_preprocess_threads"),

@@ -91,6 +91,9 @@ class _Frontiers:
     def forget(self, node: int) -> None:
         self.forgotten.append(node)
 
+    def keep(self, node: int, checkpoint: bool) -> None:
+        pass
+
 
 def _seq(tokens: list[int], max_tokens: int = 0) -> Sequence:
     n = next(_ids)

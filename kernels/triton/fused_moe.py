@@ -324,7 +324,11 @@ def fused_moe(
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
     """Same contract as :func:`ninfer_kernels.moe.fused_moe`; ``config`` overrides the
-    tuned/heuristic block shapes (tests and the tuning script force small ones)."""
+    tuned/heuristic block shapes (tests and the tuning script force small ones).
+    Quantized expert weights (:mod:`ninfer_kernels.quant_formats`) go to :mod:`.quant_moe`."""
+    if not isinstance(w13, torch.Tensor):
+        from ninfer_kernels.triton.quant_moe import quant_fused_moe  # imports this module
+        return quant_fused_moe(x, w13, w2, weights, ids, shared13, shared2)
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     top_k = ids.shape[1]

@@ -47,6 +47,13 @@ def _e2m1_code(y):
 
 
 @triton.jit
+def _div(a, b):
+    """IEEE-rounded ``a / b``: Triton's ``/`` on float32 is an approximate division on the GPU,
+    which moves values sitting near a rounding boundary to the other code than torch's."""
+    return tl.math.div_rn(a, b)
+
+
+@triton.jit
 def _round_half_even(x):
     """``x`` rounded to the nearest integer, ties to even (as torch.round), for |x| < 2**22."""
     r = tl.floor(x + 0.5)
@@ -71,24 +78,24 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, gscale, FMT: tl.constexpr, D:
     """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``."""
     if FMT == 1:  # int8, a scale per GROUP
         g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
-        scale = tl.max(g, 1) / 127.0
+        scale = _div(tl.max(g, 1), 127.0)
         s = tl.reshape(tl.broadcast_to(scale[:, None], [BLOCK_D // GROUP, GROUP]), [BLOCK_D])
-        q = tl.where(s > 0, x / tl.where(s > 0, s, 1.0), 0.0)
+        q = tl.where(s > 0, _div(x, tl.where(s > 0, s, 1.0)), 0.0)
         q = tl.minimum(tl.maximum(_round_half_even(q), -127.0), 127.0)
         tl.store(data_ptr + d, q.to(tl.int8), mask=d_ok)
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
     elif FMT == 2:  # fp8, one scale per row
-        scale = tl.max(tl.abs(x), 0) / 448.0
-        q = x / tl.where(scale > 0, scale, 1.0)
+        scale = _div(tl.max(tl.abs(x), 0), 448.0)
+        q = _div(x, tl.where(scale > 0, scale, 1.0))
         tl.store(data_ptr + d, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)
     else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
-        y = x / gscale
+        y = _div(x, gscale)
         g = tl.reshape(y, [BLOCK_D // 16, 16])
-        block = _round_e4m3(tl.max(tl.abs(g), 1) / 6.0)
+        block = _round_e4m3(_div(tl.max(tl.abs(g), 1), 6.0))
         bf = tl.reshape(tl.broadcast_to(block[:, None], [BLOCK_D // 16, 16]), [BLOCK_D])
-        code = _e2m1_code(tl.where(bf > 0, y / tl.where(bf > 0, bf, 1.0), 0.0))
+        code = _e2m1_code(tl.where(bf > 0, _div(y, tl.where(bf > 0, bf, 1.0)), 0.0))
         pairs = tl.reshape(code, [BLOCK_D // 2, 2])
         lo, hi = tl.split(pairs)
         byte = (lo | (hi << 4)).to(tl.uint8)

@@ -4,7 +4,9 @@ Examples: ``ninfer-bench tiny:qwen3 --device cpu --num-requests 32`` (CPU, the t
 model); ``ninfer-bench --suite gpu`` (on CUDA: copy bandwidth, decode at concurrency 1,
 8, 32 and 64 with bandwidth utilisation, and 2k/8k prefill on a Qwen3-8B-shaped random
 checkpoint, transformers dynamic and static+compiled beside us; then nano-vllm's
-offline setup on a Qwen3-0.6B shape). ``random:SHAPE`` models get random weights built
+offline setup on a Qwen3-0.6B shape); ``ninfer-bench tiny:qwen3 --device cpu --workload agent``
+(multi-turn coding-agent conversations, with and without prefix reuse:
+:mod:`ninfer.bench.agent`). ``random:SHAPE`` models get random weights built
 in device memory (:mod:`ninfer.model.random_weights`); no weight file is written.
 """
 
@@ -88,6 +90,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spec-prompts", help="spec_decode: a text file whose tokens make the prompts (random ids "
                    "otherwise, which a trained model drafts badly)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", choices=["random", "agent"], default="random",
+                   help="agent: multi-turn tool-using conversations (shaped like the Claude Code and Codex "
+                        "fixtures) with and without prefix reuse, instead of the --only figures")
+    g = p.add_argument_group("agent workload")
+    g.add_argument("--agents", type=int, default=4, help="conversations running at once (the engine's concurrency)")
+    g.add_argument("--turns", type=int, default=10, help="requests per conversation")
+    g.add_argument("--agent-prefix-tokens", type=int, default=4000,
+                   help="shared system prompt and tools, cut to about this many tokens (0: the fixture's whole)")
+    g.add_argument("--agent-result-words", type=int, default=40, help="words in each tool result")
+    g.add_argument("--agent-output-tokens", type=int, default=16, help="tokens generated per turn")
+    g.add_argument("--agent-over-capacity", type=int, default=0,
+                   help="conversations in the run that exceeds the KV pool (default: 4 x --agents)")
+    g.add_argument("--agent-host-kv-mib", type=int, default=0, help="host KV tier for the agent runs, MiB")
+    g.add_argument("--agent-fixtures", help="directory of the client fixtures (default: shared/fixtures beside "
+                   "the checkout, else /work/shared/fixtures; stand-in text when absent)")
     if p.parse_known_args(argv)[0].suite == "gpu":
         p.set_defaults(**GPU_SUITE)  # explicit flags still win
     args = p.parse_args(argv)
@@ -107,6 +124,11 @@ def main(argv=None) -> int:
 
     setup_logging("warning")
     only = set(args.only.split(",")) | ({"guided"} if args.guided else set())
+    if args.workload == "agent":
+        from ninfer.bench.agent import agent_workload
+
+        agent_workload(args, emit)
+        return 0
     bench = Bench(args, emit)
     levels, lens = _ints(args.concurrency), _ints(args.prefill_lens)
     offline_here = "offline" in only and not args.offline_model

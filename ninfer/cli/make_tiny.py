@@ -1,4 +1,4 @@
-"""``ninfer-make-tiny OUT_DIR --family FAMILY [--seed N] [--shards N]``: write a tiny checkpoint."""
+"""``ninfer-make-tiny OUT_DIR --family FAMILY [--seed N] [--shards N] [--quant FORMAT]``: write a tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ninfer.plugins import load_registry
-from ninfer.tiny.make import make_tiny
+from ninfer.tiny.make import make_tiny, tiny_quant_writers
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,10 +20,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--family", required=True, choices=families, help="model family to write")
     parser.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives identical files")
     parser.add_argument("--shards", type=int, default=1, help="split the weights over this many safetensors files")
+    parser.add_argument("--quant", choices=sorted(tiny_quant_writers(registry)), default=None,
+                        help="write the weights quantized, in this published checkpoint layout")
     args = parser.parse_args(argv)
     if args.shards < 1:
         parser.error("--shards must be at least 1")
-    print(make_tiny(args.out_dir, args.family, seed=args.seed, registry=registry, shards=args.shards))
+    print(make_tiny(args.out_dir, args.family, seed=args.seed, registry=registry, shards=args.shards,
+                    quant=args.quant))
 
 
 if __name__ == "__main__":

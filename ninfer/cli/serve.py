@@ -117,10 +117,19 @@ def _graph_mode(cuda_graph: bool, device: str) -> str:
     return "CUDA graphs where the model allows" if cuda_graph else "eager (--no-cuda-graph)"
 
 
-def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype: str) -> None:
+def _weight_format(profile: Profile, registry: PluginRegistry) -> str:
+    """The checkpoint's weight format, read from its files (a weight_format plugin's name for it)."""
+    from ninfer.model.sources import checkpoint_path
+    from ninfer.model.weight_format import describe
+
+    path = checkpoint_path(profile.model)
+    return "random, built in device memory (unquantized)" if path is None else describe(registry, path)
+
+
+def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype: str, weights: str) -> None:
     e, c, s = profile.engine, profile.cache, profile.speculative
     logger.info(f"ninfer {__version__}: model {profile.model}, served as {profile.model_id or 'its checkpoint id'}, "
-                f"dtype {dtype}, device {device}")
+                f"dtype {dtype}, device {device}, weights {weights}")
     pool = "sized from free memory" if e.kv_capacity == "auto" else f"{e.kv_capacity} tokens"
     logger.info(f"engine: context {e.max_context} tokens, KV pool {pool} as {e.kv_dtype} "
                 f"(block {e.block_size}), concurrency {e.max_concurrency} + {profile.server.max_pending_requests} "
@@ -157,12 +166,15 @@ def _serve(profile: Profile, warnings: list[str]) -> int:
     if not errors:
         try:
             device, dtype = _device(profile)
+            weights = _weight_format(profile, registry)
         except ProfileError as e:
             errors = e.errors
+        except ValueError as e:  # a checkpoint in a weight format nobody reads
+            errors = [f"model: {e}"]
     if errors:
         _report(errors)
         return USAGE_ERROR
-    _log_summary(profile, registry, device, dtype)
+    _log_summary(profile, registry, device, dtype, weights)
     for warning in warnings:
         logger.warning(warning)
     try:
@@ -197,9 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         # --check answers "would this start here?": the plugin choices fail it as they fail startup
         errors = check_selections(profile, registry)
+        try:
+            weights = _weight_format(profile, registry)
+        except ValueError as e:  # a checkpoint in a weight format nobody reads
+            errors.append(f"model: {e}")
         if errors:
             _report(errors)
             return USAGE_ERROR
         _report(warnings, "warning")
+        print(f"# weights: {weights}")  # read from the checkpoint; a YAML comment, so the output stays a profile
         print(to_yaml(profile), end="")
     return 0

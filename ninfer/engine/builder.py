@@ -12,14 +12,15 @@ import torch
 from loguru import logger
 
 from ninfer.engine.config import EngineConfig
+from ninfer.engine.context_cache import DescriptorLimits
 from ninfer.engine.cuda_graph import capture_decode_graphs
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.engine.guided_setup import GuidedDecoding, build_guided_decoding
 from ninfer.engine.llm_engine import LLMEngine
 from ninfer.engine.parts import (
-    EngineParts, KVPool, allocate_kv_pool, allocate_recurrent_state, build_host_kv, prefix_reuse_on, snapshot_rows,
-    state_pool_bytes,
+    EngineParts, KVPool, allocate_kv_pool, allocate_recurrent_state, build_host_kv, context_costs, prefix_reuse_on,
+    snapshot_rows, state_pool_bytes,
 )
 from ninfer.engine.spec.proposer import ProposerContext
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
@@ -85,6 +86,13 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=())
     return profile.engine.max_context * profile.engine.max_concurrency
 
 
+def descriptor_limits(cache) -> DescriptorLimits:
+    """The profile's checkpoint limits (unset without prefix reuse, where none are kept)."""
+    given = {"private_continuations": cache.max_private_continuations, "shared_prefixes": cache.max_shared_prefixes,
+             "anchors_per_continuation": cache.max_long_anchors_per_continuation}
+    return DescriptorLimits(**{k: v for k, v in given.items() if v is not None})
+
+
 def engine_config(profile, kv_tokens: int) -> EngineConfig:
     s = profile.sampling
     return EngineConfig(
@@ -101,6 +109,8 @@ def engine_config(profile, kv_tokens: int) -> EngineConfig:
         device_state_slots=profile.cache.device_state_slots,
         host_state_slots=profile.cache.host_state_slots,
         host_kv_mib=profile.cache.host_kv_mib,
+        descriptor_limits=descriptor_limits(profile.cache),
+        context_cost_presets=profile.engine.context_cost_presets,
         process_sampling=ProcessSamplingOverrides(
             temperature=s.temperature,
             top_p=s.top_p,
@@ -160,7 +170,8 @@ def engine_parts(
     recurrent-state pool (hybrid families), then the decode graphs captured over both."""
     draft_specs = speculative.attention_specs(model) if speculative is not None and speculative.attention_specs else ()
     kv = allocate_kv_pool(model, kv_format, cfg, dtype, device, draft_specs)
-    state = allocate_recurrent_state(model, cfg, device)
+    costs = context_costs(model, cfg, device, (family.name, profile.model_id or "", profile.model or ""))
+    state = allocate_recurrent_state(model, cfg, device, costs)
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
     _log_memory_ledger(model, kv, state, cfg, device)
     graphs = None
@@ -185,7 +196,7 @@ def engine_parts(
     # queue each decode step behind the previous one (on CPU nothing would overlap); a
     # speculative round needs its verdict on the host before the next one is proposed
     ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu) and proposer is None
-    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs)
+    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs, costs)
 
 
 def _size(nbytes: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ninfer.engine.context_cache import DescriptorLimits
 from ninfer.engine.defaults import ProcessSamplingOverrides
 
 
@@ -25,4 +26,8 @@ class EngineConfig:
     device_state_slots: Optional[int] = None  # snapshot rows on the device (hybrid families)
     host_state_slots: Optional[int] = None  # snapshot rows in pinned host memory
     host_kv_mib: Optional[int] = None  # host memory for evicted KV pages
+    #: how many checkpoints of each kind the context cache keeps (ninfer.engine.context_cache)
+    descriptor_limits: DescriptorLimits = field(default_factory=DescriptorLimits)
+    #: ``--context-cost-presets FILE`` (None: generic defaults)
+    context_cost_presets: Optional[str] = None
     process_sampling: ProcessSamplingOverrides = field(default_factory=ProcessSamplingOverrides)

@@ -67,6 +67,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
         self.block_manager = BlockManager(
             self.num_blocks, config.block_size, enable_prefix_reuse=prefix_reuse_on(config, state),
             host_kv=parts.host_kv, frontier_index=state.snapshots if state is not None else None,
+            limits=config.descriptor_limits, costs=parts.costs,
         )
         self.scheduler = Scheduler(self.block_manager, config.max_concurrency, config.prefill_chunk, state=state,
                                    draft_tokens=config.draft_tokens)
@@ -145,6 +146,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             lora_slot=lora_slot,
             lora_name=req.lora_name,
             proposal=req.proposal,
+            cache_hints=req.cache_hints,
         )
         if not self.scheduler.fits_ever(seq):
             raise ContextLengthExceededError(
@@ -263,6 +265,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
         for seq in sched.admitted:
             tracked = self._requests[seq.request_id]
             tracked.timings.admitted = now
+            tracked.timings.reuse_path = seq.reuse_path
             events.append(self._event(tracked, "", []))
         try:
             q = self._draft_probs(sched)

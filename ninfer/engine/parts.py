@@ -18,6 +18,7 @@ import torch
 from loguru import logger
 
 from ninfer.engine.config import EngineConfig
+from ninfer.engine.context_cost import DEFAULT_COSTS, ContextCosts, generic_costs, load_presets
 from ninfer.engine.cuda_graph import DecodeGraphs
 from ninfer.engine.guided_setup import GuidedDecoding
 from ninfer.engine.host_kv import HostKVTier
@@ -75,6 +76,8 @@ class EngineParts:
     proposer: Optional[Any] = None
     #: captured verify steps (ninfer.engine.spec.verify_graphs.VerifyGraphs; None: eager)
     verify_graphs: Optional[Any] = None
+    #: what recomputing and moving cached context costs (ninfer.engine.context_cost)
+    costs: ContextCosts = DEFAULT_COSTS
 
 
 def allocate_kv_pool(model, kv_format, config: EngineConfig, dtype: torch.dtype, device: torch.device,
@@ -108,7 +111,24 @@ def prefix_reuse_on(config: EngineConfig, state: Optional[RecurrentState]) -> bo
     return config.prefix_reuse and (state is None or state.snapshots is not None)
 
 
-def allocate_recurrent_state(model, config: EngineConfig, device: torch.device) -> Optional[RecurrentState]:
+def context_costs(model, config: EngineConfig, device: torch.device, names: Sequence[str]) -> ContextCosts:
+    """The context-cost coefficients: generic estimates from the model's size, with the
+    matching entries of ``config.context_cost_presets`` over them (checked at startup
+    already; ``names``: the family, model id and reference an entry's ``model`` may match)."""
+    params = sum(p.numel() for p in model.parameters())
+    width = sum(s.num_kv_heads * s.head_dim for s in model.attention_specs())
+    costs = generic_costs(params, width, device.type)
+    if config.context_cost_presets is not None:
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        costs = load_presets(config.context_cost_presets).resolve(costs, tuple(names), device_name)
+    logger.info("context costs ({}): prefill {:.0f} ns a token + {:.1f} ns per 1000 tokens of context, host copies "
+                "{:.1f} GB/s", costs.source, costs.prefill_ns_per_token, costs.depth_ns_per_token_per_ktoken,
+                costs.host_gbps)
+    return costs
+
+
+def allocate_recurrent_state(model, config: EngineConfig, device: torch.device,
+                             costs: ContextCosts = DEFAULT_COSTS) -> Optional[RecurrentState]:
     """One state slot per concurrent sequence plus the snapshot rows, allocated in the
     model's pools; None for a model without recurrent state."""
     if model.state_bytes_per_slot() == 0:
@@ -119,7 +139,7 @@ def allocate_recurrent_state(model, config: EngineConfig, device: torch.device) 
     nbytes = model.allocate_state(working + snap + scratch_rows, device)
     snapshots = None
     if snap:
-        snapshots = StateSnapshots(model.state_tensors(), working, snap, config.host_state_slots or 0)
+        snapshots = StateSnapshots(model.state_tensors(), working, snap, config.host_state_slots or 0, costs=costs)
     scratch = VerifyScratch(model.state_tensors(), working + snap, working, width) if width else None
     state = RecurrentState(StateSlots(working), snapshots, scratch)
     if config.prefix_reuse and not prefix_reuse_on(config, state):

@@ -50,6 +50,7 @@ class CachedPage:
     parent_node: int
     pos: ChainPos  # this page's own hash and node id
     host_page: Optional[int] = None  # host page holding it (when block_id is None)
+    index: int = 0  # its place in the chain: it holds tokens [index * block_size, (index + 1) * block_size)
 
 
 class PrefixCache:
@@ -60,6 +61,10 @@ class PrefixCache:
         self._by_hash: dict[int, CachedPage] = {}
         self._by_block: dict[int, CachedPage] = {}
         self._by_host: dict[int, CachedPage] = {}
+        self._by_node: dict[int, CachedPage] = {}
+        # node -> how many of its published children sit in device blocks (a page with
+        # none is a leaf there: reclaiming it strands no other device page)
+        self._device_children: dict[int, int] = {}
         self._next_node = ROOT.node + 1
         self._roots: dict[str, ChainPos] = {}
 
@@ -73,6 +78,23 @@ class PrefixCache:
     @property
     def num_host_pages(self) -> int:
         return len(self._by_host)
+
+    def page_of(self, node: int) -> Optional[CachedPage]:
+        """The published page with node id ``node`` (None once forgotten)."""
+        return self._by_node.get(node)
+
+    def page_in(self, block_id: int) -> CachedPage:
+        return self._by_block[block_id]
+
+    def device_children(self, node: int) -> int:
+        return self._device_children.get(node, 0)
+
+    def _children_moved(self, page: CachedPage, delta: int) -> None:
+        count = self._device_children.get(page.parent_node, 0) + delta
+        if count:
+            self._device_children[page.parent_node] = count
+        else:
+            self._device_children.pop(page.parent_node, None)
 
     def _page_tokens(self, token_ids: Sequence[int], index: int) -> tuple[int, ...]:
         start = index * self.block_size
@@ -122,7 +144,7 @@ class PrefixCache:
         return pages
 
     def publish(
-        self, parent: ChainPos, tokens: tuple[int, ...], block_id: int
+        self, parent: ChainPos, tokens: tuple[int, ...], block_id: int, index: int = 0
     ) -> Optional[ChainPos]:
         """Offer ``block_id`` (holding ``tokens`` after the chain ``parent``) for reuse.
 
@@ -139,9 +161,11 @@ class PrefixCache:
             return None
         pos = ChainPos(digest, self._next_node)
         self._next_node += 1
-        page = CachedPage(block_id=block_id, tokens=tokens, parent_node=parent.node, pos=pos)
+        page = CachedPage(block_id=block_id, tokens=tokens, parent_node=parent.node, pos=pos, index=index)
         self._by_hash[digest] = page
         self._by_block[block_id] = page
+        self._by_node[pos.node] = page
+        self._children_moved(page, +1)
         return pos
 
     def evict(self, block_id: int) -> int:
@@ -149,25 +173,33 @@ class PrefixCache:
         returns its node id."""
         page = self._by_block.pop(block_id)
         del self._by_hash[page.pos.hash]
+        del self._by_node[page.pos.node]
+        self._children_moved(page, -1)
         return page.pos.node
 
     def evict_host(self, host_page: int) -> int:
         """Forget the page kept in ``host_page``; returns its node id."""
         page = self._by_host.pop(host_page)
         del self._by_hash[page.pos.hash]
+        del self._by_node[page.pos.node]
         return page.pos.node
 
     def to_host(self, block_id: int, host_page: int) -> None:
         """The page in ``block_id`` now lives in ``host_page`` (its block will be reused)."""
-        self._relocate(self._by_block.pop(block_id), None, host_page)
+        page = self._by_block.pop(block_id)
+        self._children_moved(page, -1)
+        self._relocate(page, None, host_page)
 
     def to_device(self, host_page: int, block_id: int) -> None:
         """The page in ``host_page`` now lives in ``block_id`` again."""
-        self._relocate(self._by_host.pop(host_page), block_id, None)
+        page = self._by_host.pop(host_page)
+        self._children_moved(page, +1)
+        self._relocate(page, block_id, None)
 
     def _relocate(self, page: CachedPage, block_id: Optional[int], host_page: Optional[int]) -> None:
         moved = replace(page, block_id=block_id, host_page=host_page)
         self._by_hash[page.pos.hash] = moved
+        self._by_node[page.pos.node] = moved
         if block_id is not None:
             self._by_block[block_id] = moved
         else:

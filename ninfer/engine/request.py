@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ninfer.engine.context_cache import CacheHints
 from ninfer.engine.exposure import RequestExposure
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import NinferError
@@ -39,6 +40,8 @@ class EngineRequest:
     #: how a draft model proposes for this request: "auto" (greedy for greedy requests, a
     #: draw from its own distribution for sampled ones), "greedy" or "probabilistic"
     proposal: str = "auto"
+    #: the prompt's turn closure and marked boundaries, for the context cache
+    cache_hints: CacheHints = field(default_factory=CacheHints)
 
 
 @dataclass
@@ -66,6 +69,8 @@ class RequestTimings:
     #: thinking budget: reasoning tokens the engine counted against it, and whether it forced the close
     thinking_counted: Optional[int] = None
     thinking_forced: bool = False
+    #: which checkpoint the prefix hit came from (ninfer.engine.context_cache.PATHS), once admitted
+    reuse_path: Optional[str] = None
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """One verify round of this request: ``drafted`` proposals, the first ``accepted`` kept."""

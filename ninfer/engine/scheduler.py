@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence as Sequence_, Union
 
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.sequence import Sequence, SequenceStatus
-from ninfer.engine.state_cache import StateSnapshots, prompt_frontiers
+from ninfer.engine.state_cache import StateSnapshots, capture_points
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.state_slots import RecurrentState, StateSlots
 from ninfer.errors import ContextLengthExceededError
@@ -281,7 +281,7 @@ class Scheduler:
         if self.snapshots is None or not seq.commit_prefix_cache:
             return seq.num_pending_tokens
         done = seq.num_computed_tokens
-        for frontier in prompt_frontiers(seq.num_prompt_tokens, self.block_manager.block_size):
+        for frontier in capture_points(seq, self.block_manager.block_size):
             if frontier > done:
                 return frontier - done
         return seq.num_pending_tokens
@@ -302,7 +302,7 @@ class Scheduler:
             kind = self._snapshot_kind(seq, f)
             node = self.block_manager.published_node(seq, f) if kind else None
             if node is not None:
-                self.snapshots.capture(node, row, roller=seq.seq_id if kind == "rolling" else None)
+                self.snapshots.capture(node, row, roller=seq.seq_id if kind == "rolling" else None, tokens=f)
 
     def captures_after(self, sched: SchedulerOutput) -> bool:
         """Whether committing ``sched`` may snapshot a state slot. Nothing that writes the
@@ -320,7 +320,7 @@ class Scheduler:
         bs = self.block_manager.block_size
         if frontier <= 0 or frontier % bs or not seq.commit_prefix_cache:
             return None
-        prompt = prompt_frontiers(seq.num_prompt_tokens, bs)
+        prompt = capture_points(seq, bs)
         if frontier in prompt:
             return "prompt"
         # past the prompt frontiers every boundary is at or after the prompt's end

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ninfer.engine.context_cache import CacheHints
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, holds no pages
@@ -25,7 +27,8 @@ class Sequence:
     ``state_slot``) once, when it creates the sequence; from then on only the scheduler
     changes it (:mod:`ninfer.engine.scheduler`): ``status``, ``finish_reason``, the
     output tokens appended to ``token_ids`` and ``num_computed_tokens`` directly, the
-    page fields through its block manager and ``state_slot`` through its state slots.
+    page fields and ``reuse_path`` through its block manager and ``state_slot`` through its
+    state slots.
     The model runner and decode-ahead only read.
     """
 
@@ -41,7 +44,11 @@ class Sequence:
     lora_slot: int = 0  # LoRA adapter slot (ninfer.lora); 0: none
     lora_name: Optional[str] = None  # that adapter's name; keeps its KV pages apart from others'
     proposal: str = "auto"  # how a draft model proposes for it (spec_proposal_sampling)
+    #: the prompt's structure the context cache uses (turn closure, marked boundaries)
+    cache_hints: CacheHints = CacheHints()
     state_slot: Optional[int] = None  # recurrent-state slot (hybrid families); None: the model keeps none
+    #: which checkpoint the prefix hit came from (ninfer.engine.context_cache.PATHS), set at admission
+    reuse_path: str = "root"
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0

@@ -10,13 +10,18 @@ sequence may resume after, and tells :meth:`StateSnapshots.forget` when a page l
 the cache for good.
 
 Snapshot rows live in the model's own state pools, after the working slots; a pinned
-host mirror takes the least recently used ones when the device rows are full. Copies
+host mirror takes the least recently used ones when the device rows are full, if
+copying a snapshot out and back costs less than recomputing its prefix
+(:mod:`ninfer.engine.context_cost`). Snapshots where a checkpoint ends
+(:mod:`ninfer.engine.context_cache`, told through :meth:`StateSnapshots.keep`) leave
+either tier only after every other one has. Copies
 go through ``model.state_tensors()`` on the current stream (device rows through one
 multi-pool row copy, ``ninfer_kernels.ops.copy_state_rows``), so they are ordered
 against the steps that write the slots and never make the host wait.
 
-Which frontiers are captured (the scheduler decides when, see :func:`prompt_frontiers`):
-the prompt's deepest reusable boundaries, kept until evicted, and while generating one
+Which frontiers are captured (the scheduler decides when, see :func:`capture_points`):
+the prompt's deepest reusable boundaries, its turn closure and the boundaries the
+client marked, kept until evicted, and while generating one
 rolling snapshot per sequence that moves to each new page boundary; the one a finished
 sequence leaves behind is its end-of-turn snapshot.
 """
@@ -30,6 +35,7 @@ from typing import Optional
 import torch
 from ninfer_kernels import ops
 
+from ninfer.engine.context_cost import DEFAULT_COSTS, ContextCosts
 from ninfer.engine.sampling_metadata import to_device
 
 
@@ -44,6 +50,20 @@ def prompt_frontiers(num_prompt_tokens: int, block_size: int) -> tuple[int, ...]
     """
     deepest = (num_prompt_tokens - 1) // block_size * block_size
     return tuple(f for f in (deepest - block_size, deepest) if f > 0)
+
+
+def capture_points(seq, block_size: int) -> tuple[int, ...]:
+    """Where a sequence's prompt prefill stops for a snapshot, shallowest first: the
+    :func:`prompt_frontiers`, plus its turn closure and marked boundaries (page-rounded)
+    so the checkpoints there (:mod:`ninfer.engine.context_cache`) can be resumed from."""
+    points = set(prompt_frontiers(seq.num_prompt_tokens, block_size))
+    hints = seq.cache_hints
+    deepest = (seq.num_prompt_tokens - 1) // block_size * block_size
+    for p in (hints.turn_closure or 0, *hints.shared):
+        f = p // block_size * block_size
+        if 0 < f <= deepest:
+            points.add(f)
+    return tuple(sorted(points))
 
 
 @dataclass
@@ -66,6 +86,7 @@ class StateSnapshots:
         num_device: int,
         num_host: int,
         pin: Optional[bool] = None,
+        costs: ContextCosts = DEFAULT_COSTS,
     ) -> None:
         if num_device < 1:
             raise ValueError(f"need at least one device snapshot row, got {num_device}")
@@ -84,6 +105,10 @@ class StateSnapshots:
         self._on_host: OrderedDict[int, int] = OrderedDict()  # node -> host row, least recent first
         self._rolling: dict[int, int] = {}  # seq id -> node of its rolling snapshot
         self._roller: dict[int, int] = {}  # that node -> seq id
+        self._tokens: dict[int, int] = {}  # node -> tokens its prefix holds (what recomputing it costs)
+        self._kept: set[int] = set()  # nodes where a checkpoint ends
+        self.costs = costs
+        self.row_bytes = sum(t.nbytes // t.shape[0] for t in state_tensors)
         self.stats = SnapshotStats()
 
     @property
@@ -100,13 +125,22 @@ class StateSnapshots:
     def has(self, node: int) -> bool:
         return node in self._on_device or node in self._on_host
 
+    def keep(self, node: int, checkpoint: bool) -> None:
+        """A checkpoint now ends at ``node`` (or no longer does): its snapshot goes last."""
+        if checkpoint:
+            self._kept.add(node)
+        else:
+            self._kept.discard(node)
+
     # -- capture ------------------------------------------------------------------
-    def capture(self, node: int, slot: int, roller: Optional[int] = None) -> bool:
+    def capture(self, node: int, slot: int, roller: Optional[int] = None, tokens: int = 0) -> bool:
         """Snapshot working slot ``slot`` under ``node``; False when ``node`` already had one.
 
         ``roller``: the sequence whose rolling snapshot this is; its previous one is
-        replaced (reusing that device row when it has one).
+        replaced (reusing that device row when it has one). ``tokens``: the prefix's length.
         """
+        if tokens:
+            self._tokens[node] = tokens
         if roller is not None and self._rolling.get(roller) == node:
             self._touch(node, adopt=False)  # the same frontier again: nothing new to copy
             return False
@@ -119,6 +153,8 @@ class StateSnapshots:
                 self._drop(previous)
             return False
         row = self._on_device.pop(previous) if previous in self._on_device else None
+        if row is not None:
+            self._tokens.pop(previous, None)
         if row is None:
             if previous is not None:
                 self._drop(previous)
@@ -142,13 +178,23 @@ class StateSnapshots:
         if node is not None:
             del self._roller[node]
 
+    def _victim(self, tier: OrderedDict) -> int:
+        """The least recently used snapshot of ``tier`` that no checkpoint ends at, else the
+        least recently used one."""
+        for node in tier:
+            if node not in self._kept:
+                return node
+        return next(iter(tier))
+
     def _device_row(self) -> int:
         if self._free_device:
             return self._free_device.pop()
-        node, row = self._on_device.popitem(last=False)
-        if self.num_host:
+        node = self._victim(self._on_device)
+        row = self._on_device.pop(node)
+        tokens = self._tokens.get(node)  # unknown: assume the copy pays
+        if self.num_host and (tokens is None or self.costs.spill_pays(0, tokens, self.row_bytes)):
             if not self._free_host:
-                self._drop(next(iter(self._on_host)))
+                self._drop(self._victim(self._on_host))
             host_row = self._free_host.pop()
             for pool, host in zip(self._pools, self._host):
                 host[host_row].copy_(pool[row], non_blocking=self.pin)
@@ -156,6 +202,7 @@ class StateSnapshots:
             self.stats.spills += 1
         else:
             self._unroll(node)
+            self._tokens.pop(node, None)
             self.stats.drops += 1
         return row
 
@@ -196,4 +243,5 @@ class StateSnapshots:
         else:
             self._free_host.append(self._on_host.pop(node))
         self._unroll(node)
+        self._tokens.pop(node, None)
         self.stats.drops += 1

@@ -25,6 +25,7 @@ from ninfer.capabilities import ReasoningParser, ToolParser
 from ninfer.engine.request import EngineRequest
 from ninfer.engine.thinking_budget import ThinkingBudget
 from ninfer.errors import InvalidRequestError
+from ninfer.frontend.cache_hints import chat_cache_hints
 from ninfer.frontend.chat_messages import template_messages
 from ninfer.frontend.choice_output import ChoiceEvent, ChoiceProgress, TimingCounts, UsageCounts, timings, usage
 from ninfer.frontend.fanout import generate_all
@@ -195,13 +196,14 @@ class Pipeline:
                 room = max_len - len(r.token_ids)
                 params = attrs.evolve(params, max_tokens=max(1, min(req.params.max_tokens, room)))
             budget = self.thinking_budget(req, r)
+            hints = chat_cache_hints(req.prompts[i], r.token_ids, self.tokenizer, req.cache.replay)
             for j in range(req.n):
                 k = i * req.n + j
                 requests.append(EngineRequest(
                     f"{rid}-{k}", r.token_ids, params, prompt=r.text, thinking=r.thinking, thinking_budget=budget,
                     lora_name=req.lora, sample_index=j, lookup_prefix_cache=req.cache.lookup,
                     commit_prefix_cache=req.cache.commit, commit_generated=req.cache.commit_generated,
-                    speculate=req.speculate, proposal=req.proposal))
+                    speculate=req.speculate, proposal=req.proposal, cache_hints=hints))
                 splitter = make_splitter(self.host, r.text, r.tools) if r.options is not None else None
                 choices.append(ChoiceProgress(k, splitter))
         return Plan(rid, rendered, requests, choices, req.n)

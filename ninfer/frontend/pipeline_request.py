@@ -37,6 +37,9 @@ class ChatPrompt:
     #: the field a template refusal blames, and how its message names the conversation
     param: str = "messages"
     what: str = "these messages"
+    #: boundaries the client asked to share, as turn counts: k is "after the first k turns"
+    #: (Anthropic cache_control, OpenAI prompt-cache candidates; ninfer.frontend.cache_hints)
+    cache_breakpoints: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -72,6 +75,8 @@ class CachePolicy:
     commit: bool = True
     #: publish the generated tokens' pages too, not only the prompt's
     commit_generated: bool = True
+    #: the prompt replays a stored response (Responses' previous_response_id): names the reuse path
+    replay: bool = False
 
 
 @attrs.define

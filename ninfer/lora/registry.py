@@ -112,11 +112,13 @@ class LoraRegistry:
             return name, slice(None)
         owner = modules.get(parent)
         shards = owner.fused_shards() if hasattr(owner, "fused_shards") else {}
-        if leaf in shards:
-            fused, rows = shards[leaf]
-            target = f"{parent}.{fused}"
-            if hasattr(modules.get(target), "lora"):
-                return target, rows
+        target, rows = (f"{parent}.{shards[leaf][0]}", shards[leaf][1]) if leaf in shards else (name, slice(None))
+        if hasattr(modules.get(target), "lora"):
+            return target, rows
+        layout = getattr(modules.get(target), "quantized_layout", None)
+        if layout:  # a quantized checkpoint's layer (ninfer_plugins.models.quant_linear)
+            raise LoraAdapterError(f"adapter {adapter!r}: {name} is quantized in this checkpoint ({layout}); "
+                                   "LoRA adapters apply to dense layers only")
         raise LoraAdapterError(f"adapter {adapter!r}: this model has no LoRA-capable linear layer {name!r}")
 
     # -- stepping --------------------------------------------------------------

@@ -3,7 +3,8 @@
 A directory holds ``config.json``, optionally ``generation_config.json``, and weights
 as one ``model.safetensors`` or several shards listed in ``model.safetensors.index.json``.
 The model family is picked through the plugin registry, so the loader itself knows no
-architecture.
+architecture; a quantized checkpoint is read through the weight-format plugin that claims
+it (:mod:`ninfer.model.weight_format`), so the loader knows no quantization format either.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from ninfer.model.family import ModelFamily
+from ninfer.model.weight_format import deferred_linear_weights, find_scheme
 from ninfer.plugins import PluginRegistry, UnknownCapabilityError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -100,6 +102,8 @@ def load_model(
     position tables (with a warning) so long sequences never index past them.
     ``weights``: the checkpoint's tensors by name from somewhere other than the directory's
     safetensors files (a model already in memory, e.g. the benchmarks' random ones).
+    The weight format (dense, or the claiming plugin's scheme) is logged and kept on the
+    model as ``weight_format``.
     """
     config = read_config(model_dir)
     trained = config.get("max_position_embeddings")
@@ -109,7 +113,13 @@ def load_model(
         config = {**config, "max_position_embeddings": max_context}
     family = find_family(registry, config)
     dtype = dtype or config_dtype(config) or torch.bfloat16
-    logger.info("model family {} ({}), dtype {}, device {}", family.name, model_dir, dtype, device)
-    model = family.build(config, dtype, torch.device(device))
-    model.load_weights(iter_weights(model_dir) if weights is None else weights)
+    scheme = find_scheme(registry, config, model_dir)
+    weight_format = scheme.name if scheme is not None else f"unquantized, loaded as {dtype}"
+    logger.info("model family {} ({}), dtype {}, device {}, weights {}", family.name, model_dir, dtype, device,
+                weight_format)
+    with deferred_linear_weights(scheme is not None):
+        model = family.build(config, dtype, torch.device(device))
+    stream = iter_weights(model_dir) if weights is None else weights
+    model.load_weights(scheme.convert(stream) if scheme is not None else stream)
+    model.weight_format = weight_format
     return model, config, family

@@ -43,6 +43,18 @@ def resolve_source(reference: str, registry, dtype: "torch.dtype", device: "torc
     return Path(reference), None
 
 
+def checkpoint_path(reference: str) -> Optional[Path]:
+    """Where ``reference``'s checkpoint is (or will be built, for ``tiny:``) without building
+    anything; None for ``random:`` shapes, which have no files."""
+    if reference.startswith(RANDOM_PREFIX):
+        return None
+    if reference.startswith(TINY_PREFIX):
+        from ninfer.tiny.cache import checkpoint_dir
+
+        return checkpoint_dir(reference)
+    return Path(reference)
+
+
 def _family_of(config: dict, registry):
     from ninfer.model.loader import find_family
 

@@ -17,8 +17,6 @@ HOST_KV_MIB = 8192
 LONG_ANCHORS_PER_CONTINUATION = 2
 #: media sizing options: meaningless until image and video input exists
 MEDIA_BUDGETS = ("media_cache_mib", "media_live_mib", "media_preprocess_threads")
-#: context-cache descriptor limits, accepted for the spec's sake but not used yet
-DESCRIPTOR_LIMITS = ("max_private_continuations", "max_shared_prefixes", "max_long_anchors_per_continuation")
 
 
 def resolve(profile: Profile) -> Profile:
@@ -78,7 +76,8 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
                 errors.append(f"speculative.draft_tokens: the {name} backend accepts {lo}..{hi}, got {draft}")
         if kind == "speculative_backend" and profile.speculative.lm_head_draft and not obj.lm_head_draft:
             errors.append(f"speculative.lm_head_draft: the {name} backend drafts without an LM head")
-    return errors + _unavailable(profile, registry) + _missing_adapters(profile) + request_log_errors(profile)
+    return (errors + _unavailable(profile, registry) + _missing_adapters(profile) + request_log_errors(profile)
+            + context_cost_errors(profile))
 
 
 def _missing_adapters(profile: Profile) -> list[str]:
@@ -98,20 +97,30 @@ def _unavailable(profile: Profile, registry: PluginRegistry) -> list[str]:
         if getattr(profile.media, name) != getattr(defaults, name):
             errors.append(f"media.{name}: this build prepares no media (image and video input is not available "
                           "yet), so there is nothing to size")
-    if profile.engine.context_cost_presets is not None:
-        errors.append("engine.context_cost_presets: this build has no context-cost planner to configure")
     return errors
 
 
 def not_honoured(given: Profile) -> list[str]:
-    """Options accepted but not acted on yet, as ``key.path: ...`` warnings.
+    """Options accepted but not acted on yet, as ``key.path: ...`` warnings (none today).
 
     ``given`` is the profile before :func:`resolve`, so only values the user set are
     named (resolution fills derived defaults in for every profile).
     """
-    return [f"cache.{name}: accepted but not honoured yet: the context cache keeps no per-continuation or "
-            "shared-prefix descriptors, so every published page is reusable and evicted LRU"
-            for name in DESCRIPTOR_LIMITS if getattr(given.cache, name) is not None]
+    return []
+
+
+def context_cost_errors(profile: Profile) -> list[str]:
+    """Why ``engine.context_cost_presets`` cannot be used (read and checked before the model loads)."""
+    from ninfer.engine.context_cost import ContextCostError, load_presets
+
+    path = profile.engine.context_cost_presets
+    if path is None:
+        return []
+    try:
+        load_presets(path)
+    except ContextCostError as exc:
+        return [f"engine.context_cost_presets: {path}: {exc}"]
+    return []
 
 
 def request_log_errors(profile: Profile) -> list[str]:

@@ -102,8 +102,9 @@ class Engine:
                              "reach the host")
     prefix_reuse: bool = opt(True, Bool(), "reuse cached prompt prefixes; off starts every request from scratch")
     default_max_tokens: int = opt(8192, _POS, "output limit for requests that set none", metavar="N")
-    context_cost_presets: str | None = opt(None, Optional(Str()), "file of context-cost coefficients",
-                                           metavar="FILE", default_text="built-in coefficients")
+    context_cost_presets: str | None = opt(None, Optional(Str()), "YAML or JSON file of context-cost coefficients "
+                                           "(prefill cost per token, host transfer GB/s; docs/context-cache.md)",
+                                           metavar="FILE", default_text="generic defaults")
     block_size: int = opt(16, Int(1, 256, pow2=True), "KV page size in tokens", metavar="N")
 
 
@@ -117,14 +118,13 @@ class Cache:
                                        default_text="8")
     host_kv_mib: int | None = opt(None, Optional(_NAT), "pinned host memory for retained KV pages, in MiB",
                                   metavar="N", default_text="8192")
-    max_private_continuations: int | None = opt(None, Optional(_NAT), "private continuation entries (accepted, not "
-                                                "honoured yet)",
-                                                metavar="N", default_text="2 x --max-concurrency")
-    max_shared_prefixes: int | None = opt(None, Optional(_NAT), "shared stable-prefix entries (accepted, not "
-                                          "honoured yet)", metavar="N",
-                                          default_text="max(--max-concurrency, 4)")
-    max_long_anchors_per_continuation: int | None = opt(None, Optional(_NAT), "long anchors kept per "
-                                                        "continuation (accepted, not honoured yet)", metavar="N", default_text="2")
+    max_private_continuations: int | None = opt(None, Optional(_NAT), "conversations whose last turn the context "
+                                                "cache keeps as a private continuation", metavar="N",
+                                                default_text="2 x --max-concurrency")
+    max_shared_prefixes: int | None = opt(None, Optional(_NAT), "client-marked shared stable prefixes kept, "
+                                          "engine wide", metavar="N", default_text="max(--max-concurrency, 4)")
+    max_long_anchors_per_continuation: int | None = opt(None, Optional(_NAT), "earlier turn closures kept inside "
+                                                        "each private continuation", metavar="N", default_text="2")
 
 
 @attrs.frozen

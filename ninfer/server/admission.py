@@ -43,6 +43,8 @@ class Ticket:
     cached_tokens: int = 0
     completion_tokens: int = 0
     generated: bool = False
+    #: which checkpoint the (first) prompt's prefix hit came from (ninfer.engine.context_cache.PATHS)
+    reuse_path: Optional[str] = None
     #: the client hung up before the response was complete (the work was cancelled)
     disconnected: bool = False
     #: the machine-readable code of the error the request ended with (see ninfer.server.errors)
@@ -75,6 +77,8 @@ class Ticket:
         self.generated = True
         self.prompt_tokens += last.num_prompt_tokens
         self.cached_tokens += last.num_cached_tokens
+        if self.reuse_path is None:
+            self.reuse_path = last.timings.reuse_path
         self.completion_tokens += last.num_output_tokens
 
 

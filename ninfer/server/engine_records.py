@@ -91,11 +91,10 @@ def server_start_fields(state: Any, loaded: Any, argv: Sequence[str]) -> dict[st
             "host_kv_page_bytes": host_kv.page_bytes if host_kv is not None else None,
             "state_snapshot_rows": {"device": snapshots.num_device, "host": snapshots.num_host}
             if snapshots is not None else None,
-            # accepted for the spec's sake; this build evicts LRU without descriptors
             "max_private_continuations": c.max_private_continuations,
             "max_shared_prefixes": c.max_shared_prefixes,
             "max_long_anchors_per_continuation": c.max_long_anchors_per_continuation,
-            "context_cost_source": "none",
+            "context_cost_source": bm.costs.source,
         },
         "speculative": {"backend": s.backend, "draft_tokens": s.draft_tokens if s.backend else None,
                         "lm_head_draft": s.lm_head_draft},

@@ -147,7 +147,9 @@ def _log_request(scope: Scope, ticket: Ticket, status: int) -> None:
     if ticket.error_code is not None:
         line += f", error {ticket.error_code}"
     if ticket.generated:
-        line += (f", prompt {ticket.prompt_tokens} (cached {ticket.cached_tokens}), "
+        share = 100 * ticket.cached_tokens / ticket.prompt_tokens if ticket.prompt_tokens else 0.0
+        path = (ticket.reuse_path or "root").replace("_", " ")
+        line += (f", prompt {ticket.prompt_tokens}, cache {ticket.cached_tokens} ({share:.0f}%, {path}), "
                  f"completion {ticket.completion_tokens} tokens")
     line += f", {time.monotonic() - ticket.started:.2f} s"
     if ticket.disconnected:

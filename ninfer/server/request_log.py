@@ -28,7 +28,7 @@ from ninfer.frontend.pipeline import Run
 from ninfer.server import engine_records, request_records
 
 SCHEMA = "ninfer_serve_request_log"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_PATH = Path(__file__).with_name("request_log.schema.json")
 
 
@@ -72,8 +72,6 @@ class RequestLogObserver:
         profile = state.profile
         self._backend: Optional[str] = profile.speculative.backend
         self._window = profile.speculative.draft_tokens or 0
-        # in effect: a recurrent-state model without snapshot rows reuses nothing
-        self._prefix_reuse = state.engine.engine.block_manager.enable_prefix_reuse
         self._seq = 0  # request sequence numbers, monotonic within this server instance
         self._seqs: dict[int, int] = {}  # id(run) -> its number, from start to terminal
 
@@ -96,7 +94,7 @@ class RequestLogObserver:
 
     def ended(self, run: Run) -> None:
         seq = self._seqs.pop(id(run), 0)
-        fields = request_records.outcome_fields(run, self._backend, self._window, self._prefix_reuse)
+        fields = request_records.outcome_fields(run, self._backend, self._window)
         life = run.life
         assert life is not None
         if life.failure is None and run.finished:

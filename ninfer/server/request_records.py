@@ -248,7 +248,14 @@ def _summed_speculative(choices: list[dict[str, Any]]) -> Optional[dict[str, Any
             "accepted_per_position": per_position}
 
 
-def outcome_fields(run: Run, backend: Optional[str], window: int, prefix_reuse: bool) -> dict[str, Any]:
+def reuse_path(run: Run) -> Optional[str]:
+    """Which checkpoint the first choice's prefix hit came from (ninfer.engine.context_cache.PATHS);
+    None when it was never admitted."""
+    t = run.choices[0].timings if run.choices else None
+    return t.reuse_path if t is not None else None
+
+
+def outcome_fields(run: Run, backend: Optional[str], window: int) -> dict[str, Any]:
     """What request_done and request_error share: counts, reuse, unrounded seconds, per-choice detail."""
     life = run.life
     assert life is not None
@@ -258,7 +265,7 @@ def outcome_fields(run: Run, backend: Optional[str], window: int, prefix_reuse: 
     t = first.timings
     firsts = [c.timings.first_token for c in run.choices if c.timings and c.timings.first_token is not None]
     lasts = [c.timings.last_token for c in run.choices if c.timings and c.timings.last_token is not None]
-    lookup = prefix_reuse and life.request.cache.lookup and life.request.params.prompt_logprobs is None
+    path = reuse_path(run)
     return {
         **route(life.ticket),
         "engine_request_id": run.request_id,
@@ -272,11 +279,10 @@ def outcome_fields(run: Run, backend: Optional[str], window: int, prefix_reuse: 
             "reasoning_tokens": usage.reasoning_tokens,
             "tool_call_parse": _merged_tool_parse([c["tool_call_parse"] for c in choices if c["tool_call_parse"]]),
         },
-        "prefix_reuse": {
-            # the one reuse path this engine has: the longest cached chain of whole pages
-            "path": "disabled" if not lookup else "compatible_prefix" if usage.cached_tokens else "root",
-            "cached_tokens": usage.cached_tokens,
-        },
+        "prefix_reuse": {"path": path, "cached_tokens": usage.cached_tokens},
+        # the spec's names for the same two figures
+        "prefix_reuse_path": path,
+        "prefix_cache_hit_tokens": usage.cached_tokens,
         "timings_seconds": {
             "prepare": life.prepare_seconds,
             "queue_wait": _diff(t.admitted, t.arrival) if t is not None else None,

@@ -3,7 +3,9 @@
 The result loads in both ninfer and ``transformers`` (config.json, generation_config.json,
 safetensors weights, tokenizer and chat template), so tests can compare the two without
 downloading anything. Everything derives from the seed: the same seed and family give
-byte-identical files.
+byte-identical files. ``quant`` writes the checkpoint in a quantized layout instead, by
+quantizing the random weights with the writer a weight-format plugin offers under that
+name (:class:`ninfer.model.weight_format.WeightFormat` ``tiny_writers``).
 """
 
 from __future__ import annotations
@@ -75,14 +77,21 @@ def write_configs(out_dir: Path, config: dict[str, Any], ids: dict[str, Any]) ->
     )
 
 
+def tiny_quant_writers(registry: PluginRegistry) -> dict[str, Any]:
+    """``--quant`` name -> writer, over every installed weight format."""
+    return {name: writer for fmt in registry.all("weight_format") for name, writer in fmt.tiny_writers.items()}
+
+
 def make_tiny(
     out_dir: Path,
     family: str,
     seed: int = 0,
     registry: PluginRegistry | None = None,
     shards: int = 1,
+    quant: str | None = None,
 ) -> Path:
-    """Write a tiny checkpoint of ``family`` into ``out_dir`` (created if needed); returns it."""
+    """Write a tiny checkpoint of ``family`` into ``out_dir`` (created if needed); returns it.
+    ``quant``: a quantized layout's tiny-writer name (``ninfer-make-tiny --quant``)."""
     registry = registry or load_registry()
     fam = registry.get("model_family", family, key="--family")
     if fam.tiny_config is None or fam.tiny_weights is None:
@@ -98,8 +107,16 @@ def make_tiny(
         "bos_token_id": ids["pad_token_id"],
         "eos_token_id": ids["eos_token_id"],
     }
-    write_configs(out_dir, config, ids)
     generator = torch.Generator().manual_seed(seed)
-    tensors = {n: t.contiguous() for n, t in fam.tiny_weights(config, generator).items()}
-    write_weights(out_dir, tensors, shards)
+    tensors = fam.tiny_weights(config, generator)
+    if quant is not None:
+        writers = tiny_quant_writers(registry)
+        if quant not in writers:
+            raise ValueError(f"--quant {quant!r}: no weight format writes it (available: {', '.join(sorted(writers))})")
+        quantized = writers[quant](config, tensors)
+        tensors, config = quantized.tensors, {**config, **quantized.config}
+        for name, content in quantized.files.items():
+            _write_json(out_dir / name, content)
+    write_configs(out_dir, config, ids)
+    write_weights(out_dir, {n: t.contiguous() for n, t in tensors.items()}, shards)
     return out_dir

@@ -15,6 +15,7 @@ from ninfer_plugins.models.config import DecoderConfig
 from ninfer_plugins.models.layers import Attention, Embedding, GatedMLP, RMSNorm, store_linears_column_major
 from ninfer_plugins.models.moe import Experts, SparseMoE
 from ninfer_plugins.models.prenorm import PreNormBlock, PreNormLM
+from ninfer_plugins.models.weight_sink import WeightSink
 
 # checkpoint tensors that live inside one of our fused or stacked parameters
 _FUSED_NAME = re.compile(r"^(?P<module>.+)\.(?P<proj>[qkv]_proj|gate_proj|up_proj)\.(?P<kind>weight|bias)$")
@@ -96,29 +97,17 @@ class DecoderLM(PreNormLM):
         """Copy every checkpoint tensor into place; fail on unknown names and on gaps.
 
         Accepts separate q/k/v and gate/up projections (fused here), and experts either
-        one tensor per expert (Hugging Face hub checkpoints) or already stacked.
+        one tensor per expert (Hugging Face hub checkpoints) or already stacked. A value may
+        be a quantized weight (a weight-format plugin's, see :mod:`ninfer.model.weight_format`):
+        the layer then becomes quantized (:mod:`ninfer_plugins.models.weight_sink`).
         """
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
-        filled = dict.fromkeys(params, 0)
+        sink = WeightSink(self)
         with torch.no_grad():
-            for name, tensor in weights:
-                target = self._route(name, params, modules)
-                if target is None:
-                    continue
-                param_name, index = target
-                dest = params[param_name].data[index]
-                if dest.shape != tensor.shape:
-                    raise ValueError(
-                        f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}"
-                    )
-                dest.copy_(tensor)
-                filled[param_name] += dest.numel()
-        missing = [n for n, p in params.items() if filled[n] < p.numel()]
-        if missing:
-            raise ValueError(
-                f"checkpoint leaves {len(missing)} model parameter(s) unfilled or partly filled: {missing[:5]}"
-            )
+            for name, value in weights:
+                target = self._route(name, sink.params, sink.modules)
+                if target is not None:
+                    sink.put(name, *target, value)
+            sink.finish()
         if self.lm_head.weight.is_cuda:
             store_linears_column_major(self)  # faster decode matmuls on CUDA
 

@@ -90,11 +90,11 @@ class GatedDeltaNet(nn.Module):
 
     # -- recurrent state ------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
-        conv = (self.conv_kernel - 1) * self.conv_dim * self.in_proj.weight.dtype.itemsize
+        conv = (self.conv_kernel - 1) * self.conv_dim * self.conv1d.weight.dtype.itemsize
         return conv + self.num_v_heads * self.head_k_dim * self.head_v_dim * 4
 
     def allocate_state(self, num_slots: int, device: torch.device) -> int:
-        dtype = self.in_proj.weight.dtype
+        dtype = self.conv1d.weight.dtype  # the model dtype (in_proj may be quantized)
         self.conv_state = torch.zeros(num_slots, self.conv_kernel - 1, self.conv_dim, dtype=dtype, device=device)
         self.ssm_state = torch.zeros(
             num_slots, self.num_v_heads, self.head_k_dim, self.head_v_dim, dtype=torch.float32, device=device

@@ -19,9 +19,12 @@ import torch
 from loguru import logger
 from torch import nn
 
+from ninfer.model.weight_format import WeightFormatError
+from ninfer_kernels import quant_rows
 from ninfer_plugins.models.gated_deltanet import GatedDeltaNet
 from ninfer_plugins.models.hybrid_norms import ZeroCentredRMSNorm
 from ninfer_plugins.models.moe import Experts
+from ninfer_plugins.models.weight_sink import WeightSink
 
 TEXT_PREFIX = "model.language_model."
 VISION_PREFIXES = ("model.visual.", "visual.")
@@ -38,8 +41,9 @@ class WeightRouter:
     """Finds where each checkpoint tensor goes: ``(parameter name, index, transform)``."""
 
     def __init__(self, model: nn.Module, grouped_projections: bool, tied_lm_head: bool, has_mtp: bool):
-        self.params = dict(model.named_parameters())
-        self.modules = dict(model.named_modules())
+        self.sink = WeightSink(model)
+        self.params = self.sink.params
+        self.modules = self.sink.modules
         self.grouped_projections = grouped_projections
         self.tied_lm_head = tied_lm_head
         self.has_mtp = has_mtp
@@ -86,29 +90,21 @@ def load_hybrid_weights(
 
     Parameters under the ``optional`` prefix may be absent altogether (checkpoints that
     transformers re-saved lose the MTP layer while their config still declares it), but
-    not in part. Returns whether they were loaded.
+    not in part. Returns whether they were loaded. Values may be quantized weights (see
+    :mod:`ninfer_plugins.models.weight_sink`).
     """
-    filled = dict.fromkeys(router.params, 0)
     with torch.no_grad():
-        for name, tensor in weights:
+        for name, value in weights:
             target = router.route(name)
             if target is None:
                 continue
             param_name, index, transform = target
             if transform is not None:
-                tensor = transform(tensor)
-            dest = router.params[param_name].data[index]
-            if dest.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)}, model expects {tuple(dest.shape)}")
-            dest.copy_(tensor)
-            filled[param_name] += dest.numel()
-    for reason, count in router.skipped.items():
-        logger.info("skipped {} {}", count, reason)
-    extra = [n for n in router.params if n.startswith(optional)]
-    has_optional = any(filled[n] for n in extra)
-    if extra and not has_optional:
-        filled.update((n, router.params[n].numel()) for n in extra)
-    missing = [n for n, p in router.params.items() if filled[n] < p.numel()]
-    if missing:
-        raise ValueError(f"checkpoint leaves {len(missing)} model parameter(s) unfilled or partly filled: {missing[:5]}")
-    return has_optional
+                if quant_rows.is_quantized(value):
+                    raise WeightFormatError("Qwen3-Next's head-grouped projections are not read quantized yet "
+                                            "(their rows would need reordering inside the quantized layout)", name)
+                value = transform(value)
+            router.sink.put(name, param_name, index, value)
+        for reason, count in router.skipped.items():
+            logger.info("skipped {} {}", count, reason)
+        return router.sink.finish(optional)

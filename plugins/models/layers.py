@@ -18,6 +18,7 @@ from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.kv import HeadNormRope, KVCache
+from ninfer.model.weight_format import linear_weights_deferred
 from ninfer_kernels import ops
 from ninfer_plugins.models.config import DecoderConfig
 
@@ -25,8 +26,11 @@ if TYPE_CHECKING:
     from ninfer.lora.layer import LinearLora
 
 
-def empty_param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+def empty_param(*shape: int, deferred: bool = False) -> nn.Parameter:
+    """An uninitialised parameter; ``deferred``: without storage (meta device) while a
+    quantized checkpoint loads, which gives it storage of the right kind later."""
+    device = "meta" if deferred and linear_weights_deferred() else None
+    return nn.Parameter(torch.empty(*shape, device=device), requires_grad=False)
 
 
 class Linear(nn.Module):
@@ -36,14 +40,18 @@ class Linear(nn.Module):
     layer; it adds each row's adapter delta and returns at once when no row has one.
     ``keep_row_major``: a kernel other than the matmul reads this weight and wants the
     checkpoint's row-major layout (see :func:`store_linears_column_major`).
+    ``quantizable`` False keeps the layer dense when its checkpoint quantizes it (the LM
+    head and routers, whose weights other code reads); otherwise the loader swaps in a
+    :class:`ninfer_plugins.models.quant_linear.QuantLinear`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
-        self.weight = empty_param(out_features, in_features)
+        self.weight = empty_param(out_features, in_features, deferred=True)
         self.bias = empty_param(out_features) if bias else None
         self.lora: LinearLora | None = None
         self.keep_row_major = False
+        self.quantizable = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ops.linear(x, self.weight, self.bias)

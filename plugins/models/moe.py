@@ -12,19 +12,42 @@ captured in CUDA graphs; prefill uses the same grouped GEMM with larger tiles.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
-from ninfer_kernels import ops
+from ninfer_kernels import ops, quant_rows
+from ninfer_kernels.quant_formats import QuantWeight
 from ninfer_plugins.models.layers import Linear, empty_param
 
 
 class Experts(nn.Module):
+    """``gate_up_proj`` and ``down_proj``: stacked tensors, or, from a quantized checkpoint,
+    stacked quantized weights (:meth:`set_quantized`) that ``ops.fused_moe`` takes as they are."""
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = empty_param(num_experts, 2 * intermediate_size, hidden_size)
-        self.down_proj = empty_param(num_experts, hidden_size, intermediate_size)
+        self.num_experts = num_experts
+        self.gate_up_proj = empty_param(num_experts, 2 * intermediate_size, hidden_size, deferred=True)
+        self.down_proj = empty_param(num_experts, hidden_size, intermediate_size, deferred=True)
+
+    def set_quantized(self, proj: str, weight: QuantWeight) -> None:
+        """Hold ``proj`` quantized; its tensors become parameters (so byte counts see them)."""
+        del self._parameters[proj]
+        params = {}
+        for name, tensor in quant_rows.tensors(weight).items():
+            params[name] = nn.Parameter(tensor, requires_grad=False)
+            self.register_parameter(f"{proj}_{name}", params[name])
+        setattr(self, proj, dataclasses.replace(weight, **params))
+
+    @property
+    def quantized(self) -> bool:
+        return not isinstance(self.gate_up_proj, torch.Tensor) or not isinstance(self.down_proj, torch.Tensor)
+
+    def bytes_per_expert(self) -> int:
+        return (quant_rows.nbytes(self.gate_up_proj) + quant_rows.nbytes(self.down_proj)) // self.num_experts
 
     def expert_slice(self, expert: int, proj: str) -> tuple[str, tuple]:
         """Where one expert's checkpoint projection goes: (our parameter, index into it)."""
@@ -46,15 +69,16 @@ class SparseMoE(nn.Module):
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.gate = Linear(hidden_size, num_experts)
+        self.gate.quantizable = False  # routing is decided by small logit gaps: keep it exact
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
 
     def weight_bytes_read(self, num_tokens: int) -> int:
         """Bytes of weights a step of ``num_tokens`` tokens reads: the router, and each expert
         some token picks, counted at the number of distinct experts ``num_tokens`` uniform
         top-k draws reach on average (benchmarks' bandwidth figure)."""
-        experts = self.experts.gate_up_proj.shape[0]
+        experts = self.experts.num_experts
         distinct = experts * (1 - (1 - self.top_k / experts) ** num_tokens)
-        per_expert = self.experts.gate_up_proj[0].nbytes + self.experts.down_proj[0].nbytes
+        per_expert = self.experts.bytes_per_expert()
         return round(self.gate.weight.nbytes + distinct * per_expert)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -57,11 +57,12 @@ class PreNormLM(CausalLM):
         """The LM head (tied when ``cfg.tie_word_embeddings``) and the cos/sin table; call
         after ``self.model`` exists."""
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head.quantizable = False  # speculative drafting and shortlists read its rows
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         cos_sin = rope_cos_sin(
             cfg.max_positions, rotary_dim, cfg.rope_theta, torch.get_default_dtype(),
-            self.lm_head.weight.device, cfg.rope_scaling,
+            self.model.embed_tokens.weight.device, cfg.rope_scaling,
         )
         self.register_buffer("cos_sin", cos_sin, persistent=False)
 

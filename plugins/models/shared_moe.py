@@ -33,6 +33,7 @@ class SharedExpertMoE(SparseMoE):
         super().__init__(hidden_size, num_experts, top_k, intermediate_size, norm_topk_prob)
         self.shared_expert = GatedMLP(hidden_size, shared_intermediate_size)
         self.shared_expert_gate = Linear(hidden_size, 1)
+        self.shared_expert_gate.quantizable = False  # the routing op reads its row
         # as wide as a routed expert: the expert kernel can run it, reading it like a routed one
         self.fits_expert_kernel = shared_intermediate_size == intermediate_size
         self.shared_expert.gate_up_proj.keep_row_major = self.fits_expert_kernel
@@ -46,6 +47,7 @@ class SharedExpertMoE(SparseMoE):
         shared = self.shared_expert
         return (
             self.fits_expert_kernel
+            and isinstance(shared.gate_up_proj, Linear) and isinstance(shared.down_proj, Linear)
             and shared.gate_up_proj.lora is None
             and shared.down_proj.lora is None
             and self.shared_expert_gate.lora is None

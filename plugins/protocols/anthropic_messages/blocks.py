@@ -47,6 +47,8 @@ class Lowered:
     turns: list[ChatTurn]
     #: the last turn is an assistant prefill that generation continues
     prefill: bool = False
+    #: message index -> turns lowered up to and including its group (for cache breakpoints)
+    message_turns: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class _Group:
     role: str
     where: str
     blocks: list[tuple[Any, str]] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)  # the messages it holds
 
 
 def consume_billing(system: Any) -> tuple[Any, int]:
@@ -116,8 +119,9 @@ def _groups(messages: Any) -> list[_Group]:
                 raise InvalidRequestError("each content block must be an object with a type", param=path)
         if groups and role != "system" and groups[-1].role == role:
             groups[-1].blocks += blocks
+            groups[-1].indices.append(i)
         else:
-            groups.append(_Group(role, where, blocks))
+            groups.append(_Group(role, where, blocks, [i]))
     return groups
 
 
@@ -127,6 +131,7 @@ def lower_messages(messages: Any) -> Lowered:
     turns: list[ChatTurn] = []
     pending: list[str] | None = None  # call ids of the last assistant turn, awaiting results
     seen_assistant = False
+    message_turns: dict[int, int] = {}
     for n, group in enumerate(groups):
         if pending and group.role != "user":
             raise InvalidRequestError("tool_use blocks must be answered by tool_result blocks in the next user "
@@ -141,14 +146,16 @@ def lower_messages(messages: Any) -> Lowered:
             seen_assistant = True
             pending = [c.id for c in turn.tool_calls]
             turns.append(turn)
+        for index in group.indices:
+            message_turns[index] = len(turns)
     last = groups[-1]
     if last.role != "assistant":
-        return Lowered(turns)
+        return Lowered(turns, message_turns=message_turns)
     final = turns[-1]
     if final.tool_calls or final.reasoning is not None:
         raise InvalidRequestError("a final assistant message is a prefill and may hold only text (no thinking "
                                   "or tool_use blocks)", param=last.where)
-    return Lowered(turns, prefill=True)
+    return Lowered(turns, prefill=True, message_turns=message_turns)
 
 
 def _joined(group: _Group, role: str) -> str:

@@ -1,8 +1,10 @@
-"""``cache_control`` markers: checked by Anthropic's rules, then left to the prefix cache.
+"""``cache_control`` markers: checked by Anthropic's rules, then handed to the context cache.
 
-The engine publishes every full KV page of every prompt and reuses any exact prefix,
-so a breakpoint needs no action to be honoured; a request whose markers break the
-rules still fails the way it would upstream. The rules: a marker is ``ephemeral`` with
+The engine publishes every full KV page of every prompt and reuses any exact prefix;
+a breakpoint additionally makes the prefix up to its block a shared stable prefix the
+context cache keeps (ninfer.engine.context_cache), so several conversations starting
+with the same system prompt and tools keep reading it. A request whose markers break
+the rules fails the way it would upstream. The rules: a marker is ``ephemeral`` with
 a ``5m`` or ``1h`` TTL; at most four distinct block-level breakpoints; the top-level
 marker targets the last cacheable block, where it merges with an explicit marker of the
 same TTL, conflicts with one of another TTL, and otherwise takes a slot of its own.
@@ -67,8 +69,8 @@ def _last_target(messages: Any) -> str | None:
     return None
 
 
-def check_cache_control(request_marker: Any, system: Any, skip_system: int, messages: Any, tools: Any) -> int:
-    """Validate every marker; returns the number of breakpoints the request asks for."""
+def check_cache_control(request_marker: Any, system: Any, skip_system: int, messages: Any, tools: Any) -> list[str]:
+    """Validate every marker; returns the paths of the blocks the breakpoints sit on."""
     explicit: dict[str, str] = {}
     for block, path in _blocks(system, skip_system, messages, tools):
         marker = block.get("cache_control")
@@ -82,17 +84,31 @@ def check_cache_control(request_marker: Any, system: Any, skip_system: int, mess
             raise InvalidRequestError(f"at most {MAX_BREAKPOINTS} blocks may carry cache_control",
                                       param=f"{path}.cache_control")
     if request_marker is None:
-        return len(explicit)
+        return list(explicit)
     ttl = _ttl(request_marker, "cache_control")
     target = _last_target(messages)
     if target is None:
-        return len(explicit)  # nothing cacheable to mark: the hint has no effect
+        return list(explicit)  # nothing cacheable to mark: the hint has no effect
     if target in explicit:
         if explicit[target] != ttl:
             raise InvalidRequestError(f"cache_control (ttl {ttl}) conflicts with the ttl {explicit[target]} "
                                       f"already set on its target {target}", param="cache_control")
-        return len(explicit)
+        return list(explicit)
     if len(explicit) == MAX_BREAKPOINTS:
         raise InvalidRequestError(f"cache_control needs a breakpoint slot, but {MAX_BREAKPOINTS} blocks already "
                                   "carry cache_control", param="cache_control")
-    return len(explicit) + 1
+    return [*explicit, target]
+
+
+def breakpoint_turns(targets: list[str], message_turns: dict[int, int], system_turns: int) -> tuple[int, ...]:
+    """Each marked block as a turn count (ninfer.frontend.pipeline_request.ChatPrompt.cache_breakpoints):
+    a tool or system block marks the end of the system message; a message's block the end
+    of the turns that message (with its same-role neighbours) lowered to."""
+    turns = []
+    for path in targets:
+        if path.startswith(("tools[", "system[")):
+            turns.append(system_turns)
+        else:  # messages[i]...
+            index = int(path[len("messages["):path.index("]")])
+            turns.append(system_turns + message_turns[index])
+    return tuple(sorted(set(turns)))

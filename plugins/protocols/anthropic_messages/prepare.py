@@ -20,7 +20,7 @@ from ninfer.frontend.tool_guide import ToolRequest
 from ninfer.guided.spec import GuideSpec
 from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.anthropic_messages.blocks import consume_billing, lower_messages, system_text
-from ninfer_plugins.protocols.anthropic_messages.cache import check_cache_control
+from ninfer_plugins.protocols.anthropic_messages.cache import breakpoint_turns, check_cache_control
 from ninfer_plugins.protocols.anthropic_messages.guided import answer_guide
 from ninfer_plugins.protocols.anthropic_messages.schema import MessagesRequest
 from ninfer_plugins.protocols.anthropic_messages.tools import parse_tool_choice, template_tools, tool_request
@@ -67,15 +67,16 @@ def lower(req: MessagesRequest, max_tokens: Optional[int]) -> Lowered:
     callable_tools = tools if choice.enabled else []
     answer = answer_guide(req)
     system, consumed = consume_billing(req.system)
-    check_cache_control(req.cache_control, req.system, consumed, req.messages, req.tools)
+    targets = check_cache_control(req.cache_control, req.system, consumed, req.messages, req.tools)
     lowered = lower_messages(req.messages)
     turns = lowered.turns
     if system is not None:
         text = system_text(system, start=consumed)
         if text:
             turns = [ChatTurn("system", text), *turns]
+    breakpoints = breakpoint_turns(targets, lowered.message_turns, len(turns) - len(lowered.turns))
     options = template_options(config, effort, req.preserve_thinking, lowered.prefill)
-    prompt = ChatPrompt(turns, callable_tools, options, continue_final=lowered.prefill)
+    prompt = ChatPrompt(turns, callable_tools, options, continue_final=lowered.prefill, cache_breakpoints=breakpoints)
     enabled = config.mode == "enabled"
     # enabled thinking uses the request's budget (lowered to fit, as Claude Code sends 31999 of
     # 32000), otherwise the server default applies with the strict check

@@ -44,7 +44,11 @@ def template_options(req: ChatCompletionRequest) -> TemplateOptions:
 def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
     """The conversation, its callable tools and the requested template options."""
     options = template_options(req)
-    return ChatPrompt(parse_messages(msgspec.to_builtins(req.messages)), callable_tools(req), options)
+    turns = parse_messages(msgspec.to_builtins(req.messages))
+    # OpenAI prompt caching: the end of the conversation is an implicit shared-prefix
+    # candidate unless prompt_cache_options asks for explicit breakpoints only
+    explicit = isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("mode") == "explicit"
+    return ChatPrompt(turns, callable_tools(req), options, cache_breakpoints=() if explicit else (len(turns),))
 
 
 def generate_request(req: ChatCompletionRequest, params: SamplingParams, lora: str | None) -> GenerateRequest:

@@ -11,7 +11,7 @@ from litestar import Request, Response
 
 from ninfer.errors import NotFoundError
 from ninfer.frontend.pipeline import Rendered, Run
-from ninfer.frontend.pipeline_request import GenerateRequest
+from ninfer.frontend.pipeline_request import CachePolicy, GenerateRequest
 from ninfer.frontend.prompt_limits import check_prompt_length
 from ninfer.sampling_params import SamplingParams
 from ninfer.server.body import parse_body
@@ -81,7 +81,8 @@ class Creation:
             lowered = lower(req, self.ctx, parent, keep)
             return GenerateRequest([lowered.prompt], params, lora=state.lora_for(req.model),
                                    tools=lowered.tools.request, answer=text_format_guide(req.text), request_id=rid,
-                                   prompt_param="input", max_tokens_param="max_output_tokens")
+                                   prompt_param="input", max_tokens_param="max_output_tokens",
+                                   cache=CachePolicy(replay=parent is not None))
 
         run = await self.pipeline.prepare(lowering, stream=bool(req.stream))
         assert lowered is not None

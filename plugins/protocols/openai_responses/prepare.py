@@ -93,7 +93,12 @@ def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse
     transcript = parent.transcript if parent is not None else None
     # a continuation keeps its parent's exact tokens where the re-rendered prompt allows
     encode = partial(encode_prompt, tokenizer=ctx.tokenizer, markers=ctx.markers, parent=transcript)
-    prompt = ChatPrompt(turns, tools.definitions, options, encode=encode, param="input", what="this conversation")
+    # OpenAI prompt caching: unless the request asks for explicit breakpoints only, the end
+    # of the conversation is an implicit shared-prefix candidate
+    options_mode = (getattr(req, "prompt_cache_options", None) or {}).get("mode")
+    marks = () if options_mode == "explicit" else (len(turns),)
+    prompt = ChatPrompt(turns, tools.definitions, options, encode=encode, param="input", what="this conversation",
+                        cache_breakpoints=marks)
     return Lowered(prompt, tools, items, earlier)
 
 

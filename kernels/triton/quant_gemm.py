@@ -1,0 +1,281 @@
+"""``y = x W^T (+ b)`` on CUDA for a weight in one of :mod:`ninfer_kernels.quant_formats`' layouts.
+
+One kernel for all three formats (the per-format inner loop is :func:`.quant_tiles.quant_tile`):
+a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal parts of K.
+
+* Decode (a few rows) only streams the weight, so what matters is that every SM streams:
+  a 16-row tile (rows past M masked; the weight is read once whatever M is), narrow
+  column tiles, and split-K when the column tiles alone leave SMs idle (a 5120-wide
+  output at 64 columns a program is 80 programs for 132 SMs). The parts' float32 sums
+  are added in part order by the part that arrives last for a tile (an arrival counter,
+  reset after), as in :mod:`.skinny_linear`: results do not depend on timing. FP8 runs
+  weight-only here (e4m3 -> bf16 is exact, and x keeps its precision). FP8 and int4 also
+  have a ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
+  layout shuffles), float32 products summed elementwise; the table picks it where faster.
+* Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
+  (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
+  cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
+  in registers and multiply in bf16/fp16.
+
+The launch shape comes from a per-device table ``quant_configs/<device>.json`` (written
+by scripts/gpu_quant_gemm_sweep.py: format and shape -> row count -> config), else
+:func:`heuristic_config`. Host-side, from shapes only, so CUDA graphs replay the choice.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels import quant_formats as qf
+from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.fused_moe import _block_of
+from ninfer_kernels.triton.quant_tiles import (
+    ACT_GROUP, FP8, FP8_ACT, INT4, INT4_MAGIC, NVFP4, quant_gemv_tile, quant_tile, quantize_activations,
+)
+from ninfer_kernels.triton.rounding import round_to
+from ninfer_kernels.triton.tuned_tables import device_name, read_table
+
+CONFIG_DIR = Path(__file__).parent / "quant_configs"
+#: most rows the decode heuristic treats as weight-streaming
+DECODE_ROWS = 64
+
+
+@dataclass(frozen=True)
+class QuantGemmConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLITS: int = 1
+    GROUP_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    #: FP8 only: quantize x and multiply on the FP8 tensor cores (else weight-only)
+    act_quant: bool = False
+    #: FP8 weight-only and int4 at a few rows: no tl.dot (BLOCK_M rows exactly, may be 1)
+    gemv: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """A quantized weight as kernel arguments: data, scales, zeros and alpha (dummies where
+    the format has none), the K grouping, and the [.., N, K] it stands for."""
+
+    fmt: int
+    data: torch.Tensor
+    scale: torch.Tensor
+    zeros: torch.Tensor
+    alpha: torch.Tensor
+    group_n: int
+    group_k: int
+    n: int
+    k: int
+    tag: str
+
+    def strides(self) -> tuple[int, ...]:
+        """(data, scale, zeros) strides over the last two dims: n then k, each."""
+        return (*self.data.stride()[-2:], *self.scale.stride()[-2:], *self.zeros.stride()[-2:])
+
+
+def operands(w: qf.QuantWeight) -> Operands:
+    n, k = w.shape[-2:]
+    if isinstance(w, qf.Fp8Block):
+        bn, bk = w.block
+        return Operands(FP8, w.weight, w.scale, w.scale, w.scale, bn, bk, n, k, f"fp8b{bn}x{bk}")
+    if isinstance(w, qf.Int4Group):
+        g = w.group_size
+        return Operands(INT4, w.qweight, w.scales, w.zeros, w.scales, 1, g, n, k, f"int4g{g}")
+    if isinstance(w, qf.Nvfp4):
+        alpha = w.alpha.float().reshape(-1).contiguous()
+        return Operands(NVFP4, w.packed, w.scale, w.scale, alpha, 1, 16, n, k, "nvfp4")
+    raise TypeError(f"not a quantized weight layout: {type(w).__name__}")
+
+
+def block_k_for(op: Operands, fmt: int, wanted: int) -> tuple[int, bool] | None:
+    """(BLOCK_K, SCALE_PER_ELEMENT) that keep every K step inside one scale group, or None
+    (no kernel for this grouping: the reference serves it)."""
+    one_group = op.group_k >= op.k
+    if fmt in (FP8, FP8_ACT):
+        bk = min(wanted, ACT_GROUP) if fmt == FP8_ACT else wanted
+        while bk >= 16 and not (one_group or op.group_k % bk == 0):
+            bk //= 2
+        return (bk, False) if bk >= 16 else None
+    if fmt == INT4:  # 8 nibble dots of BLOCK_K / 8 >= 16 columns each
+        bk = max(wanted, 128)
+        while bk >= 128 and not (one_group or op.group_k % bk == 0):
+            bk //= 2
+        return (bk, False) if bk >= 128 else (max(wanted, 128), True)
+    return max(wanted, 32), False  # NVFP4: per-element scales; two dots of BLOCK_K / 2
+
+
+def table_key(tag: str, n: int, k: int, dtype: torch.dtype) -> str:
+    return f"{tag},N={n},K={k},{str(dtype).removeprefix('torch.')}"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(name: str) -> dict[str, dict[int, QuantGemmConfig]]:
+    return {key: {int(m): QuantGemmConfig(**c) for m, c in per_m.items()}
+            for key, per_m in read_table(CONFIG_DIR, name).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def heuristic_config(fmt: int, rows: int, n: int, k: int, sms: int = 132) -> QuantGemmConfig:
+    """Untuned shapes. Decode: 16-row tiles, 64 columns, and enough K parts for about two
+    programs per SM (each part at least four K steps). Prefill: 64 x 128 tiles."""
+    if rows <= DECODE_ROWS:
+        block_m = max(16, triton.next_power_of_2(rows))
+        block_n, block_k = 64, 128
+        tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
+        splits = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, block_k) // 4))
+        return QuantGemmConfig(block_m, block_n, block_k, splits, GROUP_M=1, num_warps=4, num_stages=4)
+    return QuantGemmConfig(64, 128, 128, 1, GROUP_M=8, num_warps=4, num_stages=3, act_quant=fmt == FP8)
+
+
+def choose_config(x: torch.Tensor, op: Operands) -> QuantGemmConfig:
+    """The tuned entry for the nearest row count at or above x's, or the heuristic when
+    this device, shape or row count has none (a decode entry never serves a prefill)."""
+    rows = x.shape[0]
+    per_rows = load_table(device_name(x.device)).get(table_key(op.tag, op.n, op.k, x.dtype), {})
+    decode = rows <= DECODE_ROWS
+    at_or_above = [m for m in per_rows if m >= rows and (m <= DECODE_ROWS) == decode]
+    if not at_or_above:
+        return heuristic_config(op.fmt, rows, op.n, op.k, sm_count(x.device))
+    return per_rows[min(at_or_above)]
+
+
+@triton.jit
+def _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om, tile, split,
+            splits, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, ROUND: tl.constexpr):
+    """Add the bias and store, or (split K) store this part and let the last part to arrive
+    sum all of them in part order."""
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    dest = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if not SPLIT_K:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(dest, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=out_mask)
+    else:
+        parts = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(parts + split * M * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partials are stored before the counter moves
+        counter = count_ptr + tile
+        if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
+            total = tl.zeros_like(acc)
+            for s in range(splits):  # part order: the same sum every time
+                total += tl.load(parts + s * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(dest, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=out_mask)
+            tl.store(counter, 0)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quant_gemm_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, alpha_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, k_per_split, splits, group_n, group_k,
+    stride_xm, stride_xk, stride_xsm, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, stride_om,
+    FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
+    OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
+    ROUND: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    split = tl.program_id(1)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    m_ok = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    if USE_PDL:  # x comes from the kernel before
+        tl.extra.cuda.gdc_wait()
+    if GEMV:
+        acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
+                              k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
+                              group_n, group_k, FORMAT, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = quant_tile(x_ptr + offs_m * stride_xm, xs_ptr + offs_m * stride_xsm, m_ok, stride_xk,
+                         w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
+                         stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+    if FORMAT == 3:  # NVFP4's one factor
+        acc *= tl.load(alpha_ptr)
+    _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om,
+            pid_m * tl.cdiv(N, BLOCK_N) + pid_n, split, splits, SPLIT_K, HAS_BIAS, ROUND)
+
+
+def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> dict | None:
+    """Format-dependent constexprs for x's dtype, or None when no kernel fits."""
+    fmt = FP8_ACT if op.fmt == FP8 and config.act_quant else op.fmt
+    fit = block_k_for(op, fmt, config.BLOCK_K)
+    if fit is None or x.dtype not in INT4_MAGIC:
+        return None
+    magic, offset = INT4_MAGIC[x.dtype]
+    gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
+    return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "MAGIC": magic,
+            "OFFSET": offset,
+            "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16}
+
+
+def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
+                 config: QuantGemmConfig | None = None) -> torch.Tensor:
+    """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
+    accumulation rounded once. ``config`` overrides the table (tests, the sweep)."""
+    op = operands(weight)
+    if weight.shape[:-2]:
+        raise ValueError(f"quant_linear takes a 2-D weight, got {tuple(weight.shape)}")
+    rows = x.shape[0]
+    out = torch.empty(rows, op.n, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    config = config or choose_config(x, op)
+    options = kernel_options(x, op, config)
+    if options is None:
+        return qf.quant_linear(x, weight, bias)
+    # tl.dot wants 16 rows and columns at least; the gemv tiles take exactly what they cover
+    floor = 1 if options["GEMV"] else 16
+    block_m = min(config.BLOCK_M, max(floor, triton.next_power_of_2(rows)))
+    block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
+    block_k = options.pop("BLOCK_K")
+    x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
+    tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
+    k_per_split = triton.cdiv(triton.cdiv(op.k, config.SPLITS), block_k) * block_k  # whole K steps
+    splits = triton.cdiv(op.k, k_per_split)
+    if splits > 1:
+        parts = torch.empty(splits, rows, op.n, dtype=torch.float32, device=x.device)
+        counters = counter_buffer("quant_gemm", x.device, tiles, 4096)
+    else:
+        parts = counters = out  # unused
+    use_pdl = pdl.enabled(x.device)
+    _quant_gemm_kernel[(tiles, splits)](
+        x_in, x_scales, op.data, op.scale, op.zeros, op.alpha, bias if bias is not None else out, out, parts, counters,
+        rows, op.n, op.k, k_per_split, splits, op.group_n, op.group_k,
+        x_in.stride(0), x_in.stride(1), x_scales.stride(0), *op.strides(), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=splits > 1, GROUP_M=config.GROUP_M,
+        HAS_BIAS=bias is not None, USE_PDL=use_pdl, **options,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(use_pdl),
+    )
+    return out
+
+
+def quant_linear(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The CUDA ``quant_linear`` op: any leading dims on x; the reference for what no
+    kernel covers (float32 x, stacked weights, odd groupings)."""
+    if weight.shape[:-2] or x.dtype not in INT4_MAGIC:
+        return qf.quant_linear(x, weight, bias)
+    lead = x.shape[:-1]
+    out = quant_matmul(x.reshape(-1, x.shape[-1]), weight, bias)
+    return out.reshape(*lead, out.shape[-1])

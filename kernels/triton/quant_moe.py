@@ -1,0 +1,234 @@
+"""Fused mixture-of-experts on CUDA for quantized expert weights (FP8 block, int4, NVFP4).
+
+The same plan as :mod:`.fused_moe`, whose routing layout, program-to-rows mapping and
+final per-token sum this module reuses: :func:`.moe_route.moe_align` sorts the pairs by
+expert (a single token skips it: one pair per block), a gate_up kernel stores
+``silu(gate) * up`` per pair, a down kernel the pair's weighted down projection, and
+:func:`.fused_moe.sum_pairs` adds each token's rows. Only the tile loops differ: they are
+:func:`.quant_tiles.quant_tile`, which dequantizes the expert's weight as it streams it.
+``w13`` [E, 2I, H] and ``w2`` [E, H, I] carry a leading expert dimension in every
+component (data, scales, zeros; NVFP4's ``alpha`` is [E] or one for all).
+
+FP8 at prefill sizes quantizes the activations per token per 128 columns and multiplies
+on the FP8 tensor cores (the intermediate is quantized again before the down GEMM);
+fewer rows per expert run weight-only, as does every int4 / NVFP4 call.
+
+The shared expert (id E) in the experts' format takes the same kernels through its own
+pointers; one left in bf16 beside quantized experts runs through :mod:`.fused_moe` as a
+one-expert call and is added in float32. Shapes come from :func:`quant_moe_config`
+(the bf16 heuristic's row blocks with each format's K step), or the caller's ``config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels import quant_formats as qf
+from ninfer_kernels.triton import fused_moe as bf16_moe
+from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
+from ninfer_kernels.triton.moe_route import moe_align
+from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
+from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands
+from ninfer_kernels.triton.quant_tiles import FP8, FP8_ACT, INT4_MAGIC, quant_tile, quantize_activations
+from ninfer_kernels.triton.rounding import round_to
+
+
+@dataclass(frozen=True)
+class QuantMoeConfig:
+    """``block_m`` (the runs' alignment), each GEMM's shape, and whether FP8 quantizes the
+    activations (tensor-core path) or runs weight-only."""
+
+    block_m: int
+    gate_up: GemmConfig
+    down: GemmConfig
+    act_quant: bool = False
+
+
+def quant_moe_config(fmt: int, num_experts: int, top_k: int, num_tokens: int) -> QuantMoeConfig:
+    """The bf16 heuristic's blocks with a 128-column K step (one scale group). One token
+    takes 32-column gate_up tiles: k' pairs x I / 32 programs fill more SMs."""
+    base = heuristic_config(num_experts, top_k, num_tokens)
+    gate_up, down = replace(base.gate_up, BLOCK_K=128), replace(base.down, BLOCK_K=128)
+    if num_tokens == 1:
+        gate_up = replace(gate_up, BLOCK_N=32)
+    return QuantMoeConfig(base.block_m, gate_up, down, act_quant=fmt == FP8 and base.block_m > 16)
+
+
+@triton.jit
+def _expert_operands(expert, shared_id, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr, salpha_ptr,
+                     stride_we, stride_se, stride_ze, stride_ae, HAS_SHARED: tl.constexpr):
+    """Base pointers of ``expert``'s matrix: the routed experts' slices, or the shared expert's own."""
+    e = expert.to(tl.int64)
+    w, s, z, alpha = w_ptr + e * stride_we, s_ptr + e * stride_se, z_ptr + e * stride_ze, alpha_ptr + e * stride_ae
+    if HAS_SHARED:
+        if expert == shared_id:
+            w, s, z, alpha = sw_ptr, ss_ptr, sz_ptr, salpha_ptr
+    return w, s, z, alpha
+
+
+@triton.jit(do_not_specialize=["pairs", "max_rows"])
+def _quant_gate_up_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr, salpha_ptr, out_ptr,
+    sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+    pairs, max_rows, top_k, shared_id, N, K, group_n, group_k,
+    stride_xt, stride_xk, stride_xst, stride_we, stride_se, stride_ze, stride_ae,
+    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, stride_ot,
+    FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
+    OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # the routing (or the layout) comes from the kernel just before
+        tl.extra.cuda.gdc_wait()
+    expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+                                   max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
+    if expert == -1:
+        return
+    row_ok = pair < pairs  # the sentinel P pads each run
+    token = pair // top_k
+    w, s, z, alpha = _expert_operands(expert, shared_id, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr,
+                                      salpha_ptr, stride_we, stride_se, stride_ze, stride_ae, HAS_SHARED)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    a_rows, as_rows = x_ptr + token * stride_xt, xs_ptr + token * stride_xst
+    gate = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, 0, K,
+                      stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+    up = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n + N, n_ok, 0, K,
+                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+    if FORMAT == 3:  # NVFP4's one factor
+        gate *= tl.load(alpha)
+        up *= tl.load(alpha)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
+    tl.store(dest, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["pairs", "max_rows"])
+def _quant_down_kernel(
+    a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr, salpha_ptr, out_ptr, weights_ptr,
+    sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+    pairs, max_rows, shared_id, N, K, group_n, group_k,
+    stride_at, stride_ak, stride_ast, stride_we, stride_se, stride_ze, stride_ae,
+    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, stride_ot,
+    FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
+    OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
+                                   max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
+    if expert == -1:
+        return
+    row_ok = pair < pairs
+    w, s, z, alpha = _expert_operands(expert, shared_id, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr,
+                                      salpha_ptr, stride_we, stride_se, stride_ze, stride_ae, HAS_SHARED)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n, n_ok,
+                     0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                     FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+    if FORMAT == 3:
+        acc *= tl.load(alpha)
+    acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
+    dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
+    tl.store(dest, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=row_ok[:, None] & n_ok[None, :])
+
+
+# -- host ---------------------------------------------------------------------------------------
+def _contiguous(op: Operands) -> Operands:
+    """Every component contiguous: routed and shared matrices then share their strides."""
+    return replace(op, data=op.data.contiguous(), scale=op.scale.contiguous(), zeros=op.zeros.contiguous())
+
+
+def _expert_strides(op: Operands) -> tuple[int, int, int, int]:
+    """Strides between experts of data, scales, zeros and alpha (0: one alpha for all)."""
+    return op.data.stride(0), op.scale.stride(0), op.zeros.stride(0), 1 if op.alpha.numel() > 1 else 0
+
+
+def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, extra: tuple, align, pair_ids,
+            pairs: int, width: int, block_m: int, cfg: GemmConfig, fmt: int, fit, scalars: tuple, row_strides: tuple):
+    """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``."""
+    block_n = min(cfg.BLOCK_N, max(16, triton.next_power_of_2(width)))
+    grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, width, block_n)
+    s = shared if shared is not None else op
+    magic, offset = INT4_MAGIC[out.dtype]  # x's dtype (``a`` is e4m3 on the FP8 tensor-core path)
+    use_pdl = pdl.enabled(out.device)
+    on_cpu = out.device.type != "cuda"
+    kernel[grid](
+        a, a_scales, op.data, op.scale, op.zeros, op.alpha, s.data, s.scale, s.zeros, s.alpha, out, *extra, *layout,
+        pairs, max_rows, *scalars, op.group_n, op.group_k,
+        *row_strides, *_expert_strides(op), *op.strides(), out.stride(0),
+        FORMAT=fmt, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=fit[0], GROUP_M=cfg.GROUP_M,
+        HAS_SHARED=shared is not None, PER_PAIR=align is None, MAGIC=magic, OFFSET=offset, SCALE_PER_ELEMENT=fit[1],
+        UPCAST=on_cpu, ROUND=on_cpu and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(use_pdl),
+    )
+
+
+def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, weights: torch.Tensor,
+                    ids: torch.Tensor, shared13=None, shared2=None, config: QuantMoeConfig | None = None
+                    ) -> torch.Tensor:
+    """:func:`ninfer_kernels.moe.fused_moe`'s contract for quantized ``w13``/``w2`` (and
+    shared expert weights, quantized alike or plain tensors)."""
+    if (shared2 is None) != (shared13 is None):
+        raise ValueError("give both shared13 and shared2, or neither")
+    if shared13 is not None and isinstance(shared13, torch.Tensor):
+        return _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config)
+    op13, op2 = _contiguous(operands(w13)), _contiguous(operands(w2))
+    num_experts = op13.data.shape[0]
+    top_k = ids.shape[1]
+    has_shared = shared13 is not None
+    s13 = _contiguous(operands(shared13)) if has_shared else None
+    s2 = _contiguous(operands(shared2)) if has_shared else None
+    if op13.fmt != op2.fmt or x.dtype not in INT4_MAGIC or (has_shared and s13.fmt != op13.fmt):
+        return _dequantized(x, w13, w2, weights, ids, shared13, shared2)
+    num_tokens = x.shape[0]
+    if num_tokens == 0:
+        return torch.empty_like(x)
+    config = config or quant_moe_config(op13.fmt, num_experts + has_shared, top_k, num_tokens)
+    fmt = FP8_ACT if op13.fmt == FP8 and config.act_quant else op13.fmt
+    fit13 = block_k_for(op13, fmt, config.gate_up.BLOCK_K)
+    fit2 = block_k_for(op2, fmt, config.down.BLOCK_K)
+    if fit13 is None or fit2 is None:
+        return _dequantized(x, w13, w2, weights, ids, shared13, shared2)
+    ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
+    weights = weights.float().contiguous()
+    pairs, inter, hidden = num_tokens * top_k, op13.n // 2, op2.n
+    align = moe_align(ids, num_experts + has_shared, config.block_m) if num_tokens > 1 else None
+    a, a_scales = quantize_activations(x.contiguous()) if fmt == FP8_ACT else (x, x)
+    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    _launch(_quant_gate_up_kernel, a, a_scales, op13, s13, h, (), align, ids, pairs, inter, config.block_m,
+            config.gate_up, fmt, fit13, (top_k, num_experts, inter, op13.k),
+            (a.stride(0), a.stride(1), a_scales.stride(0)))
+    hq, hq_scales = quantize_activations(h) if fmt == FP8_ACT else (h, h)
+    rows = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    _launch(_quant_down_kernel, hq, hq_scales, op2, s2, rows, (weights,), align, ids, pairs, hidden,
+            config.block_m, config.down, fmt, fit2, (num_experts, hidden, op2.k),
+            (hq.stride(0), hq.stride(1), hq_scales.stride(0)))
+    return sum_pairs(rows, num_tokens, top_k)
+
+
+def _dequantized(x, w13, w2, weights, ids, shared13, shared2) -> torch.Tensor:
+    """What no kernel here covers (float32 x, mixed formats, odd groupings): the bf16 path
+    on dequantized copies. Slow and memory-hungry; correct."""
+    def plain(w):
+        return w if w is None or isinstance(w, torch.Tensor) else w.dequantize(x.dtype)
+    return bf16_moe.fused_moe(x, plain(w13), plain(w2), weights, ids, plain(shared13), plain(shared2))
+
+
+def _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config) -> torch.Tensor:
+    """Quantized routed experts beside a bf16 shared expert (the last id column): each
+    through its own kernels, the two sums added in float32."""
+    routed = quant_fused_moe(x, w13, w2, weights[:, :-1], ids[:, :-1].contiguous(), None, None, config)
+    one = torch.zeros_like(ids[:, -1:], dtype=torch.int32)
+    shared = bf16_moe.fused_moe(x, shared13[None], shared2[None], weights[:, -1:], one)
+    return (routed.float() + shared.float()).to(x.dtype)

@@ -1,0 +1,268 @@
+"""The inner loops of the quantized-weight GEMMs, shared by :mod:`.quant_gemm` and :mod:`.quant_moe`.
+
+:func:`quant_tile` is one program's ``[BLOCK_M, BLOCK_N]`` float32 accumulator of
+``x @ W[offs_n, k_begin:k_end]^T`` for a weight in one of the layouts of
+:mod:`ninfer_kernels.quant_formats`, its K loop walking ``BLOCK_K`` columns a step:
+
+* ``FP8`` (weight only): the e4m3 tile converts exactly to x's dtype, ``tl.dot`` with x,
+  and the block scale (one per column within a step, since ``BLOCK_K`` divides the
+  block's ``bk``) multiplies the step's partial product, not every weight.
+* ``FP8_ACT`` (tensor-core FP8): x was quantized per token per 128 columns
+  (:func:`quantize_activations`); e4m3 x e4m3 ``tl.dot``, then both scales per step.
+* ``INT4``: a step's int32 words hold 8 columns each, column ``8w + j`` in nibble ``j``.
+  Rather than interleave nibbles back into column order, each nibble position ``j`` is
+  its own ``tl.dot`` against x's columns ``j, j+8, ...`` (strided loads of the small x).
+  The nibble becomes ``OFFSET + q`` in x's dtype by OR-ing it into the mantissa of
+  ``OFFSET`` (128 for bf16, 1024 for fp16): two integer ops, no int->float convert; the
+  ``OFFSET + zero`` is taken off once per step as ``rowsum(x) * (OFFSET + zero)``, then
+  the group's scale. With groups narrower than a step (G < 128) each weight is
+  dequantized in full instead (``SCALE_PER_ELEMENT``).
+* ``NVFP4``: a byte's low nibble is column ``2i``, its high one ``2i + 1``: two dots, on
+  x's even and odd columns. The e2m1 code becomes fp16 bits (the value times 2**-14,
+  subnormal for 0.5, which converts exactly) and each element takes its 16-group's e4m3
+  scale; ``alpha`` is the caller's.
+
+In Triton's interpreter (CPU tensors) ``UPCAST`` multiplies in float32: it would take
+bf16 dot operands as raw bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.kv_quant import _round_e4m3
+
+#: kernel format ids (constexpr)
+FP8, FP8_ACT, INT4, NVFP4 = 0, 1, 2, 3
+#: columns of x sharing one activation scale on the FP8 tensor-core path
+ACT_GROUP = 128
+_ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel may read
+#: int4 nibble -> x's dtype by OR-ing into this number's mantissa: (bits, value)
+INT4_MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _load_x(a_rows, row_ok, cols, col_ok, stride_ak):
+    return tl.load(a_rows[:, None] + cols[None, :] * stride_ak, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+              stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
+              BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_end
+    a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
+    w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
+                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    return _dot(a, w.to(a.dtype), UPCAST) * s[None, :]
+
+
+@triton.jit
+def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
+                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_end
+    a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
+    a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
+    w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
+                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    return _dot(a, w, UPCAST) * a_s[:, None] * s[None, :]
+
+
+@triton.jit
+def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
+               stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr):
+    WORDS: tl.constexpr = BLOCK_K // 8
+    offs_w = k0 // 8 + tl.arange(0, WORDS)
+    w_ok = offs_w < k_end // 8
+    words = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_w[:, None] * stride_wk,
+                    mask=w_ok[:, None] & n_ok[None, :], other=0)
+    part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SCALE_PER_ELEMENT:  # groups narrower than the step: dequantize each weight
+        for j in tl.static_range(8):
+            cols = offs_w * 8 + j
+            a = _load_x(a_rows, row_ok, cols, w_ok, stride_ak)
+            g = (cols // group_k)[:, None]
+            s = tl.load(s_ptr + offs_n[None, :] * stride_sn + g * stride_sk, mask=n_ok[None, :], other=0.0)
+            z = tl.load(z_ptr + offs_n[None, :] * stride_zn + g * stride_zk, mask=n_ok[None, :], other=0.0)
+            q = ((words >> (4 * j)) & 0xF).to(tl.float32)
+            part += _dot(a, ((q - z.to(tl.float32)) * s.to(tl.float32)).to(a.dtype), UPCAST)
+        return part
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for j in tl.static_range(8):
+        a = _load_x(a_rows, row_ok, offs_w * 8 + j, w_ok, stride_ak)
+        q = (((words >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(a.dtype, bitcast=True)  # OFFSET + q, exact
+        part += _dot(a, q, UPCAST)
+        row_sum += tl.sum(a.to(tl.float32), 1)
+    g = k0 // group_k
+    s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+    return (part - row_sum[:, None] * (OFFSET + z)[None, :]) * s[None, :]
+
+
+@triton.jit
+def _e2m1_value(code):
+    """float32 value of e2m1 ``code`` (int32, 0..15): as fp16 bits the magnitude's 3 bits
+    land on exponent 1..3 and the top mantissa bit, which is the value times 2**-14."""
+    half_bits = ((code & 7) << 9) | ((code & 8) << 12)
+    return half_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                stride_wn, stride_wk, stride_sn, stride_sk,
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    BYTES: tl.constexpr = BLOCK_K // 2
+    offs_b = k0 // 2 + tl.arange(0, BYTES)
+    b_ok = offs_b < k_end // 2
+    mask = b_ok[:, None] & n_ok[None, :]
+    packed = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_b[:, None] * stride_wk,
+                     mask=mask, other=0).to(tl.int32)
+    # each byte's 16-group scale, loaded per byte (the 8 repeats hit L1)
+    s = tl.load(s_ptr + offs_n[None, :] * stride_sn + (offs_b // 8)[:, None] * stride_sk, mask=mask, other=0.0)
+    s = s.to(tl.float32)
+    a_even = _load_x(a_rows, row_ok, offs_b * 2, b_ok, stride_ak)
+    a_odd = _load_x(a_rows, row_ok, offs_b * 2 + 1, b_ok, stride_ak)
+    lo = (_e2m1_value(packed & 0xF) * s).to(a_even.dtype)  # e2m1 x e4m3 fits bf16/fp16 exactly
+    hi = (_e2m1_value(packed >> 4) * s).to(a_even.dtype)
+    return _dot(a_even, lo, UPCAST) + _dot(a_odd, hi, UPCAST)
+
+
+@triton.jit
+def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
+               stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+               FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 [BLOCK_M, BLOCK_N]: rows ``a_rows`` of x (pointers to column 0; ``as_rows``
+    to their activation scales for FP8_ACT) times weight rows ``offs_n`` over columns
+    ``k_begin`` (a multiple of BLOCK_K) to ``k_end``. ``w_ptr``/``s_ptr``/``z_ptr`` are
+    one matrix's data, scales and zeros; strides in their own elements."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        if FORMAT == 0:
+            acc += _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                             stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
+        elif FORMAT == 1:
+            acc += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                                 stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
+        elif FORMAT == 2:
+            acc += _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
+                              stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+                              BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+        else:
+            acc += _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                               stride_wn, stride_wk, stride_sn, stride_sk, BLOCK_K, UPCAST)
+    return acc
+
+
+# -- few-row products without tl.dot ------------------------------------------------------------
+@triton.jit
+def _fp8_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                   stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_end
+    a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak).to(tl.float32)  # [ROWS, BLOCK_K]
+    w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
+                mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K], K contiguous
+    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    return (w.to(tl.float32) * s[:, None])[None, :, :] * a[:, None, :]
+
+
+@triton.jit
+def _int4_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
+                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    WORDS: tl.constexpr = BLOCK_K // 8
+    offs_w = k0 // 8 + tl.arange(0, WORDS)
+    w_ok = offs_w < k_end // 8
+    words = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :] * stride_wk,
+                    mask=n_ok[:, None] & w_ok[None, :], other=0)  # [BLOCK_N, WORDS], words contiguous
+    dots = tl.zeros([BLOCK_M, BLOCK_N, WORDS], dtype=tl.float32)
+    sums = tl.zeros([BLOCK_M, WORDS], dtype=tl.float32)
+    for j in tl.static_range(8):
+        a = _load_x(a_rows, row_ok, offs_w * 8 + j, w_ok, stride_ak).to(tl.float32)
+        dots += ((words >> (4 * j)) & 0xF).to(tl.float32)[None, :, :] * a[:, None, :]
+        sums += a
+    g = k0 // group_k
+    s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+    return (dots - z[None, :, None] * sums[:, None, :]) * s[None, :, None]
+
+
+@triton.jit
+def quant_gemv_tile(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
+                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                    FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """:func:`quant_tile` for FP8 (weight-only) and int4 at a few rows (BLOCK_M may be 1):
+    float32 products summed elementwise across the K loop and reduced once at the end.
+    No ``tl.dot``, so no 16-row padding and no operand layout shuffles; the weight tile
+    stays in the layout it was loaded in (K contiguous per thread)."""
+    if FORMAT == 0:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            acc += _fp8_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            acc += _int4_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
+                                   stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+                                   BLOCK_M, BLOCK_N, BLOCK_K)
+    return tl.sum(acc, 2)
+
+
+# -- activations, per token per 128 columns, for the FP8 tensor-core path ------------------------
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
+                      GROUP: tl.constexpr, GROUPS: tl.constexpr, ROUND: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    ok = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
+    q = x / scale[:, None]
+    if ROUND:  # the interpreter's fp32 -> fp8 cast rounds wrongly: round by hand
+        q = _round_e4m3(q)
+    tl.store(q_ptr + row * stride_qm + cols, q.to(tl.float8e4nv), mask=ok)
+    tl.store(s_ptr + row * stride_sm + g, scale, mask=g * GROUP < K)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] (unit column stride) -> (e4m3 [M, K], float32 scales [M, ceil(K/128)]),
+    scale = amax / 448 of each token's 128-column group (floored at 1e-12 / 448)."""
+    rows, k = x.shape
+    groups = triton.cdiv(k, ACT_GROUP)
+    q = torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows:
+        per_program = min(8, triton.next_power_of_2(groups))
+        _act_quant_kernel[(rows, triton.cdiv(groups, per_program))](
+            x, q, s, k, x.stride(0), q.stride(0), s.stride(0),
+            GROUP=ACT_GROUP, GROUPS=per_program, ROUND=x.device.type != "cuda")
+    return q, s
+
+
+def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`quantize_activations` computes, in torch (for tests)."""
+    rows, k = x.shape
+    groups = triton.cdiv(k, ACT_GROUP)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * ACT_GROUP - k)).view(rows, groups, ACT_GROUP)
+    s = padded.abs().amax(-1).clamp_min(1e-12) / 448.0
+    q = (padded / s[..., None]).to(torch.float8_e4m3fn).view(rows, -1)[:, :k]
+    return q, s

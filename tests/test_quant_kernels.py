@@ -1,0 +1,241 @@
+"""The quantized-weight kernels (FP8 block, int4, NVFP4) against dequantize-then-multiply:
+``quant_linear`` and the fused MoE, in Triton's interpreter without a GPU (tiny shapes),
+and at the real models' shapes under ``-m gpu``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_kernels import moe
+from ninfer_kernels import quant_formats as qf
+
+pytest.importorskip("triton")
+
+from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
+from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+from ninfer_kernels.triton import quant_moe as qm  # noqa: E402
+from ninfer_kernels.triton import quant_tiles as qt  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+#: bf16 output rounding; the FP8 tensor-core path adds e4m3 activations (twice in the MoE)
+TOL, TOL_ACT, TOL_ACT_MOE = 1e-2, 5e-2, 7e-2
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.double()
+    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def random_weight(fmt: str, *shape: int, gen: torch.Generator, device="cpu", dtype=torch.bfloat16):
+    """Random codes and scales in ``fmt`` for a weight of ``shape`` ([.., N, K]); the real
+    weight has entries of about K**-0.5. ``fmt``: fp8 (128x128 blocks), fp8_channel,
+    int4 (group 128), int4_g32, nvfp4."""
+    *lead, n, k = shape
+    lead = tuple(lead)
+
+    def rand(*size):
+        return torch.rand(size, generator=gen, device=device)
+
+    if fmt.startswith("fp8"):
+        block = (1, k) if fmt == "fp8_channel" else (128, 128)
+        codes = (torch.randn(*lead, n, k, generator=gen, device=device) * 64).clamp(-448, 448)
+        scale = (rand(*lead, -(-n // block[0]), -(-k // block[1])) + 0.5) / (64 * k**0.5)
+        return qf.Fp8Block(codes.to(torch.float8_e4m3fn), scale, block)
+    if fmt.startswith("int4"):
+        group = 32 if fmt == "int4_g32" else 128
+        words = torch.randint(-2**31, 2**31 - 1, (*lead, n, k // 8), generator=gen, device=device, dtype=torch.int64)
+        scales = ((rand(*lead, n, k // group) + 0.5) / (4.6 * k**0.5)).to(dtype)
+        zeros = torch.randint(4, 12, (*lead, n, k // group), generator=gen, device=device).to(dtype)
+        return qf.Int4Group(words.to(torch.int32), scales, zeros, group)
+    packed = torch.randint(0, 256, (*lead, n, k // 2), generator=gen, device=device, dtype=torch.int32)
+    scale = (rand(*lead, n, k // 16) * 3 + 0.5).to(torch.float8_e4m3fn)
+    return qf.Nvfp4(packed.to(torch.uint8), scale, (rand(*lead) + 0.5) / (8 * k**0.5))
+
+
+FORMATS = ["fp8", "fp8_channel", "int4", "int4_g32", "nvfp4"]
+#: a 16-row tile, 32 columns (several column tiles, a ragged last one), split K in three
+SMALL = qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLITS=3, GROUP_M=2, num_warps=4, num_stages=2)
+
+
+# -- quant_linear ----------------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quant_linear_equals_dequantized_linear(fmt, rows):
+    """Ragged N, more rows than a tile (17), split K with a bias, for every layout."""
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 80, 384
+    w = random_weight(fmt, n, k, gen=gen)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    want = F.linear(x.float(), w.dequantize(), bias.float())
+    got = qg.quant_matmul(x, w, bias, SMALL)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert rel_err(got, want) <= TOL
+    assert torch.equal(qg.quant_matmul(x, w, bias, SMALL), got)  # counters reset: the same sum again
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_gemv_path_equals_dequantized_linear(fmt, rows):
+    """The no-tl.dot kernel: exactly the rows it has (3 in a 4-row tile), split K, a bias."""
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 40, 384
+    w = random_weight(fmt, n, k, gen=gen)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    config = qg.QuantGemmConfig(BLOCK_M=4, BLOCK_N=16, BLOCK_K=128, SPLITS=2, num_stages=2, gemv=True)
+    assert rel_err(qg.quant_matmul(x, w, bias, config), F.linear(x.float(), w.dequantize(), bias.float())) <= TOL
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_channel"])
+def test_fp8_tensor_core_path_equals_quantized_activations_times_weight(fmt):
+    gen = torch.Generator().manual_seed(7)
+    n, k, rows = 48, 320, 5  # K not a multiple of 128: a ragged last activation group
+    w = random_weight(fmt, n, k, gen=gen)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    xq, xs = qt.quantize_activations_reference(x)
+    exact = (xq.float().view(rows, -1) * xs.repeat_interleave(128, dim=1)[:, :k]) @ w.dequantize().T
+    got = qg.quant_matmul(x, w, None, qg.QuantGemmConfig(32, 32, 128, 1, act_quant=True))
+    assert rel_err(got, exact) <= TOL
+    assert rel_err(got, x.float() @ w.dequantize().T) <= TOL_ACT
+
+
+def test_activation_quantization_matches_its_reference():
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 300, generator=gen) * torch.logspace(-3, 3, 300)).to(torch.bfloat16)
+    x[1, :128] = 0  # an all-zero group keeps a finite scale
+    q, s = qt.quantize_activations(x)
+    want_q, want_s = qt.quantize_activations_reference(x)
+    assert torch.equal(s, want_s)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+def test_int4_takes_fp16_activations_and_falls_back_for_float32():
+    gen = torch.Generator().manual_seed(5)
+    w = random_weight("int4", 40, 256, gen=gen, dtype=torch.float16)
+    x = torch.randn(2, 256, generator=gen)
+    want = x @ w.dequantize().T
+    assert rel_err(qg.quant_matmul(x.half(), w, None, SMALL), want) <= TOL
+    assert torch.allclose(qg.quant_linear(x, w), want, atol=1e-4)  # float32: the reference
+    empty = qg.quant_linear(torch.zeros(0, 256, dtype=torch.float16), w)
+    assert empty.shape == (0, 40) and empty.dtype == torch.float16
+
+
+def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, tmp_path):
+    narrow = qg.heuristic_config(qt.FP8, 1, 5120, 17408, sms=132)
+    assert narrow.BLOCK_M == 16 and narrow.SPLITS * -(-5120 // narrow.BLOCK_N) >= 132
+    assert qg.heuristic_config(qt.FP8, 1, 34816, 5120, sms=132).SPLITS == 1
+    assert qg.heuristic_config(qt.FP8, 4096, 5120, 5120).act_quant
+    assert not qg.heuristic_config(qt.INT4, 4096, 5120, 5120).act_quant
+
+    entry = qg.QuantGemmConfig(16, 128, 128, 2, 1, 8, 4)
+    key = qg.table_key("int4g128", 64, 256, torch.bfloat16)
+    (tmp_path / "cpu.json").write_text(json.dumps({"_comment": "test", key: {"4": entry.to_json()}}))
+    monkeypatch.setattr(qg, "CONFIG_DIR", tmp_path)
+    qg.load_table.cache_clear()
+    try:
+        op = qg.operands(random_weight("int4", 64, 256, gen=torch.Generator()))
+        assert qg.choose_config(torch.zeros(3, 256, dtype=torch.bfloat16), op) == entry
+        past = qg.choose_config(torch.zeros(9, 256, dtype=torch.bfloat16), op)
+        assert past == qg.heuristic_config(qt.INT4, 9, 64, 256)  # past the table: the heuristic
+    finally:
+        qg.load_table.cache_clear()
+
+
+# -- fused MoE -------------------------------------------------------------------------------
+def moe_case(fmt: str, tokens: int, gen: torch.Generator, e=4, h=128, i=128, top_k=2, device="cpu"):
+    """Quantized experts and a quantized shared expert (id e), routed tokens and the
+    reference on the dequantized weights."""
+    w13 = random_weight(fmt, e, 2 * i, h, gen=gen, device=device)
+    w2 = random_weight(fmt, e, h, i, gen=gen, device=device)
+    s13, s2 = random_weight(fmt, 2 * i, h, gen=gen, device=device), random_weight(fmt, h, i, gen=gen, device=device)
+    x = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
+    weights, ids = moe.moe_route(torch.randn(tokens, e, generator=gen, device=device), top_k, True)
+    weights = torch.cat([weights, torch.rand(tokens, 1, generator=gen, device=device)], dim=1)
+    ids = torch.cat([ids, torch.full_like(ids[:, :1], e)], dim=1)
+    want = moe.fused_moe(x, w13.dequantize(), w2.dequantize(), weights, ids, s13.dequantize(), s2.dequantize())
+    return (x, w13, w2, weights, ids, s13, s2), want
+
+
+MOE_SMALL = qm.QuantMoeConfig(16, t_fused.GemmConfig(32, 128, 2, 4, 2), t_fused.GemmConfig(64, 128, 2, 4, 2))
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+def test_quant_fused_moe_equals_the_reference_on_dequantized_experts(fmt, tokens):
+    """One token (a block per pair, no sorting) and several (the sorted runs), each with
+    the shared expert in the experts' format, through the op's Triton entry point."""
+    args, want = moe_case(fmt, tokens, torch.Generator().manual_seed(tokens))
+    assert rel_err(t_fused.fused_moe(*args), want) <= TOL
+    assert rel_err(qm.quant_fused_moe(*args, config=MOE_SMALL), want) <= TOL
+
+
+def test_fp8_moe_tensor_core_path_and_a_bf16_shared_expert():
+    args, want = moe_case("fp8", 5, torch.Generator().manual_seed(11))
+    act = qm.QuantMoeConfig(16, MOE_SMALL.gate_up, MOE_SMALL.down, act_quant=True)
+    assert rel_err(qm.quant_fused_moe(*args, config=act), want) <= TOL_ACT_MOE
+    x, w13, w2, weights, ids, s13, s2 = args
+    plain = (s13.dequantize(torch.bfloat16), s2.dequantize(torch.bfloat16))
+    assert rel_err(qm.quant_fused_moe(x, w13, w2, weights, ids, *plain, config=MOE_SMALL), want) <= TOL
+
+
+# -- on the GPU, at the models' shapes -------------------------------------------------------
+#: Qwen3.6-27B's projections (N, K): qkv, Gated DeltaNet in/out, gate_up, down
+SHAPES_27B = [(14336, 5120), (16480, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+@pytest.mark.parametrize("rows", [1, 8, 64, 512])
+def test_quant_linear_at_27b_shapes_on_the_gpu(fmt, rows):
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    for n, k in SHAPES_27B if rows in (1, 512) else SHAPES_27B[3:4]:
+        w = random_weight(fmt, n, k, gen=gen, device="cuda")
+        x = torch.randn(rows, k, generator=gen, device="cuda").to(torch.bfloat16)
+        want = x.float() @ w.dequantize().T
+        got = qg.quant_linear(x, w)
+        act = fmt == "fp8" and qg.choose_config(x, qg.operands(w)).act_quant
+        assert rel_err(got, want) <= (TOL_ACT if act else TOL), (n, k)
+        if fmt == "fp8":  # both FP8 paths whatever the table says
+            wo = qg.quant_matmul(x, w, None, qg.heuristic_config(qt.FP8, 1, n, k))
+            tc = qg.quant_matmul(x, w, None, qg.QuantGemmConfig(64, 128, 128, 1, act_quant=True))
+            assert rel_err(wo, want) <= TOL and rel_err(tc, want) <= TOL_ACT
+        if fmt != "nvfp4" and rows <= 8:  # the no-tl.dot kernel
+            gemv = qg.QuantGemmConfig(rows, 32, 128, 4, 1, 4, 4, gemv=True)
+            assert rel_err(qg.quant_matmul(x, w, None, gemv), want) <= TOL
+
+
+@gpu
+@needs_cuda
+def test_quant_linear_through_ops_and_a_cuda_graph():
+    from ninfer_kernels import ops
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = random_weight("int4", 5120, 17408, gen=gen, device="cuda")
+    x = torch.randn(1, 17408, generator=gen, device="cuda").to(torch.bfloat16)
+    want = ops.quant_linear(x, w)
+    assert rel_err(want, x.float() @ w.dequantize().T) <= TOL
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.quant_linear(x, w)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)  # split K sums in part order: replays are bit-identical
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "nvfp4"])
+@pytest.mark.parametrize("tokens", [1, 64, 600])
+def test_quant_fused_moe_at_the_35b_shape_on_the_gpu(fmt, tokens):
+    args, want = moe_case(fmt, tokens, torch.Generator(device="cuda").manual_seed(tokens),
+                          e=256, h=2048, i=512, top_k=8, device="cuda")
+    act = fmt == "fp8" and qm.quant_moe_config(qt.FP8, 257, 9, tokens).act_quant
+    assert rel_err(t_fused.fused_moe(*args), want) <= (TOL_ACT_MOE if act else TOL)
