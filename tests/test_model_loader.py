@@ -93,3 +93,30 @@ def test_the_production_build_path_imports_neither_checkpoint_maker():
             "print(sorted(m for m in sys.modules if m.startswith('ninfer.tiny') or m.endswith('random_weights')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_random_shapes_take_a_quantized_layout(monkeypatch, tmp_path):
+    """``random:SHAPE@QUANT`` quantizes the random weights with that layout's writer: the
+    loader reads the format's config keys and tensors and builds quantized layers."""
+    import json
+
+    from ninfer import LLM, SamplingParams
+    from ninfer.model import random_weights
+    from ninfer_plugins.models.quant_linear import QuantLinear
+
+    small = {**random_weights.SHAPES["qwen3-0.6b"], "hidden_size": 128, "intermediate_size": 256,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+             "vocab_size": 1024}
+    monkeypatch.setitem(random_weights.SHAPES, "small-test", small)
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "cache"))
+    assert random_weights.shape_of("random:small-test@awq") == "small-test"
+    assert random_weights.quant_of("random:small-test@awq") == "awq"
+    assert random_weights.quant_of("random:small-test") is None
+    llm = LLM("random:small-test@awq", device="cpu", dtype="fp32", max_context=64, max_concurrency=1)
+    assert isinstance(llm.engine.model.model.layers[0].mlp.gate_up_proj, QuantLinear)
+    [written] = tmp_path.rglob("small-test@awq/config.json")
+    config = json.loads(written.read_text())
+    assert config["quantization_config"]["quant_method"] == "awq"
+    assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids) == 2
+    with pytest.raises(ValueError, match="no weight format writes 'int3'"):
+        LLM("random:small-test@int3", device="cpu", dtype="fp32", max_context=64, max_concurrency=1)

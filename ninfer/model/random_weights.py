@@ -9,6 +9,11 @@ reads both from a directory): a 35B-A3B in bf16 is about 67 GB, more than the GP
 machine's disk holds beside anything else. The transformers baseline is built again
 from the same config and seed after our engine is gone, so the two never share memory.
 
+``random:SHAPE@QUANT`` (``random:qwen3.6-27b@fp8-block``) quantizes those random weights
+on the device with the ``ninfer-make-tiny --quant QUANT`` writer and hands the loader that
+format's published tensors and config keys, so quantized kernels are measured at real
+shapes without a download; the transformers baseline stays the dense model.
+
 Benchmarks feed token ids, so the tiny tokenizer only means the vocabulary rows past its
 512 tokens are never prompted. ``ninfer-serve random:SHAPE`` serves one too (to measure
 the server path at a real shape): the output is noise, and tokens past the tokenizer's
@@ -68,13 +73,18 @@ SHAPES: dict[str, dict] = {
 
 
 def shape_of(model: str) -> str | None:
-    """The shape a ``random:SHAPE`` reference names (None for anything else)."""
+    """The shape a ``random:SHAPE[@QUANT]`` reference names (None for anything else)."""
     if not model.startswith(PREFIX):
         return None
-    shape = model[len(PREFIX):]
+    shape = model[len(PREFIX):].partition("@")[0]
     if shape not in SHAPES:
         raise ValueError(f"unknown random shape {shape!r} (known: {', '.join(SHAPES)})")
     return shape
+
+
+def quant_of(model: str) -> str | None:
+    """The weight layout a ``random:SHAPE@QUANT`` reference asks for (None: dense)."""
+    return model.partition("@")[2] or None if model.startswith(PREFIX) else None
 
 
 def _hf_config(shape: str):
@@ -84,14 +94,20 @@ def _hf_config(shape: str):
     return AutoConfig.for_model(SHAPES[shape]["model_type"], **fields)
 
 
-def config_dir(shape: str, root: Path) -> Path:
-    """``root/SHAPE``: the shape's ``config.json`` and the tiny tokenizer, written once."""
-    out = Path(root) / shape
+def config_dir(shape: str, root: Path, quant=None) -> Path:
+    """``root/SHAPE``: the shape's ``config.json`` and the tiny tokenizer, written once;
+    with ``quant`` (a writer's ``TinyQuant``, named ``quant_name``), ``root/SHAPE@NAME`` with
+    the format's config keys and files."""
+    out = Path(root) / (shape if quant is None else f"{shape}@{quant[0]}")
     if (out / "config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer_files(out)
     config = {**SHAPES[shape], "eos_token_id": ids["eos_token_id"]}
+    if quant is not None:
+        config.update(quant[1].config)
+        for name, content in quant[1].files.items():
+            (out / name).write_text(json.dumps(content, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["generation_eos_token_ids"]}))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
@@ -121,22 +137,48 @@ def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
         tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
-def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, extras=None):
+def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, extras=None,
+                 registry=None):
     """What ``LLM`` needs for ``model``: ``(path, weights)``. For ``random:SHAPE`` the path
     holds only the config and tokenizer and ``weights`` streams a freshly built random
     model, then what ``extras(config, generator)`` adds (the family's ``random_extras``:
-    tensors transformers does not build, such as the MTP head); anything else is passed
-    through with ``weights`` None."""
+    tensors transformers does not build, such as the MTP head); with ``@QUANT`` they are
+    quantized first (``registry`` supplies the writer). Anything else is passed through
+    with ``weights`` None."""
     shape = shape_of(model)
     if shape is None:
         return model, None
     from ninfer.tiny.cache import cache_root
 
-    path = config_dir(shape, cache_root().parent / "random")
+    root = cache_root().parent / "random"
     weights = consume_weights(build_hf(shape, dtype, device, seed))
     if extras is not None:
         weights = itertools.chain(weights, _extra_weights(extras, SHAPES[shape], dtype, seed))
-    return str(path), weights
+    quant = quant_of(model)
+    if quant is None:
+        return str(config_dir(shape, root)), weights
+    quantized = _quantize(quant, SHAPES[shape], weights, registry)
+    return str(config_dir(shape, root, (quant, quantized))), _drain(quantized.tensors)
+
+
+def _quantize(quant: str, config: dict, weights, registry):
+    """Every tensor in ``quant``'s published layout (on the device the weights are on; the
+    dense originals of quantized layers are freed as the writer replaces them)."""
+    from ninfer.plugins import load_registry
+    from ninfer.tiny.make import tiny_quant_writers
+
+    writers = tiny_quant_writers(registry or load_registry())
+    if quant not in writers:
+        raise ValueError(f"random:SHAPE@{quant}: no weight format writes {quant!r} "
+                         f"(available: {', '.join(sorted(writers))})")
+    return writers[quant](config, dict(weights))
+
+
+def _drain(tensors: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """``tensors``' items, each dropped from the dict once the loader has taken it."""
+    while tensors:
+        name = next(iter(tensors))
+        yield name, tensors.pop(name)
 
 
 def _extra_weights(extras, config: dict, dtype: torch.dtype, seed: int) -> Iterator[tuple[str, torch.Tensor]]:

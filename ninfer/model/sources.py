@@ -34,7 +34,8 @@ def resolve_source(reference: str, registry, dtype: "torch.dtype", device: "torc
                     reference)
         family = _family_of(random_weights.SHAPES[random_weights.shape_of(reference)], registry)
         extras = family.random_extras if family is not None else None
-        path, weights = random_weights.model_source(reference, dtype, device, seed, extras=extras)
+        path, weights = random_weights.model_source(reference, dtype, device, seed, extras=extras,
+                                                     registry=registry)
         return Path(path), weights
     if reference.startswith(TINY_PREFIX):
         from ninfer.tiny.cache import resolve_model_path
