@@ -19,8 +19,8 @@
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
 #   scripts/gpu_session.sh validate the spec and quantized-KV GPU tests, then 27B decode at 32k for bf16 and fp8 KV
-#   scripts/gpu_session.sh quant    quantized-KV and quantized-weight GPU tests, then 27B decode with FP8-block, bf16
-#                                   and AWQ weights (random:qwen3.6-27b@QUANT)
+#   scripts/gpu_session.sh quant    quantized-KV and quantized-weight GPU tests, 27B decode with WEIGHT_FORMATS
+#                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
@@ -126,9 +126,13 @@ quant)
         > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
     timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
         > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
-    for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16 @awq}; do
+    for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
         bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
+    for kv in ${KV_FORMATS:-fp8}; do
+        bench 90 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 1 \
+            --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 64 --no-transformers
     done
     ;;
 quant-sweep)

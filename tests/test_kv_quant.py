@@ -222,3 +222,31 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
     got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.allclose(got, want, atol=tol, rtol=tol), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
+    """Decode batches (one query a sequence) launch with the decode kernel's splits and tiles."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import kv_quant as tri
+
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
+    gen = torch.Generator().manual_seed(5)
+    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device)
+    lens = [37, 9]
+    k, v = (torch.randn(sum(lens), 2, dim, generator=gen).to(device) for _ in range(2))
+    slots = torch.cat([torch.arange(37), 40 + torch.arange(9)]).to(device)
+    kq.write_kv_quant(kp, vp, kc, vc, k, v, slots)
+    q = torch.randn(2, 4, dim, generator=gen).to(device)
+    tables = torch.tensor([list(range(10)), list(range(10, 20))], dtype=torch.int32, device=device)
+    batch = ForwardBatch(
+        query_start=torch.tensor([0, 1, 2], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), block_tables=tables,
+        slot_mapping=torch.tensor([36, 48], device=device), logits_indices=torch.arange(2, device=device),
+        block_size=page, max_query_len=1, max_seq_len=37, query_lens_host=[1, 1], seq_lens_host=lens,
+    )
+    want = kq.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3).float()
+    for splits in (None, 4):
+        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (splits, (got - want).abs().max())

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.triton import decode_attention as decode
 from ninfer_kernels.triton.paged_attention import _block_rows, _fold_kv_tile, _merge_kernel, _num_splits, _tiles
 
 #: compile-time format ids
@@ -283,7 +284,16 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     num_seqs = batch.seq_lens.shape[0]
     block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
-    splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
+    if batch.max_query_len == 1:
+        # decode: the bf16 decode kernel's split limits and key tiles (its H200 sweeps). With
+        # the prefill kernel's 16 splits, a batch-1 step on 4 KV heads kept 64 programs
+        # streaming keys on 132 multiprocessors.
+        splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device,
+                                           decode.MAX_SPLITS, decode.MIN_KEYS_PER_SPLIT)
+        num_warps, num_stages, block_n, small_block_n, small_tile_splits = decode.launch_shape(head_dim)
+        block_n = small_block_n if splits >= small_tile_splits else block_n
+    else:
+        splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
     out = (torch.zeros if splits == 1 else torch.empty)(num_tokens, num_heads, head_dim, dtype=q.dtype,
                                                         device=q.device)
     if splits == 1:
