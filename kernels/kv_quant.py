@@ -60,10 +60,13 @@ def int8_group(head_dim: int) -> int:
     return min(INT8_GROUP, head_dim)
 
 
+# Divisions by a constant are written as products with its reciprocal: torch's CPU divides
+# exactly and its CUDA kernels multiply by the reciprocal, one float32 step apart, and the
+# Triton kernels must store the same bytes as this reference on both.
 def quantize_int8(x: torch.Tensor) -> list[torch.Tensor]:
     """[int8 values [..., D], float32 scales [..., D / group]]."""
     g = x.float().unflatten(-1, (-1, int8_group(x.shape[-1])))
-    scale = g.abs().amax(dim=-1) / 127.0
+    scale = g.abs().amax(dim=-1) * (1.0 / 127.0)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(g / safe.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
     return [q.flatten(-2), scale]
@@ -78,7 +81,7 @@ def dequantize_int8(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 def quantize_fp8(x: torch.Tensor) -> list[torch.Tensor]:
     """[float8 e4m3 values [..., D], float32 scale [..., 1]] per token and head."""
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True) * (1.0 / FP8_MAX)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     return [(xf / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale]
 
@@ -103,8 +106,8 @@ def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
 
 def quantize_nvfp4(x: torch.Tensor, global_scale: float = 1.0) -> list[torch.Tensor]:
     """[uint8 packed e2m1 pairs [..., D / 2], float8 e4m3 block scales [..., D / 16]]."""
-    g = x.float().unflatten(-1, (-1, NVFP4_GROUP)) / global_scale
-    block = (g.abs().amax(dim=-1) / E2M1_MAX).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    g = x.float().unflatten(-1, (-1, NVFP4_GROUP)) * (1.0 / global_scale)
+    block = (g.abs().amax(dim=-1) * (1.0 / E2M1_MAX)).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
     bf = block.float().unsqueeze(-1)
     y = torch.where(bf > 0, g / torch.where(bf > 0, bf, torch.ones_like(bf)), torch.zeros_like(g))
     codes = e2m1_codes(y).flatten(-2)

@@ -122,7 +122,7 @@ validate)
     done
     ;;
 quant)
-    timeout 100 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py -k triton tests/test_kv_quant_gpu.py \
+    timeout 100 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
         > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
     timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
         > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"

@@ -23,7 +23,6 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
-from ninfer_kernels.triton import decode_attention as decode
 from ninfer_kernels.triton.paged_attention import _block_rows, _fold_kv_tile, _merge_kernel, _num_splits, _tiles
 
 #: compile-time format ids
@@ -50,7 +49,8 @@ def _e2m1_code(y):
 @triton.jit
 def _div(a, b):
     """IEEE-rounded ``a / b``: Triton's ``/`` on float32 is an approximate division on the GPU,
-    which moves values sitting near a rounding boundary to the other code than torch's."""
+    which moves values sitting near a rounding boundary to the other code than torch's.
+    Divisions by constants are products with the reciprocal, as in the reference."""
     return tl.math.div_rn(a, b)
 
 
@@ -74,12 +74,12 @@ def _round_e4m3(x):
 
 
 @triton.jit
-def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, gscale, FMT: tl.constexpr, D: tl.constexpr,
+def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, FMT: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
     """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``."""
     if FMT == 1:  # int8, a scale per GROUP
         g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
-        scale = _div(tl.max(g, 1), 127.0)
+        scale = tl.max(g, 1) * (1.0 / 127.0)
         s = tl.reshape(tl.broadcast_to(scale[:, None], [BLOCK_D // GROUP, GROUP]), [BLOCK_D])
         q = tl.where(s > 0, _div(x, tl.where(s > 0, s, 1.0)), 0.0)
         q = tl.minimum(tl.maximum(_round_half_even(q), -127.0), 127.0)
@@ -87,14 +87,14 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, gscale, FMT: tl.constexpr, D:
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
     elif FMT == 2:  # fp8, one scale per row
-        scale = _div(tl.max(tl.abs(x), 0), 448.0)
+        scale = tl.max(tl.abs(x), 0) * (1.0 / 448.0)
         q = _div(x, tl.where(scale > 0, scale, 1.0))
         tl.store(data_ptr + d, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)
     else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
-        y = _div(x, gscale)
+        y = x * inv_gscale
         g = tl.reshape(y, [BLOCK_D // 16, 16])
-        block = _round_e4m3(_div(tl.max(tl.abs(g), 1), 6.0))
+        block = _round_e4m3(tl.max(tl.abs(g), 1) * (1.0 / 6.0))
         bf = tl.reshape(tl.broadcast_to(block[:, None], [BLOCK_D // 16, 16]), [BLOCK_D])
         code = _e2m1_code(tl.where(bf > 0, _div(y, tl.where(bf > 0, bf, 1.0)), 0.0))
         pairs = tl.reshape(code, [BLOCK_D // 2, 2])
@@ -107,7 +107,7 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, gscale, FMT: tl.constexpr, D:
 
 
 @triton.jit
-def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_gscale, v_gscale,
+def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale,
                   stride_kt, stride_kh, stride_vt, stride_vh,
                   stride_kd, stride_kdh, stride_ks, stride_ksh, stride_vd, stride_vdh, stride_vs, stride_vsh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr,
@@ -122,9 +122,9 @@ def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_gsca
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=d_ok, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=d_ok, other=0.0).to(tl.float32)
     _quantize_row(k, d, d_ok, kd_ptr + slot * stride_kd + h * stride_kdh, ks_ptr + slot * stride_ks + h * stride_ksh,
-                  k_gscale, KFMT, D, BLOCK_D, KGROUP)
+                  k_inv_gscale, KFMT, D, BLOCK_D, KGROUP)
     _quantize_row(v, d, d_ok, vd_ptr + slot * stride_vd + h * stride_vdh, vs_ptr + slot * stride_vs + h * stride_vsh,
-                  v_gscale, VFMT, D, BLOCK_D, VGROUP)
+                  v_inv_gscale, VFMT, D, BLOCK_D, VGROUP)
 
 
 def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: ref.KVCodec,
@@ -138,7 +138,7 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
     (kd, ks), (vd, vs) = k_parts, v_parts
     flat = [t.view(-1, *t.shape[2:]) for t in (kd, ks, vd, vs)]  # [slots, heads, width]
     _write_kernel[(tokens, heads)](
-        k, v, slot_mapping, *flat, k_codec.global_scale, v_codec.global_scale,
+        k, v, slot_mapping, *flat, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         *[s for t in flat for s in (t.stride(0), t.stride(1))],
         D=head_dim, BLOCK_D=max(16, head_dim), KFMT=_format_id(k_codec), VFMT=_format_id(v_codec),
@@ -284,16 +284,10 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     num_seqs = batch.seq_lens.shape[0]
     block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
-    if batch.max_query_len == 1:
-        # decode: the bf16 decode kernel's split limits and key tiles (its H200 sweeps). With
-        # the prefill kernel's 16 splits, a batch-1 step on 4 KV heads kept 64 programs
-        # streaming keys on 132 multiprocessors.
-        splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device,
-                                           decode.MAX_SPLITS, decode.MIN_KEYS_PER_SPLIT)
-        num_warps, num_stages, block_n, small_block_n, small_tile_splits = decode.launch_shape(head_dim)
-        block_n = small_block_n if splits >= small_tile_splits else block_n
-    else:
-        splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
+    # The prefill kernel's split limits and tiles at decode too: the bf16 decode kernel's (up to
+    # 32 splits, 16- or 32-key tiles) measured slower here, 15.8 against 15.0 ms a 27B step at
+    # 32k context, batch 1 (docs/kv-formats.md).
+    splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
     out = (torch.zeros if splits == 1 else torch.empty)(num_tokens, num_heads, head_dim, dtype=q.dtype,
                                                         device=q.device)
     if splits == 1:
