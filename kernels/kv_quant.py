@@ -170,3 +170,16 @@ def check_head_dim(codec: KVCodec, head_dim: int) -> None:
     group = codec.group(head_dim)
     if head_dim % group:
         raise ValueError(f"KV format {codec.name} groups {group} elements: head_dim {head_dim} is not a multiple")
+
+
+def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
+                          k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: KVCodec,
+                          v_codec: KVCodec, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Per-head q/k norm and RoPE (``norm_rope``: a :class:`ninfer.model.kv.HeadNormRope`), then
+    the quantized write of k/v; returns the normalised, rotated q. One launch on CUDA."""
+    from ninfer_kernels.qk_norm_rope import qk_norm_rope
+
+    n = norm_rope
+    q, k = qk_norm_rope(q, k, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim)
+    write_kv_quant(k_parts, v_parts, k_codec, v_codec, k, v, slot_mapping)
+    return q

@@ -41,6 +41,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
     "paged_attention_quant": {"reference": kv_quant.paged_attention_quant, "triton": None},
+    "norm_rope_write_quant": {"reference": kv_quant.norm_rope_write_quant, "triton": None},
     "quant_linear": {"reference": quant_formats.quant_linear, "triton": None},
 }
 
@@ -221,6 +222,14 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
                    k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize and store new K/V in a quantized cache's parts (see :mod:`ninfer_kernels.kv_quant`)."""
     choose("write_kv_quant", k.device.type)(k_parts, v_parts, k_codec, v_codec, k, v, slot_mapping)
+
+
+def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
+                          k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,
+                          slot_mapping: torch.Tensor) -> torch.Tensor:
+    """q/k norm and RoPE with the quantized K/V write in one pass; returns the new q."""
+    return choose("norm_rope_write_quant", q.device.type)(q, k, v, norm_rope, k_parts, v_parts, k_codec, v_codec,
+                                                          slot_mapping)
 
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],

@@ -127,3 +127,25 @@ def expert(weight: QuantWeight, index: int) -> QuantWeight:
         return Nvfp4(weight.packed[index], weight.scale[index], weight.alpha[index])
     fields = {name: t[index] for name, t in tensors(weight).items()}
     return dataclasses.replace(weight, **fields)
+
+
+def take_rows(weight: QuantWeight, order: torch.Tensor) -> Optional[QuantWeight]:
+    """The weight with its output rows reordered (row ``i`` of the result is row ``order[i]``),
+    or None when the layout cannot express it: an :class:`Fp8Block` scale covers ``bn`` rows,
+    so ``order`` must move whole, aligned blocks. (Qwen3-Next's head-grouped projections
+    regroup in runs of head size, a multiple of 128 in its releases.)"""
+    order = order.to(torch.long)
+    if isinstance(weight, Fp8Block) and weight.block[0] > 1:
+        bn = weight.block[0]
+        n = weight.weight.shape[-2]
+        if n % bn:
+            return None
+        runs = order.view(-1, bn)
+        starts = runs[:, 0]
+        if (starts % bn).any() or not torch.equal(runs, starts[:, None] + torch.arange(bn, device=order.device)):
+            return None
+        return dataclasses.replace(weight, weight=weight.weight[..., order.to(weight.weight.device), :],
+                                   scale=weight.scale[..., (starts // bn).to(weight.scale.device), :])
+    moved = {name: t[..., order.to(t.device), :] for name, t in tensors(weight).items()
+             if t.dim() >= 2 and t.shape[-2] == weight.shape[-2]}  # per-row tensors (not Nvfp4's alpha)
+    return dataclasses.replace(weight, **moved)

@@ -14,8 +14,10 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
-#   scripts/gpu_session.sh spec2    the spec GPU tests, a default-preset model trained on the GPU with MTP k=1,3
-#                                   at c=1 and 8, the 35B-A3B round cost at 512 and 32k context
+#   scripts/gpu_session.sh spec2    the spec GPU tests, a TRAIN_PRESET (gpu) model trained on the GPU, then MTP
+#                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts
+#   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
+#   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
 #   scripts/gpu_session.sh validate the spec and quantized-KV GPU tests, then 27B decode at 32k for bf16 and fp8 KV
@@ -96,13 +98,24 @@ spec)
     ;;
 spec2)
     timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
-    timeout 150 ninfer-train /tmp/trained --device cuda -q | tee "$OUT/train.json"
-    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(0, 100_000)
+    timeout 300 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
+    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
-    bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 1,3 --concurrency 1,8 \
-        --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt --no-transformers
-    bench 220 random:qwen3.6-35b-a3b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
-        --spec-context 512,32768 --no-transformers
+    bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
+        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
+        --no-transformers
+    ;;
+agent)
+    bench 330 random:qwen3.6-27b --dtype bf16 --workload agent --agents 4 --turns 10 --agent-over-capacity 8 \
+        --prefill-chunk 4096
+    ;;
+kv128)
+    for kv in ${KV_FORMATS:-bf16 fp8}; do
+        bench 120 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 1 \
+            --decode-prompt-len 131072 --decode-output-len 64 --no-transformers
+        bench 150 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 8 \
+            --decode-prompt-len 32768 --decode-output-len 64 --no-transformers
+    done
     ;;
 kv)
     timeout 150 python3 -m pytest -q tests/test_kv_quant.py 2>&1 | tail -3 | tee "$OUT/pytest.txt"

@@ -253,3 +253,39 @@ def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
     for splits in (None, 4):
         got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (splits, (got - want).abs().max())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_triton_fused_norm_rope_write_matches_the_steps(fmt):
+    """q/k norm + RoPE + the quantized write in one kernel: the same q and the same stored
+    bytes as the two kernels it fuses, from strided views of one qkv projection, with a
+    partial rotary dim and a padding row; and close to the reference steps."""
+    pytest.importorskip("triton")
+    from ninfer.model.kv import HeadNormRope
+    from ninfer_kernels.triton import kv_quant as unfused
+    from ninfer_kernels.triton import kv_quant_fused as tri
+    from ninfer_kernels.triton.qk_norm_rope import qk_norm_rope
+
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, dim, heads, kv_heads = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4, 2
+    gen = torch.Generator().manual_seed(6)
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, generator=gen).to(device)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = q.view(5, heads, dim), k.view(5, kv_heads, dim), v.view(5, kv_heads, dim)
+    rot = 16
+    angles = torch.arange(64).float()[:, None] * torch.rand(rot // 2, generator=gen)[None, :]
+    norm = HeadNormRope(q_weight=(torch.rand(dim, generator=gen) + 0.5).to(device),
+                        k_weight=(torch.rand(dim, generator=gen) + 0.5).to(device), eps=1e-6,
+                        positions=torch.tensor([3, 9, 0, 17, 40], device=device),
+                        cos_sin=torch.cat([angles.cos(), angles.sin()], dim=-1).to(device), rotary_dim=rot)
+    slots = torch.tensor([0, 7, -1, 12, 3], device=device)
+    pages = [[_parts(c, 4, 4, kv_heads, dim, device) for c in (kc, vc)] for _ in range(3)]
+    q_ref = kq.norm_rope_write_quant(q, k, v, norm, *pages[0], kc, vc, slots)
+    q_two, k_two = qk_norm_rope(q, k, norm.q_weight, norm.k_weight, norm.eps, norm.positions, norm.cos_sin, rot)
+    unfused.write_kv_quant(*pages[1], kc, vc, k_two, v, slots)
+    q_one = tri.norm_rope_write_quant(q, k, v, norm, *pages[2], kc, vc, slots)
+    assert torch.equal(q_one, q_two) and torch.allclose(q_one, q_ref, atol=1e-5, rtol=1e-5)
+    for part, (two, one) in enumerate(zip(pages[1][0] + pages[1][1], pages[2][0] + pages[2][1])):
+        assert torch.equal(_raw(two), _raw(one)), (fmt, part)
+    for codec, ref_parts, one_parts in ((kc, pages[0][0], pages[2][0]), (vc, pages[0][1], pages[2][1])):
+        assert torch.allclose(codec.dequantize(one_parts), codec.dequantize(ref_parts), atol=1e-2, rtol=1e-2)

@@ -86,6 +86,10 @@ def test_counters_match_the_traffic_exactly(server):
     assert total(after, "vllm:prefix_cache_queries_total") >= total(after, "vllm:prefix_cache_hits_total")
     assert total(after, "vllm:num_requests_running") == total(after, "vllm:num_requests_waiting") == 0
     assert 0 <= total(after, "vllm:kv_cache_usage_perc") <= 1
+    # every finished request leaves a private continuation; a repeat replaces its conversation's last one
+    assert delta("ninfer:context_checkpoint_events_total", event="continuations_created") == n
+    assert delta("ninfer:context_checkpoint_events_total", event="continuations_replaced") >= 1
+    assert total(after, "ninfer:context_checkpoints", kind="private_continuation") >= 1
     for name in ("ninfer:state_snapshot_captures_total", "ninfer:host_kv_spilled_pages_total",
                  "ninfer:host_kv_pages", "ninfer:requests_in_flight"):
         assert (name, (("model_name", MODEL),)) in after, name

@@ -23,7 +23,7 @@ from ninfer_kernels import quant_rows
 from ninfer_plugins.models.quant_linear import QuantLinear
 from ninfer_plugins.weights.tiny_targets import per_expert
 
-FAMILIES = ["qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe"]
+FAMILIES = ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 QUANTS = ["fp8-block", "ct-fp8", "ct-w4a16", "ct-nvfp4", "modelopt-nvfp4", "awq", "gptq"]
 #: relative (Frobenius) error of a layer's dequantized weight against what was quantized:
 #: e4m3 keeps 3 mantissa bits, 4-bit formats 15 steps per group (of 16 to 64 inputs here)

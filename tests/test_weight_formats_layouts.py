@@ -221,3 +221,17 @@ def test_make_tiny_cli_writes_the_published_layout(tmp_path, capsys):
         assert f.get_tensor("model.language_model.layers.0.mlp.experts.7.down_proj.qweight").dtype == torch.int32
     assert "model.language_model.layers.0.linear_attn.in_proj_b.weight" in names  # kept dense, as released
     assert not any(n.endswith("experts.gate_up_proj") for n in names)  # quantized experts: one tensor each
+
+
+def test_rows_reorder_inside_each_layout_or_refuse():
+    """Qwen3-Next's grouped projections are regrouped at load: every layout reorders its rows
+    (FP8 blocks only in whole, aligned blocks), and the result dequantizes to the reordered rows."""
+    from ninfer_kernels.quant_rows import take_rows
+    from ninfer_plugins.weights.quantize import fp8_block, int4_group, nvfp4
+
+    w = torch.randn(8, 32)
+    swap = torch.tensor([4, 5, 6, 7, 0, 1, 2, 3])
+    for q in (fp8_block(w, (4, 16)), fp8_block(w, (1, 32)), int4_group(w, 16, symmetric=False), nvfp4(w)):
+        moved = take_rows(q, swap)
+        assert torch.equal(moved.dequantize(), q.dequantize()[swap]), type(q).__name__
+    assert take_rows(fp8_block(w, (4, 16)), torch.tensor([2, 3, 0, 1, 4, 5, 6, 7])) is None  # splits a block

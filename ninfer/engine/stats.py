@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ninfer.engine.exposure import HostWork, StepPhases
+from ninfer.engine.context_cache import CheckpointStats
 from ninfer.engine.state_cache import SnapshotStats
 
 
@@ -177,12 +178,22 @@ class ContextCacheCounters:
     snapshot_host_hits: int
     snapshot_spills: int
     snapshot_drops: int
+    #: context-cache checkpoints (ninfer.engine.context_cache.CheckpointStats)
+    continuations_created: int = 0
+    continuations_replaced: int = 0
+    continuations_evicted: int = 0
+    shared_prefixes_created: int = 0
+    shared_prefixes_evicted: int = 0
+    anchors_kept: int = 0
+    anchors_dropped: int = 0
+    checkpoints_forgotten: int = 0
 
     @classmethod
     def of(cls, scheduler) -> "ContextCacheCounters":
         bm = scheduler.block_manager
         # a model without recurrent state keeps no snapshots: all-zero counters
         snaps = scheduler.snapshots.stats if scheduler.snapshots is not None else SnapshotStats()
+        marks = bm.context.stats if bm.context is not None else CheckpointStats()  # none without prefix reuse
         return cls(
             lookups=bm.num_lookups,
             lookup_tokens=bm.num_lookup_tokens,
@@ -196,6 +207,14 @@ class ContextCacheCounters:
             snapshot_host_hits=snaps.host_hits,
             snapshot_spills=snaps.spills,
             snapshot_drops=snaps.drops,
+            continuations_created=marks.continuations_created,
+            continuations_replaced=marks.continuations_replaced,
+            continuations_evicted=marks.continuations_evicted,
+            shared_prefixes_created=marks.shared_created,
+            shared_prefixes_evicted=marks.shared_evicted,
+            anchors_kept=marks.anchors_kept,
+            anchors_dropped=marks.anchors_dropped,
+            checkpoints_forgotten=marks.forgotten,
         )
 
     def summary(self) -> str:

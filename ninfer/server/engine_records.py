@@ -140,7 +140,9 @@ def throughput_fields(s: IntervalStats, engine: Any, before: ContextCacheCounter
             **deltas,
             "occupancy": {"used_pages": bm.num_used_blocks, "cached_pages": bm.num_cached_blocks,
                           "total_pages": bm.num_blocks, "host_pages": now.host_pages,
-                          "state_snapshots": len(snapshots) if snapshots is not None else 0},
+                          "state_snapshots": len(snapshots) if snapshots is not None else 0,
+                          "private_continuations": bm.context.num_continuations if bm.context is not None else 0,
+                          "shared_prefixes": bm.context.num_shared if bm.context is not None else 0},
         },
         "host_work": {
             "elapsed_seconds": {"submit": w.submit, "commit": w.commit, "requests": w.requests, "publish": w.publish,

@@ -16,12 +16,14 @@ app-wide guard covers every route but ``/health`` and ``HEAD /``).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Iterator
 
 from litestar import Response, get
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ninfer.engine.context_cache import CheckpointStats
 from ninfer.engine.state_cache import SnapshotStats
 from ninfer.frontend.lifecycle import Rejection, failure_kind
 from ninfer.frontend.pipeline import Run
@@ -169,6 +171,22 @@ class EngineCollector:
                            ("drops", "discarded")):
             yield _counter(f"ninfer:state_snapshot_{field}", f"Recurrent-state snapshots {doc}.", m,
                            getattr(snaps, field))
+        yield from self._checkpoints(m, bm)
+
+    def _checkpoints(self, m: str, bm: Any) -> Iterator[Metric]:
+        """The context cache's checkpoints (docs/context-cache.md): held now, and what happened to them."""
+        context = bm.context
+        held = GaugeMetricFamily("ninfer:context_checkpoints", "Context-cache checkpoint owners held.",
+                                 labels=[LABEL, "kind"])
+        held.add_metric([m, "private_continuation"], context.num_continuations if context is not None else 0)
+        held.add_metric([m, "shared_stable_prefix"], context.num_shared if context is not None else 0)
+        yield held
+        stats = context.stats if context is not None else CheckpointStats()
+        events = CounterMetricFamily("ninfer:context_checkpoint_events", "Context-cache checkpoint events.",
+                                     labels=[LABEL, "event"])
+        for event in fields(CheckpointStats):
+            events.add_metric([m, event.name], getattr(stats, event.name))
+        yield events
 
 
 def metrics_route(metrics: ServerMetrics) -> Any:

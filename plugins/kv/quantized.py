@@ -17,7 +17,7 @@ from loguru import logger
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer.model.kv import KVCache, KVDtype
+from ninfer.model.kv import HeadNormRope, KVCache, KVDtype
 from ninfer_kernels import kv_quant, ops
 
 #: the per-tensor scale nvfp4 block scales are relative to: block scales then span
@@ -42,6 +42,16 @@ class QuantizedKVCache(KVCache):
 
     def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
         return ops.paged_attention_quant(q, self.k_parts, self.v_parts, self.k_codec, self.v_codec, batch, scale)
+
+    def decode_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
+                     batch: ForwardBatch, scale: float) -> torch.Tensor | None:
+        """Decode batches on CUDA: the norm, RoPE and quantized write in one launch, then attention
+        (two launches where the steps take three)."""
+        if batch.max_query_len != 1 or not ops.has_triton("norm_rope_write_quant") or q.device.type != "cuda":
+            return None
+        q = ops.norm_rope_write_quant(q, k, v, norm_rope, self.k_parts, self.v_parts, self.k_codec, self.v_codec,
+                                      batch.slot_mapping)
+        return self.attend(q, batch, scale)
 
     @property
     def capturable(self) -> bool:

@@ -83,6 +83,23 @@ class WeightRouter:
         return None
 
 
+def _transformed(transform: Callable[[torch.Tensor], torch.Tensor], value, name: str):
+    """``transform`` applied to a checkpoint tensor; a quantized weight's rows are reordered the
+    way ``transform`` reorders a column of row indices (Qwen3-Next's grouped projections)."""
+    if not quant_rows.is_quantized(value):
+        return transform(value)
+    rows = value.shape[-2]
+    order = transform(torch.arange(rows).unsqueeze(1)).squeeze(1)
+    if order.shape != (rows,):
+        raise WeightFormatError("this checkpoint tensor is transformed at load in a way a quantized layout cannot "
+                                "follow", name)
+    moved = quant_rows.take_rows(value, order)
+    if moved is None:
+        raise WeightFormatError(f"its rows regroup in runs that are not whole {value.block[0]}-row scale blocks, "
+                                "so the FP8 layout cannot be reordered", name)
+    return moved
+
+
 def load_hybrid_weights(
     weights: Iterable[tuple[str, torch.Tensor]], router: WeightRouter, optional: str = "mtp."
 ) -> bool:
@@ -100,10 +117,7 @@ def load_hybrid_weights(
                 continue
             param_name, index, transform = target
             if transform is not None:
-                if quant_rows.is_quantized(value):
-                    raise WeightFormatError("Qwen3-Next's head-grouped projections are not read quantized yet "
-                                            "(their rows would need reordering inside the quantized layout)", name)
-                value = transform(value)
+                value = _transformed(transform, value, name)
             router.sink.put(name, param_name, index, value)
         for reason, count in router.skipped.items():
             logger.info("skipped {} {}", count, reason)

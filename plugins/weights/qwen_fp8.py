@@ -74,7 +74,7 @@ def write_tiny(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
     out = dict(tensors)
     # 128 as released where the shapes allow; tiny layers are narrower, and a smaller block
     # keeps their fused shards aligned the way 128 keeps released ones aligned
-    block = (fp8_block_size(tensors, modules),) * 2
+    block = (fp8_block_size(tensors, modules, config),) * 2
     for module in modules:
         q = fp8_block(tensors[f"{module}.weight"], block)
         out[f"{module}.weight"], out[f"{module}.weight_scale_inv"] = q.weight, q.scale

@@ -15,10 +15,8 @@ from typing import Iterable
 import torch
 
 #: the projections a tiny checkpoint quantizes, by their last name component
-#: (Qwen3-Next's head-grouped ``in_proj_qkvz`` stays dense: the loader cannot reorder its rows
-#: inside a quantized layout yet, and refuses it; docs/weight-formats.md)
 QUANTIZED = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv",
-             "in_proj_z", "out_proj", "fc"}
+             "in_proj_z", "in_proj_qkvz", "out_proj", "fc"}
 #: what stays dense, as module-name patterns each format's config can carry
 KEPT_DENSE = ("lm_head", "mlp.gate", "shared_expert_gate", "in_proj_b", "in_proj_a", "in_proj_ba", "visual")
 #: checkpoint projections whose quantizers share one global scale (fused at inference)
@@ -74,9 +72,15 @@ def int4_group_size(tensors: dict[str, torch.Tensor], modules: list[str]) -> int
     return fitting_size(tensors[f"{m}.weight"].shape[1] for m in modules)
 
 
-def fp8_block_size(tensors: dict[str, torch.Tensor], modules: list[str]) -> int:
-    """A square block keeping every fused projection's shards block-aligned."""
-    return fitting_size(tensors[f"{m}.weight"].shape[0] for m in modules if m.rpartition(".")[2] in FUSED_ROWS)
+def fp8_block_size(tensors: dict[str, torch.Tensor], modules: list[str], config: dict | None = None) -> int:
+    """A square block keeping every fused projection's shards block-aligned (and, for
+    Qwen3-Next's head-grouped ``in_proj_qkvz``, each head's q/k and v/z runs, which the
+    loader regroups)."""
+    sizes = [tensors[f"{m}.weight"].shape[0] for m in modules if m.rpartition(".")[2] in FUSED_ROWS]
+    if config and any(m.endswith(".in_proj_qkvz") for m in modules):
+        ratio = config["linear_num_value_heads"] // config["linear_num_key_heads"]
+        sizes += [config["linear_key_head_dim"], ratio * config["linear_value_head_dim"]]
+    return fitting_size(sizes)
 
 
 def sibling_groups(modules: list[str]) -> list[list[str]]:

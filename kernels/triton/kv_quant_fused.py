@@ -1,0 +1,90 @@
+"""The quantized-KV write fused into the q/k norm + RoPE pass: one launch where the
+unfused path takes two (:func:`ninfer_kernels.kv_quant.norm_rope_write_quant`).
+
+One program per token: its query heads and key heads are normalised and rotated by the
+q/k norm kernel's helper; the keys go to a small scratch tensor in the activation dtype
+(the unfused path rounds them there too), and after a block barrier the same program
+reads each key head back with its value head and stores both quantized, exactly as the
+write kernel does. The scratch round trip stays in L2; it saves working the quantizer
+on the halves-and-tail layout the norm helper keeps in registers.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.triton.kv_quant import _format_id, _quantize_row
+from ninfer_kernels.triton.qk_norm_rope import _norm_rope_heads, check_rotary_dim
+
+
+@triton.jit
+def _norm_rope_write_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_tmp_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+    kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale,
+    num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, eps,
+    stride_kd, stride_kdh, stride_ks, stride_ksh, stride_vd, stride_vdh, stride_vs, stride_vsh,
+    HALF: tl.constexpr, ROT: tl.constexpr, HEAD_D: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+    KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr,
+):
+    token = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_HALF)
+    row = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
+    cos = tl.load(row + offs, mask=offs < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)
+    _norm_rope_heads(q_ptr, q_out_ptr, qw_ptr, cos, sin, token, num_q_heads, stride_qt, stride_qh, eps,
+                     HALF, ROT, HEAD_D, BLOCK_QH, BLOCK_HALF, BLOCK_TAIL)
+    _norm_rope_heads(k_ptr, k_tmp_ptr, kw_ptr, cos, sin, token, num_k_heads, stride_kt, stride_kh, eps,
+                     HALF, ROT, HEAD_D, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
+    tl.debug_barrier()  # this program's key rows, stored by all its threads, are read back below
+    slot = tl.load(slot_ptr + token)
+    if slot < 0:  # padding rows store nothing
+        return
+    d = tl.arange(0, HEAD_D)
+    d_ok = d < HEAD_D
+    t = token.to(tl.int64)
+    for h in range(num_k_heads):
+        k = tl.load(k_tmp_ptr + (t * num_k_heads + h) * HEAD_D + d).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d).to(tl.float32)
+        _quantize_row(k, d, d_ok, kd_ptr + slot * stride_kd + h * stride_kdh,
+                      ks_ptr + slot * stride_ks + h * stride_ksh, k_inv_gscale, KFMT, HEAD_D, HEAD_D, KGROUP)
+        _quantize_row(v, d, d_ok, vd_ptr + slot * stride_vd + h * stride_vdh,
+                      vs_ptr + slot * stride_vs + h * stride_vsh, v_inv_gscale, VFMT, HEAD_D, HEAD_D, VGROUP)
+
+
+def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
+                          k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: ref.KVCodec,
+                          v_codec: ref.KVCodec, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Same contract as the reference."""
+    n = norm_rope
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_k_heads = k.shape[1]
+    check_rotary_dim(n.rotary_dim, head_dim, n.cos_sin)
+    if head_dim & (head_dim - 1) or head_dim < 16 or v.shape[-1] != head_dim:
+        raise ValueError(f"quantized KV kernels need one power-of-two head dim >= 16, got {head_dim} and "
+                         f"{v.shape[-1]}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return q_out
+    k_tmp = torch.empty(num_tokens, num_k_heads, head_dim, dtype=k.dtype, device=k.device)
+    (kd, ks), (vd, vs) = k_parts, v_parts
+    flat = [t.view(-1, *t.shape[2:]) for t in (kd, ks, vd, vs)]  # [slots, heads, width]
+    half, tail = n.rotary_dim // 2, head_dim - n.rotary_dim
+    _norm_rope_write_kernel[(num_tokens,)](
+        q, k, v, q_out, k_tmp, n.q_weight.contiguous(), n.k_weight.contiguous(), n.positions, n.cos_sin.contiguous(),
+        slot_mapping, *flat, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
+        num_q_heads, num_k_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        n.cos_sin.stride(0), n.eps, *[s for t in flat for s in (t.stride(0), t.stride(1))],
+        HALF=half, ROT=n.rotary_dim, HEAD_D=head_dim,
+        BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(num_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0,
+        KFMT=_format_id(k_codec), VFMT=_format_id(v_codec),
+        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim), num_warps=4,
+    )
+    return q_out
