@@ -51,6 +51,18 @@ def test_capture_and_restore_copy_whole_rows():
     assert (snaps.stats.captures, snaps.stats.device_hits) == (1, 1)
 
 
+def test_a_rolling_snapshot_where_a_checkpoint_ends_stays_when_the_roll_moves_on():
+    snaps, pools = _store(num_device=3, num_host=0)
+    _fill(pools, 0, 2.0)
+    snaps.capture(2, slot=0, roller=7)
+    snaps.keep(2, True)  # e.g. a marked boundary at the prompt's last full page
+    _fill(pools, 0, 3.0)
+    snaps.capture(3, slot=0, roller=7)
+    assert snaps.where(2) == "device" and snaps.where(3) == "device"
+    snaps.restore(2, slot=1)
+    assert _value(pools, 1) == 2.0
+
+
 def test_rolling_snapshot_replaces_its_previous_one_in_place():
     snaps, pools = _store(num_device=2, num_host=0)
     _fill(pools, 0, 1.0)

@@ -123,7 +123,10 @@ def _weight_format(profile: Profile, registry: PluginRegistry) -> str:
     from ninfer.model.weight_format import describe
 
     path = checkpoint_path(profile.model)
-    return "random, built in device memory (unquantized)" if path is None else describe(registry, path)
+    if path is None:  # random:SHAPE[@QUANT]
+        quant = profile.model.partition("@")[2]
+        return f"random, built in device memory, {f'quantized as {quant}' if quant else 'unquantized'}"
+    return describe(registry, path)
 
 
 def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype: str, weights: str) -> None:

@@ -326,6 +326,11 @@ class BlockManager:
         """
         self.commit(seq)
         nodes = self._chain_nodes.pop(seq.seq_id, None)
+        if nodes is not None:
+            # a page another request published first is in this chain but not held by it, and
+            # may have left the cache meanwhile: the chain ends before the first such page
+            present = next((i for i, node in enumerate(nodes) if self.cache.page_of(node) is None), len(nodes))
+            nodes = nodes[:present]
         if self.context is not None and nodes is not None:  # what it leaves for its conversation's next turn
             self.context.finish(seq.seq_id, nodes if seq.commit_prefix_cache else [], seq.cache_hints.turn_closure)
         # Tail pages first, so under eviction a shared prefix outlives its continuations.

@@ -15,8 +15,8 @@ never reused) and says why it is kept:
   OpenAI's implicit prompt-cache candidate): a system prompt and tools that several
   conversations start with.
 
-A conversation needs no client key: a request whose hit ends at (or just past) a
-private checkpoint continues that continuation, and its own continuation replaces it
+A conversation needs no client key: a request whose deepest checkpoint within its hit is
+a private one continues that continuation, and its own continuation replaces it
 when it finishes; any other request starts a new one. Three limits cap the bookkeeping
 (least recently used first out): private continuations in all, shared prefixes engine
 wide, and anchors per continuation. Pages on a retained chain are reclaimed only after

@@ -147,6 +147,8 @@ class StateSnapshots:
         previous = self._rolling.pop(roller, None) if roller is not None else None
         if previous is not None:
             del self._roller[previous]
+            if previous in self._kept:  # a checkpoint ends there: it stays, as any snapshot does
+                previous = None
         if self.has(node):
             self._touch(node)
             if previous is not None and previous != node:

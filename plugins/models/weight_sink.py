@@ -70,10 +70,12 @@ class WeightSink:
         """Assemble the collected layers and check that nothing is missing. Parameters under
         the ``optional`` prefix may be absent altogether, not in part; returns whether they
         were loaded."""
-        for name, shards in self._linear_shards.items():
-            self._finish_linear(name, shards)
-        for param_name, shards in self._expert_shards.items():
-            self._finish_experts(param_name, shards)
+        # popped as they are assembled: joining and stacking copy, and holding every collected
+        # piece until the end would need the quantized model's size twice on the device
+        while self._linear_shards:
+            self._finish_linear(*self._linear_shards.popitem())
+        while self._expert_shards:
+            self._finish_experts(*self._expert_shards.popitem())
         for kind, count in self._dequantized.items():
             logger.info("{} quantized checkpoint tensor(s) of {} layers dequantized: ninfer keeps those layers dense",
                         count, kind)

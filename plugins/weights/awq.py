@@ -30,8 +30,9 @@ WHERE = "config.json quantization_config"
 
 class AwqScheme:
     def __init__(self, quant: dict):
-        if quant.get("bits", quant.get("w_bit", 4)) != 4:
-            raise WeightFormatError(f"bits {quant.get('bits')}: only 4-bit AWQ is read", WHERE)
+        bits = quant.get("bits", quant.get("w_bit", 4))
+        if bits != 4:
+            raise WeightFormatError(f"bits {bits}: only 4-bit AWQ is read", WHERE)
         version = str(quant.get("version", "gemm")).lower()
         if version != "gemm":
             raise WeightFormatError(f"version {version!r}: only AutoAWQ's GEMM layout is read", WHERE)

@@ -12,7 +12,6 @@ incomplete when the files end is refused, naming the missing tensor.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator
@@ -72,6 +71,14 @@ def expect_shape(tensor: torch.Tensor, shape: tuple[int, ...], name: str, what: 
         raise WeightFormatError(f"{what} has shape {tuple(tensor.shape)}, expected {tuple(shape)}", name)
 
 
+def expect_matrix(tensor: torch.Tensor, name: str) -> tuple[int, int]:
+    """A linear layer's weight ``[out, in]``: its two sizes, or an error naming the tensor."""
+    if tensor.dim() != 2:
+        raise WeightFormatError(f"a linear weight has 2 dimensions, this one {tensor.dim()} "
+                                f"(shape {tuple(tensor.shape)})", name)
+    return tensor.shape[0], tensor.shape[1]
+
+
 def expect_dtype(tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...], name: str) -> None:
     if tensor.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
@@ -92,13 +99,3 @@ def matches_ct(module: str, patterns: Iterable[str]) -> bool:
         if pattern.startswith("re:") and re.match(pattern[3:], module):
             return True
     return False
-
-
-def matches_glob(module: str, patterns: Iterable[str]) -> bool:
-    """ModelOpt's ``exclude_modules``: shell-style wildcards over the module name."""
-    return any(fnmatch.fnmatchcase(module, p) for p in patterns)
-
-
-def matches_substring(module: str, names: Iterable[str]) -> bool:
-    """transformers' ``modules_to_not_convert``: a listed name anywhere in the module's name."""
-    return any(n and (module == n or n in module) for n in names)

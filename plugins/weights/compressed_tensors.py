@@ -33,7 +33,7 @@ from ninfer.model.weight_format import WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4
 from ninfer_plugins.weights import ct_tiny
 from ninfer_plugins.weights.collect import (
-    LayerParts, convert_layers, divides, expect_dtype, expect_shape, matches_ct,
+    LayerParts, convert_layers, divides, expect_dtype, expect_matrix, expect_shape, matches_ct,
 )
 from ninfer_plugins.weights.packing import unpack_int4
 
@@ -137,7 +137,7 @@ def _describe(group: Group) -> str:
 def _fp8(prefix: str, parts: dict[str, torch.Tensor], args: dict) -> Fp8Block:
     weight, scale = parts["weight"], parts["weight_scale"].float()
     expect_dtype(weight, (torch.float8_e4m3fn,), f"{prefix}.weight")
-    n, k = weight.shape
+    n, k = expect_matrix(weight, f"{prefix}.weight")
     name = f"{prefix}.weight_scale"
     if args.get("strategy") == "block":
         bn, bk = args.get("block_structure") or (None, None)
@@ -168,8 +168,10 @@ def _int4(prefix: str, parts: dict[str, torch.Tensor], args: dict) -> Int4Group:
         if not torch.equal(parts["weight_g_idx"].long(), trivial):
             raise WeightFormatError("activation ordering (a permuted g_idx) is not supported", f"{prefix}.weight_g_idx")
     if "weight_zero_point" in parts:
-        zeros = unpack_int4(parts["weight_zero_point"], dim=0)[:n].float()
-        expect_shape(zeros, (n, k // group), f"{prefix}.weight_zero_point", "the zero points")
+        zp = parts["weight_zero_point"]
+        expect_dtype(zp, (torch.int32,), f"{prefix}.weight_zero_point")
+        expect_shape(zp, (-(-n // 8), k // group), f"{prefix}.weight_zero_point", "the packed zero points")
+        zeros = unpack_int4(zp, dim=0)[:n].float()
     else:
         zeros = torch.full((n, k // group), 8.0)
     return Int4Group(packed, scale, zeros, group)

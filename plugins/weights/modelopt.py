@@ -26,7 +26,9 @@ import torch
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block, Nvfp4
-from ninfer_plugins.weights.collect import LayerParts, convert_layers, divides, expect_dtype, expect_shape
+from ninfer_plugins.weights.collect import (
+    LayerParts, convert_layers, divides, expect_dtype, expect_matrix, expect_shape,
+)
 from ninfer_plugins.weights.quantize import nvfp4, nvfp4_alpha
 from ninfer_plugins.weights.tiny_targets import dense_module_names, per_expert, quantized_modules, sibling_groups
 
@@ -39,7 +41,10 @@ def _settings(config: dict, model_dir: Path) -> dict | None:
     """The quantization settings, from hf_quant_config.json or config.json; None if not ModelOpt's."""
     path = model_dir / HF_QUANT_CONFIG
     if path.exists():
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise WeightFormatError(f"not valid JSON ({e})", HF_QUANT_CONFIG) from None
         if (data.get("producer") or {}).get("name", "modelopt") == "modelopt" and "quantization" in data:
             return {**data["quantization"], "_source": HF_QUANT_CONFIG}
     quant = config.get("quantization_config") or {}
@@ -89,7 +94,7 @@ def _build(prefix: str, parts: dict[str, torch.Tensor]) -> Any:
         expect_dtype(weight, (torch.float8_e4m3fn,), f"{prefix}.weight")
         if scale.numel() != 1:
             raise WeightFormatError(f"an FP8 per-tensor scale has {scale.numel()} values", f"{prefix}.weight_scale")
-        n, k = weight.shape
+        n, k = expect_matrix(weight, f"{prefix}.weight")
         return Fp8Block(weight, scale.float().reshape(1, 1).expand(n, 1).contiguous(), (1, k))
     expect_dtype(weight, (torch.uint8,), f"{prefix}.weight")
     expect_dtype(scale, (torch.float8_e4m3fn,), f"{prefix}.weight_scale")
