@@ -84,6 +84,20 @@ def test_shared_limit_and_zero_limits():
     assert none.num_shared == 0 and not none.retained(1)
 
 
+def test_automatic_candidates_give_way_to_marked_prefixes():
+    """OpenAI's implicit candidates fill the shared list on every request; over the limit they
+    leave before a client's marked system prompt, however recent they are."""
+    cache = _cache(shared=2)
+    cache.share((1, 2))  # marked (Anthropic cache_control)
+    for chain in ((3, 4), (5, 6), (7, 8)):
+        cache.share(chain, implicit=True)
+    assert cache.admit(1, [1, 2]) == "shared_stable_prefix" and cache.admit(2, [7, 8]) == "shared_stable_prefix"
+    assert cache.admit(3, [5, 6]) == "compatible_prefix"
+    cache.share((7, 8))  # a client's mark on an automatic candidate makes it a marked one
+    cache.share((9, 10), implicit=True)
+    assert cache.admit(4, [7, 8]) == "shared_stable_prefix" and cache.admit(5, [1, 2]) == "shared_stable_prefix"
+
+
 def test_forgetting_a_page_drops_its_checkpoints_and_shrinks_the_retained_chain():
     cache = _cache()
     cache.finish(1, [1, 2, 3, 4], turn_closure=8)
@@ -219,3 +233,5 @@ def test_chat_hints_find_the_turn_closure_and_marked_message_ends():
     tools_only = ChatPrompt(turns[1:], tools=({"type": "function"},), cache_breakpoints=(0,))
     assert chat_cache_hints(tools_only, ids, Vocab()).shared == (4,)  # tools render a system message
     assert chat_cache_hints(TextPrompt("x"), ids, Vocab(), replay=True) == CacheHints(replay=True)
+    automatic = chat_cache_hints(ChatPrompt(turns[:2], implicit_breakpoint=2), ids, Vocab())
+    assert automatic.shared == () and automatic.implicit_shared == (9,)

@@ -290,3 +290,27 @@ def test_store_evicts_least_recently_used_by_count_and_bytes(tokenizer):
     with pytest.raises(StoreCapacityError) as info:
         store.put("huge", record(tokenizer, "x" * (1 << 20)))
     assert info.value.code == "response_store_capacity_exceeded"
+
+
+def test_explicit_cache_breakpoints_mark_the_turns_they_end():
+    """A part's prompt_cache_breakpoint marks the end of its Item's rendered turn; an Item the
+    next one joins (a call beside its assistant text) has no exact boundary; the implicit
+    candidate takes one of the four write slots unless it coincides with a mark."""
+    from ninfer_plugins.protocols.openai_responses.items import canonical_input
+    from ninfer_plugins.protocols.openai_responses.prepare import explicit_breakpoints
+
+    def user(text, mark=False):
+        part = {"type": "input_text", "text": text, **({"prompt_cache_breakpoint": {"mode": "explicit"}} if mark else {})}
+        return {"role": "user", "content": [part]}
+
+    raw = [user("system-like context", mark=True), {"role": "assistant", "content": "ok"}, user("question", mark=True)]
+    items = canonical_input(raw, has_parent=False, unique_ids=False)
+    located = [(item, f"input[{i}]") for i, item in enumerate(items)]
+    assert explicit_breakpoints(raw, located, 0, 0, implicit=3) == (1, 3)
+    assert explicit_breakpoints(raw, located, 0, 1, implicit=None) == (2, 4)  # instructions render first
+    many = [user(str(i), mark=True) if i % 2 == 0 else {"role": "assistant", "content": "a"} for i in range(11)]
+    items = canonical_input(many, has_parent=False, unique_ids=False)
+    located = [(item, "x") for item in items]
+    assert explicit_breakpoints(many, located, 0, 0, implicit=None) == (5, 7, 9, 11)
+    assert explicit_breakpoints(many, located, 0, 0, implicit=12) == (7, 9, 11)
+    assert explicit_breakpoints("just text", [], 0, 0, implicit=1) == ()

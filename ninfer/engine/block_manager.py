@@ -85,7 +85,8 @@ class BlockManager:
         self._chain_pages: dict[int, int] = {}
         self._chain_end: dict[int, Optional[ChainPos]] = {}
         self._chain_nodes: dict[int, list[int]] = {}  # ...and their node ids
-        self._pending_shared: dict[int, list[int]] = {}  # marked boundaries (page-rounded) not reached yet
+        #: marked boundaries (page-rounded) not reached yet, each with whether it is an automatic candidate
+        self._pending_shared: dict[int, list[tuple[int, bool]]] = {}
         # Prompt page hashes of waiting sequences, so a head that has to wait does not
         # rehash its prompt at every step.
         self._hash_memo: dict[int, list[int]] = {}
@@ -198,7 +199,10 @@ class BlockManager:
         self._chain_end[seq.seq_id] = hits[-1].pos if hits else self.cache.root(seq.lora_name)
         self._chain_nodes[seq.seq_id] = [page.pos.node for page in hits]
         bs = self.block_size
-        marks = sorted({p // bs * bs for p in seq.cache_hints.shared if p >= bs})
+        hints = seq.cache_hints
+        explicit = {p // bs * bs for p in hints.shared if p >= bs}
+        implicit = {p // bs * bs for p in hints.implicit_shared if p >= bs} - explicit
+        marks = sorted([(p, False) for p in explicit] + [(p, True) for p in implicit])
         if marks and self.context is not None and seq.commit_prefix_cache:
             self._pending_shared[seq.seq_id] = marks
             self._share_reached(seq.seq_id)
@@ -266,8 +270,9 @@ class BlockManager:
         """Register the marked boundaries ``seq_id``'s published chain has reached."""
         pending = self._pending_shared.get(seq_id)
         chain = self._chain_nodes.get(seq_id, [])
-        while pending and pending[0] <= len(chain) * self.block_size:
-            self.context.share(tuple(chain[: pending.pop(0) // self.block_size]))
+        while pending and pending[0][0] <= len(chain) * self.block_size:
+            position, implicit = pending.pop(0)
+            self.context.share(tuple(chain[: position // self.block_size]), implicit)
 
     def _restore(self, host_page: int) -> int:
         """A fresh block holding the host copy ``host_page`` again (published, refcount 1)."""

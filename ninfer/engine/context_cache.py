@@ -53,6 +53,9 @@ class CacheHints:
     turn_closure: Optional[int] = None
     #: shared stable-prefix boundaries the client marked
     shared: tuple[int, ...] = ()
+    #: automatic shared-prefix candidates (OpenAI's implicit prompt caching): kept like
+    #: marked ones, but the first to give way when the shared-prefix limit is reached
+    implicit_shared: tuple[int, ...] = ()
     #: the prompt replays a stored response (Responses' previous_response_id)
     replay: bool = False
 
@@ -71,6 +74,7 @@ class Checkpoint:
     tokens: int
     chain: tuple[int, ...]  # node ids of every page up to and including ``node``
     owner: Optional[int] = None  # the continuation (None: a shared prefix)
+    implicit: bool = False  # a shared prefix no client marked (an automatic candidate)
 
 
 @dataclass
@@ -156,21 +160,26 @@ class ContextCache:
         return "compatible_prefix"
 
     # -- shared prefixes -------------------------------------------------------------
-    def share(self, chain: tuple[int, ...]) -> None:
-        """Keep the prefix ending at ``chain[-1]`` as a shared stable prefix (or mark it recent)."""
+    def share(self, chain: tuple[int, ...], implicit: bool = False) -> None:
+        """Keep the prefix ending at ``chain[-1]`` as a shared stable prefix (or mark it recent).
+        Over the limit, the least recent automatic candidate leaves first, else the least
+        recent prefix: every OpenAI request brings a candidate, and they must not push out
+        the system prompts clients marked on purpose."""
         node = chain[-1]
         if node in self._shared:
             self._shared.move_to_end(node)
+            self._shared[node].implicit &= implicit  # a client's mark makes it explicit
             return
         if self.limits.shared_prefixes < 1:
             return
-        cp = Checkpoint("shared", node, len(chain) * self.block_size, chain)
+        cp = Checkpoint("shared", node, len(chain) * self.block_size, chain, implicit=implicit)
         self._shared[node] = cp
         self._index(cp)
         self._cover_chain(chain, +1)
         self.stats.shared_created += 1
         while len(self._shared) > self.limits.shared_prefixes:
-            _, old = self._shared.popitem(last=False)
+            victim = next((n for n, c in self._shared.items() if c.implicit), next(iter(self._shared)))
+            old = self._shared.pop(victim)
             self._unindex(old)
             self._cover_chain(old.chain, -1)
             self.stats.shared_evicted += 1

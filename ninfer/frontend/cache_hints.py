@@ -53,11 +53,16 @@ def chat_cache_hints(prompt: Any, token_ids: Sequence[int], tokenizer: Any, repl
     if prompt.add_generation_prompt or prompt.continue_final:
         starts = [i for i in range(len(token_ids) - 1, -1, -1) if token_ids[i] == start_id][:1]
         closure = starts[0] if starts and starts[0] > 0 else None
-    shared = []
-    if prompt.cache_breakpoints:
-        ends = _ends(token_ids, end_id)
-        for turns in sorted(set(prompt.cache_breakpoints)):
+    ends = _ends(token_ids, end_id) if prompt.cache_breakpoints or prompt.implicit_breakpoint else []
+
+    def boundaries(turn_counts) -> tuple[int, ...]:
+        found = []
+        for turns in sorted(set(turn_counts)):
             count = _message_count(prompt, min(turns, len(prompt.turns)))
             if count and count <= len(ends):
-                shared.append(ends[count - 1])
-    return CacheHints(turn_closure=closure, shared=tuple(shared), replay=replay)
+                found.append(ends[count - 1])
+        return tuple(found)
+
+    implicit = () if prompt.implicit_breakpoint is None else (prompt.implicit_breakpoint,)
+    return CacheHints(turn_closure=closure, shared=boundaries(prompt.cache_breakpoints),
+                      implicit_shared=boundaries(implicit), replay=replay)

@@ -40,6 +40,9 @@ class ChatPrompt:
     #: boundaries the client asked to share, as turn counts: k is "after the first k turns"
     #: (Anthropic cache_control, OpenAI prompt-cache candidates; ninfer.frontend.cache_hints)
     cache_breakpoints: tuple[int, ...] = ()
+    #: OpenAI's automatic prompt-cache candidate, as a turn count (None: none); it gives way
+    #: to the marked ones when the shared-prefix limit is reached
+    implicit_breakpoint: Optional[int] = None
 
 
 @attrs.frozen

@@ -48,7 +48,7 @@ def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
     # OpenAI prompt caching: the end of the conversation is an implicit shared-prefix
     # candidate unless prompt_cache_options asks for explicit breakpoints only
     explicit = isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("mode") == "explicit"
-    return ChatPrompt(turns, callable_tools(req), options, cache_breakpoints=() if explicit else (len(turns),))
+    return ChatPrompt(turns, callable_tools(req), options, implicit_breakpoint=None if explicit else len(turns))
 
 
 def generate_request(req: ChatCompletionRequest, params: SamplingParams, lora: str | None) -> GenerateRequest:

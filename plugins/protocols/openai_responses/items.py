@@ -107,7 +107,7 @@ def _message(entry: Mapping[str, Any], where: str) -> Item:
 
 
 def _breakpoint(part: Mapping[str, Any], where: str) -> None:
-    """Cache breakpoints are hints: checked, then left to the engine's automatic reuse."""
+    """A cache breakpoint is a hint, checked here; ``prepare.explicit_breakpoints`` places it."""
     mark = part.get("prompt_cache_breakpoint")
     if mark is not None and (not isinstance(mark, Mapping) or mark.get("mode") != "explicit"):
         raise InvalidRequestError('prompt_cache_breakpoint must be {"mode": "explicit"}',

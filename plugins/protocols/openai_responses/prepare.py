@@ -79,6 +79,32 @@ class Lowered:
     earlier: tuple[Item, ...]
 
 
+#: shared-prefix writes one request may carry (OpenAI prompt caching)
+MAX_CACHE_WRITES = 4
+
+
+def explicit_breakpoints(raw: Any, located: list, first_input: int, offset: int,
+                         implicit: Optional[int]) -> tuple[int, ...]:
+    """Turn counts after this request's input Items that carry a ``prompt_cache_breakpoint``
+    part: the latest ones, as many as fit beside the implicit candidate (which takes a slot
+    unless it is one of them). An Item the next one joins into the same rendered turn ends
+    no turn, so its mark has no exact boundary and is left out; so are the parent
+    Response's historical marks. ``offset``: turns rendered before the Items (instructions)."""
+    if not isinstance(raw, list):
+        return ()
+    marked = [i for i, entry in enumerate(raw) if isinstance(entry, dict) and isinstance(entry.get("content"), list)
+              and any(isinstance(p, dict) and p.get("prompt_cache_breakpoint") for p in entry["content"])]
+    counts = []
+    for i in marked:
+        end = first_input + i + 1
+        turns = len(lower_items(located[:end]))
+        if end < len(located) and len(lower_items(located[: end + 1])) == turns:
+            continue
+        counts.append(turns + offset)
+    room = MAX_CACHE_WRITES - (implicit is not None and implicit not in counts)
+    return tuple(counts[-room:]) if room > 0 else ()
+
+
 def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Lowered:
     """Options, tools and the whole conversation (the parent's, then this input)."""
     options = template_options(req, parent)
@@ -96,9 +122,10 @@ def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse
     # OpenAI prompt caching: unless the request asks for explicit breakpoints only, the end
     # of the conversation is an implicit shared-prefix candidate
     options_mode = (getattr(req, "prompt_cache_options", None) or {}).get("mode")
-    marks = () if options_mode == "explicit" else (len(turns),)
+    implicit = None if options_mode == "explicit" else len(turns)
+    marks = explicit_breakpoints(req.input, located, len(earlier), 1 if req.instructions else 0, implicit)
     prompt = ChatPrompt(turns, tools.definitions, options, encode=encode, param="input", what="this conversation",
-                        cache_breakpoints=marks)
+                        cache_breakpoints=marks, implicit_breakpoint=implicit)
     return Lowered(prompt, tools, items, earlier)
 
 
