@@ -76,6 +76,19 @@ def test_a_full_tier_drops_its_oldest_page_but_never_a_held_one():
     assert tier.store(3) == (None, None)  # no room, nothing evictable
 
 
+def test_a_full_tier_drops_unretained_copies_before_retained_ones():
+    pages = _pages(5)
+    tier = HostKVTier(pages, max_bytes=3 * sum(t[0].nbytes for t in pages))
+    kept, _ = tier.store(0, retained=True)  # the oldest, but a checkpoint retains it
+    plain, _ = tier.store(1)
+    later, _ = tier.store(2)
+    assert tier.store(3)[1] == plain  # the oldest unretained copy goes first
+    tier.set_retained(kept, False)  # its checkpoint left: an ordinary copy again (the newest)
+    tier.set_retained(later, True)
+    _, dropped = tier.store(4)
+    assert dropped not in (kept, later) and tier.num_pages == 3
+
+
 # -- the block manager ------------------------------------------------------------------
 
 

@@ -233,7 +233,8 @@ class BlockManager:
         page = self.cache.page_in(block_id)
         if self.host_kv is not None and self.costs.spill_pays(page.index * self.block_size, self.block_size,
                                                               self.host_kv.page_bytes):
-            host_page, dropped = self.host_kv.store(block_id)
+            retained = self.context is not None and self.context.retained(page.pos.node)
+            host_page, dropped = self.host_kv.store(block_id, retained)
             if dropped is not None:
                 self._forget(self.cache.evict_host(dropped))
             if host_page is not None:
@@ -261,6 +262,8 @@ class BlockManager:
         page = self.cache.page_of(node)
         if page is not None and page.block_id is not None:
             self._reclaim.set_retained(page.block_id, retained)
+        elif page is not None and page.host_page is not None and self.host_kv is not None:
+            self.host_kv.set_retained(page.host_page, retained)
 
     def _checkpoint_changed(self, node: int, present: bool) -> None:
         if self.frontier_index is not None:

@@ -23,7 +23,9 @@ SLAB_BYTES = 64 << 20
 
 
 class HostKVTier:
-    """Up to ``max_bytes`` of host copies of device pages, evicted oldest first."""
+    """Up to ``max_bytes`` of host copies of device pages. When full, the oldest copy no
+    context-cache checkpoint retains leaves first; retained copies only when none is left
+    (docs/context-cache.md)."""
 
     def __init__(self, page_tensors: list[torch.Tensor], max_bytes: int, pin: Optional[bool] = None) -> None:
         if not page_tensors:
@@ -36,18 +38,19 @@ class HostKVTier:
         self._slabs: list[list[torch.Tensor]] = []
         self._free: list[int] = []
         self._lru: OrderedDict[int, None] = OrderedDict()  # stored pages that may be evicted, oldest first
+        self._kept: OrderedDict[int, None] = OrderedDict()  # ...of those, pages a checkpoint retains
         self._held: set[int] = set()  # stored pages an admission is about to restore
 
     @property
     def num_pages(self) -> int:
         """Pages holding a copy."""
-        return len(self._lru) + len(self._held)
+        return len(self._lru) + len(self._kept) + len(self._held)
 
     @property
     def allocated_bytes(self) -> int:
         return sum(t.nbytes for slab in self._slabs for t in slab)
 
-    def store(self, block_id: int) -> tuple[Optional[int], Optional[int]]:
+    def store(self, block_id: int, retained: bool = False) -> tuple[Optional[int], Optional[int]]:
         """Copy device page ``block_id`` to the host.
 
         Returns ``(host page, evicted host page)``: the page it went to (None when the
@@ -56,19 +59,28 @@ class HostKVTier:
         """
         victim = None
         if not self._free and not self._grow():
-            if not self._lru:
+            pool = self._lru or self._kept
+            if not pool:
                 return None, None
-            victim, _ = self._lru.popitem(last=False)
+            victim, _ = pool.popitem(last=False)
             self._free.append(victim)
         page = self._free.pop()
         for host, dev in zip(self._rows(page), self._device):
             host.copy_(dev[block_id], non_blocking=self.pin)
-        self._lru[page] = None
+        (self._kept if retained else self._lru)[page] = None
         return page, victim
+
+    def set_retained(self, page: int, retained: bool) -> None:
+        """A checkpoint now retains stored ``page`` (or no longer does): it moves to the newest
+        end of the other queue (held pages are not in either)."""
+        source, target = (self._lru, self._kept) if retained else (self._kept, self._lru)
+        if page in source:
+            del source[page]
+            target[page] = None
 
     def hold(self, page: int) -> None:
         """Keep ``page`` from eviction until it is restored (an admission has matched it)."""
-        del self._lru[page]
+        (self._lru if page in self._lru else self._kept).pop(page)
         self._held.add(page)
 
     def restore(self, page: int, block_id: int) -> None:
@@ -78,7 +90,7 @@ class HostKVTier:
         if page in self._held:
             self._held.remove(page)
         else:
-            del self._lru[page]
+            (self._lru if page in self._lru else self._kept).pop(page)
         self._free.append(page)
 
     def read(self, page: int) -> list[torch.Tensor]:
