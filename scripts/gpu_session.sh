@@ -24,6 +24,7 @@
 #   scripts/gpu_session.sh quant    quantized-KV and quantized-weight GPU tests, 27B decode with WEIGHT_FORMATS
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
+#   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 set -uo pipefail
@@ -151,6 +152,21 @@ quant)
 quant-sweep)
     timeout 170 python3 scripts/gpu_quant_gemm_sweep.py --parts linear,moe --budget-s 140 --out-dir "$OUT" \
         > "$OUT/quant_sweep.jsonl" 2> "$OUT/quant_sweep.err"; tail -3 "$OUT/quant_sweep.err"
+    ;;
+profile27)
+    # the headline profile served on the 27B shape: fp8 KV, MTP k=3 over the LM-head shortlist
+    ninfer-serve random:qwen3.6-27b --profile configs/qwen27b-fp8-mtp.yaml --port 8080 \
+        > "$OUT/serve.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 90); do curl -sf localhost:8080/health >/dev/null && break; sleep 2; done
+    for n in 1 2; do
+        curl -s localhost:8080/v1/chat/completions -H 'content-type: application/json' \
+            -d '{"model": "random:qwen3.6-27b", "messages": [{"role": "user", "content": "hello there"}],
+                 "max_tokens": 128, "ignore_eos": true}' | python3 -c "import json, sys; d = json.load(sys.stdin)
+print(json.dumps({'usage': d.get('usage'), 'timings': d.get('timings'), 'error': d.get('error')}))" \
+            | tee -a "$OUT/profile27.jsonl"
+    done
+    kill -TERM $server; wait $server; tail -20 "$OUT/serve.log"
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

@@ -30,6 +30,7 @@ from typing import Iterator
 
 import torch
 
+from ninfer.engine.spec.shortlist import FILE as SHORTLIST_FILE, build_shortlist, write_shortlist
 from ninfer.model.sources import RANDOM_PREFIX
 from ninfer.tiny.tokenizer_files import write_tokenizer_files
 
@@ -99,7 +100,7 @@ def config_dir(shape: str, root: Path, quant=None) -> Path:
     with ``quant`` (a writer's ``TinyQuant``, named ``quant_name``), ``root/SHAPE@NAME`` with
     the format's config keys and files."""
     out = Path(root) / (shape if quant is None else f"{shape}@{quant[0]}")
-    if (out / "config.json").exists():
+    if (out / "config.json").exists() and (out / SHORTLIST_FILE).exists():  # (older caches lack the shortlist)
         return out
     out.mkdir(parents=True, exist_ok=True)
     ids = write_tokenizer_files(out)
@@ -109,6 +110,11 @@ def config_dir(shape: str, root: Path, quant=None) -> Path:
         for name, content in quant[1].files.items():
             (out / name).write_text(json.dumps(content, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["generation_eos_token_ids"]}))
+    # an LM-head shortlist (--lm-head-draft) in id order: random weights have no frequencies,
+    # and the tiny tokenizer's ids come first, which is all a prompt here can hold
+    special = [t for t in (ids.get("eos_token_id"), ids.get("pad_token_id")) if isinstance(t, int)]
+    vocab = SHAPES[shape]["vocab_size"]
+    write_shortlist(out, build_shortlist(torch.zeros(0, dtype=torch.int64), vocab, special, vocab))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
 
