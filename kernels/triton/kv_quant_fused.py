@@ -2,7 +2,7 @@
 unfused path takes two (:func:`ninfer_kernels.kv_quant.norm_rope_write_quant`).
 
 One program per token: its query heads and key heads are normalised and rotated by the
-q/k norm kernel's helper; the keys go to a small scratch tensor in the activation dtype
+q/k norm kernel's helper (``_norm_rope_token``); the keys go to a small scratch tensor in the activation dtype
 (the unfused path rounds them there too), and after a block barrier the same program
 reads each key head back with its value head and stores both quantized, exactly as the
 write kernel does. The scratch round trip stays in L2; it saves working the quantizer
@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.triton.kv_quant import _format_id, _quantize_row
-from ninfer_kernels.triton.qk_norm_rope import _norm_rope_heads, check_rotary_dim
+from ninfer_kernels.triton.qk_norm_rope import _norm_rope_token, check_rotary_dim
 
 
 @triton.jit
@@ -33,14 +33,9 @@ def _norm_rope_write_kernel(
     KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr,
 ):
     token = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_HALF)
-    row = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
-    cos = tl.load(row + offs, mask=offs < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(row + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)
-    _norm_rope_heads(q_ptr, q_out_ptr, qw_ptr, cos, sin, token, num_q_heads, stride_qt, stride_qh, eps,
-                     HALF, ROT, HEAD_D, BLOCK_QH, BLOCK_HALF, BLOCK_TAIL)
-    _norm_rope_heads(k_ptr, k_tmp_ptr, kw_ptr, cos, sin, token, num_k_heads, stride_kt, stride_kh, eps,
-                     HALF, ROT, HEAD_D, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
+    _norm_rope_token(q_ptr, k_ptr, q_out_ptr, k_tmp_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, token,
+                     num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps,
+                     HALF, ROT, HEAD_D, BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
     tl.debug_barrier()  # this program's key rows, stored by all its threads, are read back below
     slot = tl.load(slot_ptr + token)
     if slot < 0:  # padding rows store nothing

@@ -53,7 +53,20 @@ def _qk_norm_rope_kernel(
     HALF: tl.constexpr, ROT: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    token = tl.program_id(0)
+    _norm_rope_token(q_ptr, k_ptr, q_out_ptr, k_out_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, tl.program_id(0),
+                     num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps,
+                     HALF, ROT, HEAD_D, BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
+
+
+@triton.jit
+def _norm_rope_token(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, token,
+    num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps,
+    HALF: tl.constexpr, ROT: tl.constexpr, HEAD_D: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
+):
+    """One token's query and key heads, normalised and rotated (also used by the fused
+    quantized-KV write, :mod:`.kv_quant_fused`)."""
     offs = tl.arange(0, BLOCK_HALF)
     row = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
     cos = tl.load(row + offs, mask=offs < HALF, other=0.0).to(tl.float32)
