@@ -96,9 +96,9 @@ def _hf_config(shape: str):
 
 
 def config_dir(shape: str, root: Path, quant=None) -> Path:
-    """``root/SHAPE``: the shape's ``config.json`` and the tiny tokenizer, written once;
-    with ``quant`` (a writer's ``TinyQuant``, named ``quant_name``), ``root/SHAPE@NAME`` with
-    the format's config keys and files."""
+    """``root/SHAPE``: the shape's ``config.json``, the tiny tokenizer and an LM-head
+    shortlist, written once; with ``quant`` (``(NAME, the writer's TinyQuant)``),
+    ``root/SHAPE@NAME`` with the format's config keys and files."""
     out = Path(root) / (shape if quant is None else f"{shape}@{quant[0]}")
     if (out / "config.json").exists() and (out / SHORTLIST_FILE).exists():  # (older caches lack the shortlist)
         return out
