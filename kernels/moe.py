@@ -111,8 +111,9 @@ def fused_moe(
     [E, H, I]; ``weights`` float32 [T, k'] and ``ids`` int32 [T, k'] as :func:`moe_route`
     returns them. Expert id ``E`` names the shared expert, ``shared13`` [2I, H] and
     ``shared2`` [H, I] (any strides), when given. ``w13`` and ``w2`` may be quantized
-    (:mod:`ninfer_kernels.quant_formats`, stacked with a leading ``E``): each expert used is
-    then dequantized to float32, which is exactly the weight its format encodes.
+    (:mod:`ninfer_kernels.quant_formats`, stacked with a leading ``E``), and so may the shared
+    expert's: each expert used is then dequantized to float32, which is exactly the weight
+    its format encodes.
 
     Rounding: each pair's ``silu(gate) * up`` is computed in float32 from float32 matmul
     results and rounded to ``x``'s dtype; its down projection is accumulated in float32,
@@ -128,7 +129,8 @@ def fused_moe(
         if expert == num_experts:
             if shared13 is None or shared2 is None:
                 raise ValueError(f"expert id {expert} names the shared expert, but none was given")
-            gate_up, down = shared13, shared2
+            gate_up, down = (w if isinstance(w, torch.Tensor) else w.dequantize(torch.float32)
+                             for w in (shared13, shared2))
         else:
             gate_up, down = _expert_weight(w13, expert), _expert_weight(w2, expert)
         pairs = (flat_ids == expert).nonzero().flatten()

@@ -235,3 +235,41 @@ def test_rows_reorder_inside_each_layout_or_refuse():
         moved = take_rows(q, swap)
         assert torch.equal(moved.dequantize(), q.dequantize()[swap]), type(q).__name__
     assert take_rows(fp8_block(w, (4, 16)), torch.tensor([2, 3, 0, 1, 4, 5, 6, 7])) is None  # splits a block
+
+
+@pytest.mark.parametrize("layout", ["fp8", "int4", "nvfp4"])
+def test_a_quantized_shared_expert_runs_inside_the_expert_kernel(layout):
+    """A shared expert as wide as the routed ones, quantized like them, is handed to the fused
+    expert op as the extra expert; the block's output equals the same block with every weight
+    dequantized and the shared expert run on its own."""
+    from ninfer_kernels.quant_rows import stack_experts
+    from ninfer_plugins.models.quant_linear import QuantLinear
+    from ninfer_plugins.models.shared_moe import SharedExpertMoE
+    from ninfer_plugins.weights.quantize import fp8_block, int4_group, nvfp4
+
+    quantize = {"fp8": lambda w: fp8_block(w, (32, 32)), "int4": lambda w: int4_group(w, 32, symmetric=False),
+                "nvfp4": nvfp4}[layout]
+    torch.manual_seed(0)
+    h, e, i = 64, 4, 64
+
+    def block():
+        b = SharedExpertMoE(h, e, 2, i, True, i)
+        for p in b.parameters():
+            p.data.normal_(0, 0.1)
+        return b
+
+    ours, dense = block(), block()
+    dense.load_state_dict(ours.state_dict())
+    for proj in ("gate_up_proj", "down_proj"):
+        stacked = getattr(ours.experts, proj).data
+        q = stack_experts([quantize(stacked[j]) for j in range(e)])
+        ours.experts.set_quantized(proj, q)
+        getattr(dense.experts, proj).data = q.dequantize(torch.float32)
+        layer = getattr(ours.shared_expert, proj)
+        qs = quantize(layer.weight.data)
+        setattr(ours.shared_expert, proj, QuantLinear(layer.weight.shape[1], layer.weight.shape[0], [qs], None))
+        getattr(dense.shared_expert, proj).weight.data = qs.dequantize(torch.float32)
+    assert ours._shared_in_kernel() is not None and dense._shared_in_kernel() is not None
+    x = torch.randn(5, h)
+    separate = torch.sigmoid(dense.shared_expert_gate(x)) * dense.shared_expert(x) + super(SharedExpertMoE, dense).forward(x)
+    assert torch.allclose(ours(x), separate, atol=1e-4, rtol=1e-4)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import torch
 
 from ninfer_kernels import ops
+from ninfer_kernels import quant_rows
 from ninfer_plugins.models.layers import GatedMLP, Linear
 from ninfer_plugins.models.moe import SparseMoE
+from ninfer_plugins.models.quant_linear import QuantLinear
 
 
 class SharedExpertMoE(SparseMoE):
@@ -43,21 +45,36 @@ class SharedExpertMoE(SparseMoE):
         shared = sum(p.nbytes for p in (*self.shared_expert.parameters(), self.shared_expert_gate.weight))
         return super().weight_bytes_read(num_tokens) + shared
 
-    def _shared_in_kernel(self) -> bool:
-        shared = self.shared_expert
-        return (
-            self.fits_expert_kernel
-            and isinstance(shared.gate_up_proj, Linear) and isinstance(shared.down_proj, Linear)
-            and shared.gate_up_proj.lora is None
-            and shared.down_proj.lora is None
-            and self.shared_expert_gate.lora is None
-        )
+    def _shared_in_kernel(self) -> tuple | None:
+        """The shared expert's two projections as the expert kernel takes them (dense weights,
+        or single quantized weights in the routed experts' layout), or None when it must run
+        on its own (another width, a LoRA adapter, segments, a layout the experts lack)."""
+        if not self.fits_expert_kernel or self.shared_expert_gate.lora is not None:
+            return None
+        found = [_kernel_weight(self.shared_expert.gate_up_proj), _kernel_weight(self.shared_expert.down_proj)]
+        if any(w is None for w in found):
+            return None
+        routed = self.experts.gate_up_proj
+        quantized = [quant_rows.is_quantized(w) for w in found]
+        if any(quantized) and not (all(quantized) and all(type(w) is type(routed) for w in found)):
+            return None
+        return tuple(found)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._shared_in_kernel():
+        in_kernel = self._shared_in_kernel()
+        if in_kernel is None:
             shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
             return super().forward(x) + shared
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob, x,
                                      self.shared_expert_gate.weight[0])
-        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
-                             self.shared_expert.gate_up_proj.weight, self.shared_expert.down_proj.weight)
+        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, *in_kernel)
+
+
+def _kernel_weight(layer) -> object | None:
+    """A projection's weight as the expert kernel reads it: a dense one without an adapter,
+    or a quantized layer's single segment (no bias)."""
+    if isinstance(layer, Linear):
+        return layer.weight if layer.lora is None else None
+    if isinstance(layer, QuantLinear) and len(layer.segments) == 1 and layer.bias is None:
+        return layer.segments[0]
+    return None
