@@ -22,8 +22,7 @@ from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatErro
 from ninfer_kernels.quant_formats import Int4Group
 from ninfer_plugins.weights.collect import LayerParts, convert_layers, divides, expect_dtype, expect_shape
 from ninfer_plugins.weights.packing import AWQ_ORDER, pack_int4, unpack_int4
-from ninfer_plugins.weights.quantize import int4_group
-from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_group_size, per_expert, quantized_modules
+from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_layers
 
 WHERE = "config.json quantization_config"
 
@@ -65,19 +64,14 @@ def claim(config: dict, model_dir: Path) -> AwqScheme | None:
 
 
 def write_tiny(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
-    tensors = per_expert(tensors)
-    modules = quantized_modules(tensors)
-    out = dict(tensors)
-    group = int4_group_size(tensors, modules)  # 128 as released where the shapes allow
-    for module in modules:
-        w = out.pop(f"{module}.weight")
-        q = int4_group(w, group, symmetric=False)
-        codes = unpack_int4(q.qweight).t()  # [K, N]
-        out[f"{module}.qweight"] = pack_int4(codes, dim=-1, order=AWQ_ORDER)
-        out[f"{module}.qzeros"] = pack_int4(q.zeros.t(), dim=-1, order=AWQ_ORDER)
-        out[f"{module}.scales"] = q.scales.t().contiguous().to(w.dtype)
+    def spell(module: str, w: torch.Tensor, q) -> dict[str, torch.Tensor]:
+        return {f"{module}.qweight": pack_int4(unpack_int4(q.qweight).t(), dim=-1, order=AWQ_ORDER),  # [K, N/8]
+                f"{module}.qzeros": pack_int4(q.zeros.t(), dim=-1, order=AWQ_ORDER),
+                f"{module}.scales": q.scales.t().contiguous().to(w.dtype)}
+
+    out, modules, group = int4_layers(tensors, symmetric=False, spell=spell)
     quant = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
-             "modules_to_not_convert": dense_module_names(tensors, modules)}
+             "modules_to_not_convert": dense_module_names(out, modules)}
     return TinyQuant(out, {"quantization_config": quant})
 
 

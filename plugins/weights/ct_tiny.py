@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ninfer.model.weight_format import TinyQuant
-from ninfer_plugins.weights.quantize import fp8_block, int4_group, nvfp4, nvfp4_alpha
-from ninfer_plugins.weights.tiny_targets import int4_group_size, per_expert, quantized_modules, sibling_groups
+from ninfer_plugins.weights.quantize import fp8_block, nvfp4, nvfp4_alpha
+from ninfer_plugins.weights.tiny_targets import int4_layers, per_expert, quantized_modules, sibling_groups
 
 CT_VERSION = "0.12.2"
 #: the layers llm-compressor recipes for Qwen leave dense, as patterns (they match whatever
@@ -46,16 +46,12 @@ def write_fp8(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
 
 def write_w4a16(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
     """W4A16: symmetric int4 per group, packed eight to an int32 along the input dimension."""
-    tensors = per_expert(tensors)
-    modules = quantized_modules(tensors)
-    out = dict(tensors)
-    group = int4_group_size(tensors, modules)  # 128 as released where the shapes allow
-    for module in modules:
-        w = out.pop(f"{module}.weight")
-        q = int4_group(w, group, symmetric=True)
-        out[f"{module}.weight_packed"] = q.qweight  # codes are the signed value + 8 already
-        out[f"{module}.weight_scale"] = q.scales.to(w.dtype)
-        out[f"{module}.weight_shape"] = torch.tensor(list(w.shape), dtype=torch.int64)
+    def spell(module: str, w: torch.Tensor, q) -> dict[str, torch.Tensor]:
+        return {f"{module}.weight_packed": q.qweight,  # codes are the signed value + 8 already
+                f"{module}.weight_scale": q.scales.to(w.dtype),
+                f"{module}.weight_shape": torch.tensor(list(w.shape), dtype=torch.int64)}
+
+    out, modules, group = int4_layers(tensors, symmetric=True, spell=spell)
     return TinyQuant(out, _config("pack-quantized", _args(4, "int", "group", group), None,
                                   IGNORE))
 

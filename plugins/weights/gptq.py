@@ -25,8 +25,7 @@ from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatErro
 from ninfer_kernels.quant_formats import Int4Group
 from ninfer_plugins.weights.collect import LayerParts, convert_layers, divides, expect_dtype, expect_shape
 from ninfer_plugins.weights.packing import pack_int4, unpack_int4
-from ninfer_plugins.weights.quantize import int4_group
-from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_group_size, per_expert, quantized_modules
+from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_layers
 
 WHERE = "config.json quantization_config"
 
@@ -76,20 +75,16 @@ def claim(config: dict, model_dir: Path) -> GptqScheme | None:
 
 def write_tiny(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
     """Symmetric GPTQ in the v1 layout (stored zero 7), with its trivial ``g_idx``."""
-    tensors = per_expert(tensors)
-    modules = quantized_modules(tensors)
-    out = dict(tensors)
-    group = int4_group_size(tensors, modules)  # 128 as released where the shapes allow
-    for module in modules:
-        w = out.pop(f"{module}.weight")
-        q = int4_group(w, group, symmetric=True)
-        out[f"{module}.qweight"] = pack_int4(unpack_int4(q.qweight).t(), dim=0)
-        out[f"{module}.qzeros"] = pack_int4((q.zeros - 1).t().to(torch.int32), dim=-1)
-        out[f"{module}.scales"] = q.scales.t().contiguous().to(w.dtype)
-        out[f"{module}.g_idx"] = torch.arange(w.shape[1], dtype=torch.int32) // group
+    def spell(module: str, w: torch.Tensor, q) -> dict[str, torch.Tensor]:
+        return {f"{module}.qweight": pack_int4(unpack_int4(q.qweight).t(), dim=0),
+                f"{module}.qzeros": pack_int4((q.zeros - 1).t().to(torch.int32), dim=-1),
+                f"{module}.scales": q.scales.t().contiguous().to(w.dtype),
+                f"{module}.g_idx": torch.arange(w.shape[1], dtype=torch.int32) // q.group_size}
+
+    out, modules, group = int4_layers(tensors, symmetric=True, spell=spell)
     quant = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": True,
              "damp_percent": 0.01, "true_sequential": True, "static_groups": False, "checkpoint_format": "gptq",
-             "lm_head": False, "modules_to_not_convert": dense_module_names(tensors, modules)}
+             "lm_head": False, "modules_to_not_convert": dense_module_names(out, modules)}
     return TinyQuant(out, {"quantization_config": quant})
 
 

@@ -10,7 +10,7 @@ are written one tensor per expert, the layout every quantizer exports.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -103,3 +103,20 @@ def dense_module_names(tensors: dict[str, torch.Tensor], quantized: list[str]) -
         if leaf == "weight" and tensor.dim() == 2 and module not in chosen and "embed_tokens" not in module:
             names.append(module)
     return sorted(names)
+
+
+def int4_layers(tensors: dict[str, torch.Tensor], symmetric: bool,
+                spell: Callable[[str, torch.Tensor, object], dict[str, torch.Tensor]]) -> tuple[dict, list[str], int]:
+    """A tiny checkpoint with every quantized layer as int4 groups (the group 128 as released
+    where the shapes allow): ``spell(module, dense weight, Int4Group)`` gives the tensors a
+    format stores for one layer. Returns (every tensor, the quantized modules, the group)."""
+    from ninfer_plugins.weights.quantize import int4_group
+
+    tensors = per_expert(tensors)
+    modules = quantized_modules(tensors)
+    out = dict(tensors)
+    group = int4_group_size(tensors, modules)
+    for module in modules:
+        w = out.pop(f"{module}.weight")
+        out.update(spell(module, w, int4_group(w, group, symmetric=symmetric)))
+    return out, modules, group
