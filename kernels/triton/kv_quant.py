@@ -23,7 +23,9 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
-from ninfer_kernels.triton.paged_attention import _block_rows, _fold_kv_tile, _merge_kernel, _num_splits, _tiles
+from ninfer_kernels.triton.paged_attention import (
+    _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
+)
 
 #: compile-time format ids
 INT8, FP8, NVFP4 = 1, 2, 3
@@ -235,11 +237,8 @@ def _attend_quant_kernel(
         if lo >= hi:
             tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, float("-inf"), mask=row_ok)
             return
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = _load_queries(q_ptr, q_rows, head, offs_d, row_ok, d_ok, stride_qt, stride_qh, UPCAST)
     dt = q_ptr.dtype.element_ty
-    if UPCAST:
-        q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -257,16 +256,8 @@ def _attend_quant_kernel(
         k, v = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok, k_gscale, v_gscale,
                           PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, dt)
         acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
-    seen = l_i > 0.0
-    o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if SPLIT:
-        part = split * stride_ps + q_rows[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-        tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & d_ok[None, :])
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, lse, mask=row_ok)
-    else:
-        dest = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
 
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],

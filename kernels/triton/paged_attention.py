@@ -182,12 +182,7 @@ def _attend_kernel(
             tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, float("-inf"), mask=row_ok)
             return
 
-    q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = _load_queries(q_ptr, q_rows, head, offs_d, row_ok, d_ok, stride_qt, stride_qh, UPCAST)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -203,6 +198,23 @@ def _attend_kernel(
         stride_kb, stride_ks, stride_vb, stride_vs, offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, IEEE, UPCAST,
     )
 
+    _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_dv, row_ok, dv_ok, split,
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
+
+
+@triton.jit
+def _load_queries(q_ptr, q_rows, head, offs_d, row_ok, d_ok, stride_qt, stride_qh, UPCAST: tl.constexpr):
+    """A program's query rows [BLOCK_M, BLOCK_D] (float32 when ``UPCAST``)."""
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    return q.to(tl.float32) if UPCAST else q
+
+
+@triton.jit
+def _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_dv, row_ok, dv_ok, split,
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT: tl.constexpr):
+    """A program's normalised rows: with key splits, the partial and its log-sum-exp for the
+    merge; else the output itself, in its dtype."""
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if SPLIT:
