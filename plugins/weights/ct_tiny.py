@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ninfer.model.weight_format import TinyQuant
-from ninfer_plugins.weights.quantize import fp8_block, nvfp4, nvfp4_alpha
-from ninfer_plugins.weights.tiny_targets import int4_layers, per_expert, quantized_modules, sibling_groups
+from ninfer_plugins.weights.quantize import fp8_block
+from ninfer_plugins.weights.tiny_targets import int4_layers, nvfp4_layers, per_expert, quantized_modules
 
 CT_VERSION = "0.12.2"
 #: the layers llm-compressor recipes for Qwen leave dense, as patterns (they match whatever
@@ -58,17 +58,12 @@ def write_w4a16(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
 
 def write_nvfp4(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
     """NVFP4: e2m1 weights, e4m3 scales per 16 and a global scale shared by fused siblings."""
-    tensors = per_expert(tensors)
-    modules = quantized_modules(tensors)
-    out = dict(tensors)
-    for group in sibling_groups(modules):
-        alpha = nvfp4_alpha(*(tensors[f"{m}.weight"] for m in group))
-        for module in group:
-            q = nvfp4(out.pop(f"{module}.weight"), alpha)
-            global_scale = (1.0 / q.alpha).reshape(1)
-            out[f"{module}.weight_packed"], out[f"{module}.weight_scale"] = q.packed, q.scale
-            out[f"{module}.weight_global_scale"] = global_scale
-            out[f"{module}.input_global_scale"] = torch.ones(1)  # what a calibrated export carries; unused here
+    def spell(module: str, q) -> dict[str, torch.Tensor]:
+        return {f"{module}.weight_packed": q.packed, f"{module}.weight_scale": q.scale,
+                f"{module}.weight_global_scale": (1.0 / q.alpha).reshape(1),
+                f"{module}.input_global_scale": torch.ones(1)}  # what a calibrated export carries; unused here
+
+    out, _ = nvfp4_layers(tensors, spell)
     args = {**_args(4, "float", "tensor_group", 16), "scale_dtype": "torch.float8_e4m3fn"}
     inputs = {**_args(4, "float", "tensor_group", 16, dynamic="local")}
     return TinyQuant(out, _config("nvfp4-pack-quantized", args, inputs, IGNORE))

@@ -29,8 +29,7 @@ from ninfer_kernels.quant_formats import Fp8Block, Nvfp4
 from ninfer_plugins.weights.collect import (
     LayerParts, convert_layers, divides, expect_dtype, expect_matrix, expect_shape,
 )
-from ninfer_plugins.weights.quantize import nvfp4, nvfp4_alpha
-from ninfer_plugins.weights.tiny_targets import dense_module_names, per_expert, quantized_modules, sibling_groups
+from ninfer_plugins.weights.tiny_targets import dense_module_names, nvfp4_layers, per_expert
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 READ_ALGOS = {"NVFP4", "W4A16_NVFP4", "FP8"}
@@ -114,17 +113,13 @@ def claim(config: dict, model_dir: Path) -> ModelOptScheme | None:
 
 def write_nvfp4(config: dict, tensors: dict[str, torch.Tensor]) -> TinyQuant:
     """NVFP4 as ModelOpt exports it; fused siblings share ``weight_scale_2`` as its exporter ties them."""
-    tensors = per_expert(tensors)
-    modules = quantized_modules(tensors)
-    out = dict(tensors)
-    for group in sibling_groups(modules):
-        alpha = nvfp4_alpha(*(tensors[f"{m}.weight"] for m in group))
-        for module in group:
-            q = nvfp4(out[f"{module}.weight"], alpha)
-            out[f"{module}.weight"], out[f"{module}.weight_scale"] = q.packed, q.scale
-            out[f"{module}.weight_scale_2"] = q.alpha.reshape(())
-            out[f"{module}.input_scale"] = torch.tensor(1.0)  # a calibrated export's; unused here
-    exclude = dense_module_names(tensors, modules)
+    def spell(module: str, q) -> dict[str, torch.Tensor]:
+        return {f"{module}.weight": q.packed, f"{module}.weight_scale": q.scale,
+                f"{module}.weight_scale_2": q.alpha.reshape(()),
+                f"{module}.input_scale": torch.tensor(1.0)}  # a calibrated export's; unused here
+
+    out, modules = nvfp4_layers(tensors, spell)
+    exclude = dense_module_names(per_expert(tensors), modules)
     producer = {"name": "modelopt", "version": MODELOPT_VERSION}
     legacy = {"producer": producer, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
                                                      "group_size": 16, "exclude_modules": exclude}}

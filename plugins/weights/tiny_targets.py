@@ -120,3 +120,20 @@ def int4_layers(tensors: dict[str, torch.Tensor], symmetric: bool,
         w = out.pop(f"{module}.weight")
         out.update(spell(module, w, int4_group(w, group, symmetric=symmetric)))
     return out, modules, group
+
+
+def nvfp4_layers(tensors: dict[str, torch.Tensor],
+                 spell: Callable[[str, object], dict[str, torch.Tensor]]) -> tuple[dict, list[str]]:
+    """A tiny checkpoint with every quantized layer in NVFP4, fused siblings sharing one global
+    factor as the exporters tie them: ``spell(module, Nvfp4)`` gives the tensors a format
+    stores for one layer. Returns (every tensor, the quantized modules)."""
+    from ninfer_plugins.weights.quantize import nvfp4, nvfp4_alpha
+
+    tensors = per_expert(tensors)
+    modules = quantized_modules(tensors)
+    out = dict(tensors)
+    for group in sibling_groups(modules):
+        alpha = nvfp4_alpha(*(tensors[f"{m}.weight"] for m in group))
+        for module in group:
+            out.update(spell(module, nvfp4(out.pop(f"{module}.weight"), alpha)))
+    return out, modules
