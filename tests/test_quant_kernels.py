@@ -80,6 +80,24 @@ def test_quant_linear_equals_dequantized_linear(fmt, rows):
     assert torch.equal(qg.quant_matmul(x, w, bias, SMALL), got)  # counters reset: the same sum again
 
 
+def test_int4_narrow_groups_read_no_scales_past_k():
+    """Groups of 32 with K short of the 128-column step: the step's columns past K must not
+    read scales or zeros (past the last group lies other memory; here NaN, which would
+    reach every output through 0 * NaN)."""
+    gen = torch.Generator().manual_seed(3)
+    n, k = 24, 96
+    w = random_weight("int4_g32", n, k, gen=gen)
+    groups = k // 32
+    padded = [torch.full((n, groups + 4), float("nan"), dtype=t.dtype) for t in (w.scales, w.zeros)]
+    for full, t in zip(padded, (w.scales, w.zeros)):
+        full[:, :groups] = t
+    w = qf.Int4Group(w.qweight, padded[0][:, :groups], padded[1][:, :groups], 32)
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    got = qg.quant_matmul(x, w, None, SMALL)
+    assert torch.isfinite(got).all()
+    assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_gemv_path_equals_dequantized_linear(fmt, rows):
