@@ -229,9 +229,11 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
-    """Decode batches (one query a sequence) launch with the decode kernel's splits and tiles."""
+    """Decode batches (one query a sequence), under the heuristic's launch, a split count,
+    and a tuned table's whole shape (more splits than the short sequence has tiles)."""
     pytest.importorskip("triton")
     from ninfer_kernels.triton import kv_quant as tri
+    from ninfer_kernels.triton.decode_launch import DecodeLaunch
 
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
@@ -250,9 +252,22 @@ def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
         block_size=page, max_query_len=1, max_seq_len=37, query_lens_host=[1, 1], seq_lens_host=lens,
     )
     want = kq.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3).float()
-    for splits in (None, 4):
-        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (splits, (got - want).abs().max())
+    for splits, launch in ((None, None), (4, None), (None, DecodeLaunch(8, 16, 2, 2))):
+        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits, launch=launch).float()
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (splits, launch, (got - want).abs().max())
+
+
+def test_tuned_decode_launch_scales_splits_with_the_batch():
+    """A table entry serves the batches from it up to the next one, with the same number of
+    programs, no more splits than min_keys allow, and a power-of-two count."""
+    from ninfer_kernels.triton.decode_launch import DecodeLaunch, scaled_launch
+
+    table = {1: DecodeLaunch(64, 32, 4, 2), 8: DecodeLaunch(16, 64, 8, 1)}
+    assert scaled_launch(table, 1, 131072, 128) == table[1]
+    assert scaled_launch(table, 3, 131072, 128) == DecodeLaunch(16, 32, 4, 2)  # 64 // 3 = 21 -> 16
+    assert scaled_launch(table, 16, 131072, 128) == DecodeLaunch(8, 64, 8, 1)
+    assert scaled_launch(table, 1, 1000, 128).splits == 8  # ceil(1000 / 128): no more splits than that
+    assert scaled_launch({8: table[8]}, 4, 131072, 128) is None  # nothing at or below: the heuristic
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -31,6 +31,7 @@ import triton.language as tl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.decode_launch import tuned_launch
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
@@ -43,7 +44,8 @@ from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 #: KV head) needs twice the warps for its tiles: at batch 1 and 768 keys, 4 warps and
 #: 16-key tiles took 11.5 us a layer (35B-A3B) and 10.9 (27B) against 19.7 and 16.0 with
 #: the head-dim-128 shape; with 8 splits (the 27B at batch 8) 32-key tiles were faster.
-#: A head dim without an entry takes the nearest smaller one.
+#: A head dim without an entry takes the nearest smaller one. A device table of
+#: :mod:`.decode_launch` (tuned at long contexts) overrides these and the split limits.
 LAUNCH_SHAPES = {128: (2, 1, 64, 32, 32), 256: (4, 1, 32, 16, 16)}
 #: at most this many key splits, of at least this many keys each (decode's own limits: more
 #: and shorter splits than the prefill kernel's, since at batch 1 memory latency, not work,
@@ -297,10 +299,15 @@ def decode_attention(
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device, MAX_SPLITS,
-                                       MIN_KEYS_PER_SPLIT)
-    num_warps, num_stages, block_n, small_block_n, small_tile_splits = launch_shape(head_dim)
-    block_n = small_block_n if splits >= small_tile_splits else block_n
+    tuned = None if num_splits else tuned_launch(str(k_cache.dtype).removeprefix("torch."), head_dim, num_seqs,
+                                                 batch.max_seq_len, MIN_KEYS_PER_SPLIT, q.device)
+    if tuned is not None:
+        splits, block_n, num_warps, num_stages = tuned.splits, tuned.block_n, tuned.num_warps, tuned.num_stages
+    else:
+        splits = num_splits or _num_splits(num_seqs * num_kv_heads, batch.max_seq_len, q.device, MAX_SPLITS,
+                                           MIN_KEYS_PER_SPLIT)
+        num_warps, num_stages, block_n, small_block_n, small_tile_splits = launch_shape(head_dim)
+        block_n = small_block_n if splits >= small_tile_splits else block_n
     if splits > 1:
         part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)

@@ -23,8 +23,9 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.paged_attention import (
-    _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
+    MIN_KEYS_PER_SPLIT, _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
 )
 
 #: compile-time format ids
@@ -260,10 +261,16 @@ def _attend_quant_kernel(
                 stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
 
 
+def kv_format_name(k_codec: ref.KVCodec, v_codec: ref.KVCodec) -> str:
+    """The formats' name in :mod:`.decode_launch`'s tables: ``fp8``, or ``fp8/nvfp4`` when they differ."""
+    return k_codec.name if k_codec.name == v_codec.name else f"{k_codec.name}/{v_codec.name}"
+
+
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],
                           k_codec: ref.KVCodec, v_codec: ref.KVCodec, batch: ForwardBatch, scale: float,
-                          num_splits: int | None = None) -> torch.Tensor:
-    """Same contract as the reference. ``num_splits`` overrides the key-split heuristic."""
+                          num_splits: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """Same contract as the reference. ``num_splits`` overrides the key-split heuristic;
+    ``launch`` a decode batch's whole shape (else the device's tuned one, if any)."""
     num_tokens, num_heads, head_dim = q.shape
     (kd, ks), (vd, vs) = k_parts, v_parts
     _, page_size, num_kv_heads, _ = ks.shape
@@ -275,9 +282,14 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     num_seqs = batch.seq_lens.shape[0]
     block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
-    # The prefill kernel's split limits and tiles at decode too: the bf16 decode kernel's (up to
-    # 32 splits, 16- or 32-key tiles) measured slower here, 15.8 against 15.0 ms a 27B step at
-    # 32k context, batch 1 (docs/kv-formats.md).
+    if launch is None and num_splits is None and batch.max_query_len == 1:
+        launch = tuned_launch(kv_format_name(k_codec, v_codec), head_dim, num_seqs, batch.max_seq_len,
+                              MIN_KEYS_PER_SPLIT, q.device)
+    if launch is not None:
+        num_splits, block_n, num_warps, num_stages = launch.splits, launch.block_n, launch.num_warps, launch.num_stages
+    # Without a tuned shape, the prefill kernel's split limits and tiles at decode too: the
+    # bf16 decode kernel's (up to 32 splits, 16- or 32-key tiles) measured slower here, 15.8
+    # against 15.0 ms a 27B step at 32k context, batch 1 (docs/kv-formats.md).
     splits = num_splits or _num_splits(blocks * num_seqs * num_kv_heads, batch.max_seq_len, q.device)
     out = (torch.zeros if splits == 1 else torch.empty)(num_tokens, num_heads, head_dim, dtype=q.dtype,
                                                         device=q.device)
