@@ -25,11 +25,15 @@
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
+#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone
+#   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
+#   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
+#
+# Several stages run in one command, in order: scripts/gpu_session.sh agent profile27
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache
-stage=${1:-check}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
@@ -37,6 +41,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
     | tee -a "$OUT/gpu.txt"
 bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
+quant_tests() {
+    timeout 100 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
+        > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
+    timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
+        > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
+}
+for stage in "${@:-check}"; do
+echo "== stage $stage ($(date +%T))"
 case "$stage" in
 check)
     timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
@@ -112,10 +124,12 @@ agent)
     ;;
 kv128)
     for kv in ${KV_FORMATS:-bf16 fp8}; do
-        bench 120 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 1 \
+        bench 180 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 1 \
             --decode-prompt-len 131072 --decode-output-len 64 --no-transformers
-        bench 150 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 8 \
-            --decode-prompt-len 32768 --decode-output-len 64 --no-transformers
+        # 512 tokens each: the first requests decode while the later ones prefill, and the
+        # figure needs all 8 decoding at once (full_batch)
+        bench 200 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 8 \
+            --decode-prompt-len 32768 --decode-output-len 512 --no-transformers
     done
     ;;
 kv)
@@ -135,11 +149,11 @@ validate)
             --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 64 --no-transformers
     done
     ;;
+quant-tests)
+    quant_tests
+    ;;
 quant)
-    timeout 100 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
-        > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
-    timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
-        > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
+    quant_tests
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
         bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
@@ -152,6 +166,21 @@ quant)
 quant-sweep)
     timeout 170 python3 scripts/gpu_quant_gemm_sweep.py --parts linear,moe --budget-s 140 --out-dir "$OUT" \
         > "$OUT/quant_sweep.jsonl" 2> "$OUT/quant_sweep.err"; tail -3 "$OUT/quant_sweep.err"
+    ;;
+quant-tune)
+    # tune the quantized GEMM launch table (written in place, a copy in $OUT), then the 27B decode with it
+    timeout 240 python3 scripts/gpu_quant_gemm_sweep.py --parts tune --budget-s "${TUNE_S:-180}" --write \
+        --out-dir "$OUT" > "$OUT/quant_tune.jsonl" 2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"
+    for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
+        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency 1,8 \
+            --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
+    ;;
+kv-sweep)
+    # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)
+    timeout "$(( ${SWEEP_S:-300} + 60 ))" python3 scripts/gpu_kv_decode_sweep.py --budget-s "${SWEEP_S:-300}" \
+        --formats "${SWEEP_FORMATS:-bfloat16,fp8}" --write --out-dir "$OUT" > "$OUT/kv_sweep.jsonl" \
+        2> "$OUT/kv_sweep.err"; grep winner "$OUT/kv_sweep.jsonl"; tail -3 "$OUT/kv_sweep.err"
     ;;
 profile27)
     # the headline profile served on the 27B shape: fp8 KV, MTP k=3 over the LM-head shortlist
@@ -176,5 +205,6 @@ probe)
     timeout 200 python3 scripts/gpu_prefix_reuse_check.py --dtype fp32 2>&1 | tee "$OUT/prefix_reuse.txt" | tail -24
     ;;
 esac
+done
 tail -5 "$OUT/bench.err" 2>/dev/null
 true

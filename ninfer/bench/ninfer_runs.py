@@ -32,19 +32,33 @@ def offline_throughput(engine, work: Workload) -> dict:
 
 
 def decode_throughput(engine, work: Workload) -> dict:
-    """Steady decode rate: the clock starts once every request has its first token."""
+    """Steady decode rate at the workload's concurrency: the clock runs from the step after
+    every request has its first token to the first request's end. Long prompts prefill one
+    chunk at a time, so the first requests decode alongside the later ones' prefill and may
+    finish before the batch is ever whole: then ``full_batch`` is false and the rate counts
+    every step after the last first token (fewer rows than asked). Steps past the first
+    finish never count: requests leaving one by one would lower the batch."""
     _submit(engine, work, "dec")
     started: set[str] = set()
+    ended_early = False
     while len(started) < len(work.prompts) and engine.has_unfinished():
-        started.update(e.request_id for e in engine.step() if e.token_ids)
+        for e in engine.step():
+            started.update([e.request_id] if e.token_ids else [])
+            ended_early |= e.finished
     begin, tokens, steps = time.perf_counter(), 0, 0
     while engine.has_unfinished():
-        tokens += sum(len(e.token_ids) for e in engine.step())
+        events = engine.step()
+        tokens += sum(len(e.token_ids) for e in events)
         steps += 1
+        if any(e.finished for e in events) and not ended_early:
+            break
     seconds = time.perf_counter() - begin
+    while engine.has_unfinished():  # the rest, untimed
+        engine.step()
     return {
         "decode_tokens": tokens,
         "seconds": seconds,
         "decode_tok_s": tokens / seconds if seconds else 0.0,
         "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "full_batch": not ended_early,
     }
