@@ -189,13 +189,13 @@ def routing_for(tokens: int, e: int, top_k: int, gen: torch.Generator):
 def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
     block_m = max(16, triton.next_power_of_2(rows))
     found = [qg.heuristic_config(FP8 if fmt == "fp8" else -1, rows, n, k, sms)]
-    for block_n, warps, stages in ((32, 4, 4), (64, 4, 3), (64, 8, 4), (128, 4, 3), (128, 8, 4)):
-        tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
-        fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
-        for splits in sorted({fill, 2 * fill} if fill > 1 or tiles < 2 * sms else {1}):
-            found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages))
-    if fmt == "fp8" and rows >= 16:
-        found += [qg.QuantGemmConfig(block_m, bn, 128, 1, 1, 4, 3, act_quant=True) for bn in (64, 128)]
+    # FP8 also on the tensor cores, x quantized inside the GEMM (no weight conversion)
+    for act in (False, True) if fmt == "fp8" else (False,):
+        for block_n, warps, stages in ((32, 4, 4), (64, 4, 3), (64, 8, 4), (128, 4, 3), (128, 8, 4)):
+            tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
+            fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+            for splits in sorted({fill, 2 * fill} if fill > 1 or tiles < 2 * sms else {1}):
+                found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=act))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
     return list(dict.fromkeys(found))

@@ -124,6 +124,22 @@ def test_fp8_tensor_core_path_equals_quantized_activations_times_weight(fmt):
     assert rel_err(got, x.float() @ w.dequantize().T) <= TOL_ACT
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_decode_rows_quantize_inside_the_gemm_as_the_kernel_before_does(splits):
+    """Decode rows on the FP8 tensor-core path quantize x inside each K step: the same
+    result, bit for bit, as 80 rows (which quantize in a kernel first) give for those rows;
+    a ragged last group, split K."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 48, 320
+    w = random_weight("fp8", n, k, gen=gen)
+    x = (torch.randn(80, k, generator=gen) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
+    config = qg.QuantGemmConfig(16, 32, 128, splits, 1, act_quant=True)
+    assert qg.kernel_options(x[:3], qg.operands(w), config)["FORMAT"] == qt.FP8_ACT_INLINE
+    assert qg.kernel_options(x, qg.operands(w), config)["FORMAT"] == qt.FP8_ACT
+    many = qg.quant_matmul(x, w, None, config)
+    assert torch.equal(qg.quant_matmul(x[:3], w, None, config), many[:3])
+
+
 def test_activation_quantization_matches_its_reference():
     gen = torch.Generator().manual_seed(3)
     x = (torch.randn(3, 300, generator=gen) * torch.logspace(-3, 3, 300)).to(torch.bfloat16)

@@ -37,7 +37,8 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
 from ninfer_kernels.triton.quant_tiles import (
-    ACT_GROUP, FP8, FP8_ACT, INT4, INT4_MAGIC, NVFP4, quant_gemv_tile, quant_tile, quantize_activations,
+    ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, quant_gemv_tile, quant_tile,
+    quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
 from ninfer_kernels.triton.tuned_tables import device_name, read_table
@@ -190,7 +191,7 @@ def _quant_gemm_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
-    ROUND: tl.constexpr, USE_PDL: tl.constexpr,
+    ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -210,7 +211,7 @@ def _quant_gemm_kernel(
         acc = quant_tile(x_ptr + offs_m * stride_xm, xs_ptr + offs_m * stride_xsm, m_ok, stride_xk,
                          w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                          stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND)
     if FORMAT == 3:  # NVFP4's one factor
         acc *= tl.load(alpha_ptr)
     _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om,
@@ -218,16 +219,21 @@ def _quant_gemm_kernel(
 
 
 def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> dict | None:
-    """Format-dependent constexprs for x's dtype, or None when no kernel fits."""
+    """Format-dependent constexprs for x's dtype, or None when no kernel fits. FP8 on the
+    tensor cores quantizes decode rows inside the GEMM when its K step is one activation
+    group, and larger batches in a kernel before (there every column tile would repeat it)."""
     fmt = FP8_ACT if op.fmt == FP8 and config.act_quant else op.fmt
     fit = block_k_for(op, fmt, config.BLOCK_K)
     if fit is None or x.dtype not in INT4_MAGIC:
         return None
+    if fmt == FP8_ACT and fit[0] == ACT_GROUP and x.shape[0] <= DECODE_ROWS:
+        fmt = FP8_ACT_INLINE
     magic, offset = INT4_MAGIC[x.dtype]
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
     return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "MAGIC": magic,
             "OFFSET": offset,
-            "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16}
+            "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,
+            "QROUND": x.device.type != "cuda"}
 
 
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,

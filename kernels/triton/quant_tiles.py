@@ -9,6 +9,9 @@
   block's ``bk``) multiplies the step's partial product, not every weight.
 * ``FP8_ACT`` (tensor-core FP8): x was quantized per token per 128 columns
   (:func:`quantize_activations`); e4m3 x e4m3 ``tl.dot``, then both scales per step.
+* ``FP8_ACT_INLINE``: the same products, x quantized inside the step (each step is one
+  128-column group) instead of by a kernel before. For decode rows: no extra launch, and
+  no e4m3 -> bf16 conversion of the weight, which bounds the weight-only path there.
 * ``INT4``: a step's int32 words hold 8 columns each, column ``8w + j`` in nibble ``j``.
   Rather than interleave nibbles back into column order, each nibble position ``j`` is
   its own ``tl.dot`` against x's columns ``j, j+8, ...`` (strided loads of the small x).
@@ -35,7 +38,7 @@ import triton.language as tl
 from ninfer_kernels.triton.kv_quant import _round_e4m3
 
 #: kernel format ids (constexpr)
-FP8, FP8_ACT, INT4, NVFP4 = 0, 1, 2, 3
+FP8, FP8_ACT, INT4, NVFP4, FP8_ACT_INLINE = 0, 1, 2, 3, 4
 #: columns of x sharing one activation scale on the FP8 tensor-core path
 ACT_GROUP = 128
 _ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel may read
@@ -76,6 +79,30 @@ def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok
     k_ok = offs_k < k_end
     a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
     a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
+    w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
+                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    return _dot(a, w, UPCAST) * a_s[:, None] * s[None, :]
+
+
+@triton.jit
+def _quantize_group(x, ROUND: tl.constexpr):
+    """float32 rows ``x`` [M, ACT_GROUP] of one group -> (e4m3 codes, float32 scales [M]),
+    as :func:`_act_quant_kernel` computes them."""
+    scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
+    q = x / scale[:, None]
+    if ROUND:  # the interpreter's fp32 -> fp8 cast rounds wrongly: round by hand
+        q = _round_e4m3(q)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _fp8_act_inline_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                         stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
+                         BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr):
+    offs_k = k0 + tl.arange(0, BLOCK_K)  # BLOCK_K == ACT_GROUP: the step is the group
+    k_ok = offs_k < k_end
+    a, a_s = _quantize_group(_load_x(a_rows, row_ok, offs_k, k_ok, stride_ak).to(tl.float32), ROUND)
     w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
                 mask=k_ok[:, None] & n_ok[None, :], other=0.0)
     s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
@@ -150,11 +177,13 @@ def _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end
 def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr):
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
+               QROUND: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: rows ``a_rows`` of x (pointers to column 0; ``as_rows``
     to their activation scales for FP8_ACT) times weight rows ``offs_n`` over columns
     ``k_begin`` (a multiple of BLOCK_K) to ``k_end``. ``w_ptr``/``s_ptr``/``z_ptr`` are
-    one matrix's data, scales and zeros; strides in their own elements."""
+    one matrix's data, scales and zeros; strides in their own elements. ``QROUND``: round
+    to e4m3 by hand (the interpreter's cast does not; FP8_ACT_INLINE)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if FORMAT == 0:
@@ -163,6 +192,10 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
         elif FORMAT == 1:
             acc += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
+        elif FORMAT == 4:
+            acc += _fp8_act_inline_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                                        stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K,
+                                        UPCAST, QROUND)
         elif FORMAT == 2:
             acc += _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
                               stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
@@ -241,11 +274,8 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     ok = cols < K
     x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
-    q = x / scale[:, None]
-    if ROUND:  # the interpreter's fp32 -> fp8 cast rounds wrongly: round by hand
-        q = _round_e4m3(q)
-    tl.store(q_ptr + row * stride_qm + cols, q.to(tl.float8e4nv), mask=ok)
+    q, scale = _quantize_group(x, ROUND)
+    tl.store(q_ptr + row * stride_qm + cols, q, mask=ok)
     tl.store(s_ptr + row * stride_sm + g, scale, mask=g * GROUP < K)
 
 
