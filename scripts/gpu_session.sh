@@ -18,6 +18,7 @@
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
 #   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
+#   scripts/gpu_session.sh kv128x8  27B decode per KV_FORMATS at c=8 after 128k prompts (one format a call)
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
 #   scripts/gpu_session.sh validate the spec and quantized-KV GPU tests, then 27B decode at 32k for bf16 and fp8 KV
@@ -130,6 +131,14 @@ kv128)
         # figure needs all 8 decoding at once (full_batch)
         bench 200 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 8 \
             --decode-prompt-len 32768 --decode-output-len 512 --no-transformers
+    done
+    ;;
+kv128x8)
+    # issue #21's batch-8 goal lives at long contexts (at 8 x 32k the KV is a quarter of a
+    # step's bytes): 8 x 128k prompts, about 4 minutes of prefill a format
+    for kv in ${KV_FORMATS:-bf16 fp8}; do
+        bench 290 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only decode --concurrency 8 \
+            --decode-prompt-len 131072 --decode-output-len 512 --prefill-chunk 16384 --no-transformers
     done
     ;;
 kv)
