@@ -135,8 +135,8 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
         return part
     # One dot over the whole step: each word is loaded once per nibble (the 8 loads of one
     # address come from L1), so the tile's rows are the step's columns in order and x is
-    # read contiguously; eight 16-deep dots over strided x columns measured 16-24% of
-    # copy bandwidth at one to four rows (session 12).
+    # read contiguously. Eight 16-deep dots over strided x columns did before; with them
+    # the best int4 shapes streamed 16-24% of copy bandwidth at one to four rows (session 12).
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = offs_k < k_end
     spread = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (offs_k // 8)[:, None] * stride_wk,

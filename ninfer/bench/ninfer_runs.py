@@ -36,8 +36,8 @@ def decode_throughput(engine, work: Workload) -> dict:
     every request has its first token to the first request's end. Long prompts prefill one
     chunk at a time, so the first requests decode alongside the later ones' prefill and may
     finish before the batch is ever whole: then ``full_batch`` is false and the rate counts
-    every step after the last first token (fewer rows than asked). Steps past the first
-    finish never count: requests leaving one by one would lower the batch."""
+    every step after the last first token (fewer rows than asked). Otherwise steps past the
+    first finish do not count: requests leaving one by one would lower the batch."""
     _submit(engine, work, "dec")
     started: set[str] = set()
     ended_early = False
