@@ -94,3 +94,13 @@ class ServerShuttingDownError(NinferError):
 
     status = 503
     code = "server_shutting_down"
+
+
+def type_field(obj, where: str, default=None):
+    """``obj["type"]`` (``default`` when absent) of a client's JSON object, refused unless it
+    is a string: it is looked up in tables next, and a list or object there would be a
+    server error instead of the client's."""
+    kind = obj.get("type", default)
+    if kind is not None and not isinstance(kind, str):
+        raise InvalidRequestError("type must be a string", param=f"{where}.type")
+    return kind

@@ -109,6 +109,7 @@ def test_participant_names_on_other_roles_are_unsupported_unless_empty():
          "unsupported_parameter"),
         ({"type": "file", "file": {"file_id": "f"}}, "messages[0].content[0].type", "unsupported_parameter"),
         ({"type": "banana"}, "messages[0].content[0].type", "invalid_request"),
+        ({"type": ["text"]}, "messages[0].content[0].type", "invalid_request"),  # not a lookup key
     ],
 )
 def test_content_parts_we_cannot_take_name_their_field(part, param, code):

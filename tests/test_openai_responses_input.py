@@ -98,6 +98,9 @@ def test_ids_are_kept_or_made_and_duplicates_fail_only_when_stored():
     (result("c", []), "input[0].output", InvalidRequestError, None),
     ({"role": "user", "content": [{"type": "input_text", "text": "x", "prompt_cache_breakpoint": {"mode": "x"}}]},
      "input[0].content[0].prompt_cache_breakpoint", InvalidRequestError, None),
+    # a type that is not a string (found by the OpenAPI fuzzer: it was a 500)
+    ({"role": "user", "type": [{"x": 1}]}, "input[0].type", InvalidRequestError, None),
+    ({"role": "user", "content": [{"type": {"x": 1}}]}, "input[0].content[0].type", InvalidRequestError, None),
 ])
 def test_malformed_or_unsupported_items_name_their_field(entry, param, kind, code):
     fails(items, [entry], param=param, kind=kind, code=code)
@@ -207,6 +210,8 @@ def test_namespaces_get_their_own_identity_and_hosted_tools_are_left_out():
     ([{"type": "namespace", "name": "n", "tools": [{"type": "custom", "name": "x"}]}], None, None,
      "tools[0].tools[0].type"),
     ([{"type": "mystery"}], None, None, "tools[0].type"),
+    ([{"type": ["function"]}], None, None, "tools[0].type"),
+    ([DIRECT], {"type": ["function"]}, None, "tool_choice.type"),
 ])
 def test_tool_configurations_that_cannot_be_honoured_fail(tools, choice, parallel, param):
     fails(resolve_tools, tools, choice, parallel, param=param)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 #: content-part types carrying media, which need the vision tower
@@ -156,7 +156,7 @@ def content_text(content: Any, where: str, role: str) -> str:
 def _part_text(part: Any, where: str, role: str) -> str:
     if not isinstance(part, Mapping):
         raise InvalidRequestError("a content part must be an object", param=where)
-    kind = part.get("type")
+    kind = type_field(part, where)
     if kind == "text" or (kind == "refusal" and role == "assistant"):
         text = part.get(kind)
         if not isinstance(text, str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Mapping, Optional
 
-from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
 from ninfer.frontend.tool_schema import loads_json
 from ninfer_plugins.protocols.openai_responses.sealed import unseal
 
@@ -55,7 +55,7 @@ def canonical_input(raw: Any, *, has_parent: bool, unique_ids: bool) -> list[Ite
 def _item(entry: Any, where: str) -> Item:
     if not isinstance(entry, Mapping):
         raise InvalidRequestError("an input Item must be an object", param=where)
-    kind = entry.get("type", "message" if "role" in entry else None)
+    kind = type_field(entry, where, "message" if "role" in entry else None)
     if kind not in ID_PREFIX:
         raise UnsupportedFeatureError(f"input Items of type {kind!r} are not supported", param=f"{where}.type")
     item_id = entry.get("id")
@@ -117,7 +117,7 @@ def _breakpoint(part: Mapping[str, Any], where: str) -> None:
 def _part(part: Any, where: str, role: str) -> Item:
     if not isinstance(part, Mapping):
         raise InvalidRequestError("a content part must be an object", param=where)
-    kind = part.get("type")
+    kind = type_field(part, where)
     if kind == "input_text" or (kind in ("output_text", "refusal") and role == "assistant"):
         key = "refusal" if kind == "refusal" else "text"
         text = part.get(key)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import attrs
 from loguru import logger
 
-from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
 from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.frontend.tool_guide import ToolRequest
 
@@ -112,7 +112,7 @@ def _declared(tools: Sequence[Any]) -> tuple[list[_Declared], list[str]]:
         where = f"tools[{i}]"
         if not isinstance(tool, Mapping):
             raise InvalidRequestError("a tool must be an object", param=where)
-        kind = tool.get("type")
+        kind = type_field(tool, where)
         if kind == "function":
             out.append(_function(tool, where, None, None))
         elif kind == "namespace":
@@ -177,7 +177,7 @@ def _choice(choice: Any, declared: list[_Declared]) -> _Choice:
         return _Choice(set())
     if not isinstance(choice, Mapping):
         raise InvalidRequestError("tool_choice must be auto, none, required, or an object", param="tool_choice")
-    kind = choice.get("type")
+    kind = type_field(choice, "tool_choice")
     known = {d.identity for d in declared}
     if kind == "function":
         return _Choice(forced=True, named=_reference(choice, known, "tool_choice.name"))
