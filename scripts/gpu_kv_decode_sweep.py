@@ -11,9 +11,10 @@ bandwidth. The quantized kernel's new-key write is not in these timings (it is o
 fused launch before the attention; the bf16 decode kernel stores its key itself).
 
 The shape with the least summed slowdown over the contexts (time over the best time at
-that context) wins per format and batch; the winners go to
-``decode_attention_configs/<device>.json`` in ``--out-dir`` and, with ``--write``, into
-the source tree (:mod:`ninfer_kernels.triton.decode_launch` reads them).
+that context) wins per format and batch; the winners are merged into the device's
+table (``decode_attention_configs/<device>.json``: formats and batches not swept keep
+their entries), written to ``--out-dir`` and, with ``--write``, into the source tree
+(:mod:`ninfer_kernels.triton.decode_launch` reads it).
 
     python3 scripts/gpu_kv_decode_sweep.py --formats bfloat16,fp8 --cases 1x32768,1x131072,8x32768 --write
 """
@@ -133,8 +134,12 @@ def main() -> None:
 
 
 def write_table(times, cases, args) -> None:
-    """Per format and batch, the shape with the least summed slowdown over its contexts."""
-    out: dict = {"_comment": "scripts/gpu_kv_decode_sweep.py on this device: format -> batch -> launch"}
+    """Per format and batch, the shape with the least summed slowdown over its contexts,
+    merged into the device's table (formats and batches not swept keep their entries)."""
+    name = f"{device_name(torch.device('cuda'))}.json"
+    current = dl.CONFIG_DIR / name
+    out: dict = json.loads(current.read_text()) if current.is_file() else {}
+    out["_comment"] = "scripts/gpu_kv_decode_sweep.py on this device: format -> batch -> launch"
     for (fmt, c), per_launch in sorted(times.items()):
         contexts = {ctx for bc, ctx in cases if bc == c}
         full = {launch: t for launch, t in per_launch.items() if set(t) == contexts}
@@ -142,12 +147,11 @@ def write_table(times, cases, args) -> None:
             continue
         best = {ctx: min(t[ctx] for t in full.values()) for ctx in contexts}
         winner = min(full, key=lambda launch: sum(full[launch][ctx] / best[ctx] for ctx in contexts))
-        name = fmt if fmt == "bfloat16" else kq.kv_format_name(*(codec(n) for n in CODECS[fmt]))
-        out.setdefault(dl.format_key(name, HEAD_D), {})[str(c)] = winner.to_json()
+        kv_format = fmt if fmt == "bfloat16" else kq.kv_format_name(*(codec(n) for n in CODECS[fmt]))
+        out.setdefault(dl.format_key(kv_format, HEAD_D), {})[str(c)] = winner.to_json()
         print(json.dumps({"winner": fmt, "batch": c, **winner.to_json(),
                           "us_per_layer": {ctx: round(full[winner][ctx], 2) for ctx in sorted(contexts)}}), flush=True)
     text = json.dumps(out, indent=1) + "\n"
-    name = f"{device_name(torch.device('cuda'))}.json"
     if args.out_dir:
         Path(args.out_dir, name).write_text(text)
     if args.write:
