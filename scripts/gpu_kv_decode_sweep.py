@@ -127,7 +127,6 @@ def main() -> None:
                                   "us_per_layer": round(us, 2),
                                   "bandwidth_pct": round(100 * read / (us * 1e-6) / COPY_BYTES_PER_S, 1)}),
                       flush=True)
-            del batch
             torch.cuda.empty_cache()
         print(json.dumps({"format": fmt, "done": f_index + 1, "of": len(formats)}), flush=True)
     write_table(times, cases, args)
