@@ -72,20 +72,6 @@ def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
 
 
 @triton.jit
-def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
-                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_ok = offs_k < k_end
-    a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
-    a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
-    w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
-                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
-    return _dot(a, w, UPCAST) * a_s[:, None] * s[None, :]
-
-
-@triton.jit
 def _quantize_group(x, ROUND: tl.constexpr):
     """float32 rows ``x`` [M, ACT_GROUP] of one group -> (e4m3 codes, float32 scales [M]),
     as :func:`_act_quant_kernel` computes them."""
@@ -97,12 +83,18 @@ def _quantize_group(x, ROUND: tl.constexpr):
 
 
 @triton.jit
-def _fp8_act_inline_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                         stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
-                         BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr):
-    offs_k = k0 + tl.arange(0, BLOCK_K)  # BLOCK_K == ACT_GROUP: the step is the group
+def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
+                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FORMAT: tl.constexpr, QROUND: tl.constexpr):
+    """FP8_ACT (x quantized before, its scales at ``as_rows``) or FP8_ACT_INLINE (x
+    quantized here: BLOCK_K == ACT_GROUP, so the step is one group)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = offs_k < k_end
-    a, a_s = _quantize_group(_load_x(a_rows, row_ok, offs_k, k_ok, stride_ak).to(tl.float32), ROUND)
+    if FORMAT == 4:
+        a, a_s = _quantize_group(_load_x(a_rows, row_ok, offs_k, k_ok, stride_ak).to(tl.float32), QROUND)
+    else:
+        a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
+        a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
     w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
                 mask=k_ok[:, None] & n_ok[None, :], other=0.0)
     s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
@@ -195,13 +187,10 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
         if FORMAT == 0:
             acc += _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                              stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
-        elif FORMAT == 1:
+        elif FORMAT == 1 or FORMAT == 4:
             acc += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                                 stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
-        elif FORMAT == 4:
-            acc += _fp8_act_inline_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                                        stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K,
-                                        UPCAST, QROUND)
+                                 stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
+                                 FORMAT, QROUND)
         elif FORMAT == 2:
             acc += _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
                               stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
