@@ -232,6 +232,10 @@ def test_chat_hints_find_the_turn_closure_and_marked_message_ends():
     assert hints.shared == (4, 9, 15)  # after 1, 2 and 4 turns; "after 3" splits the tool message
     tools_only = ChatPrompt(turns[1:], tools=({"type": "function"},), cache_breakpoints=(0,))
     assert chat_cache_hints(tools_only, ids, Vocab()).shared == (4,)  # tools render a system message
+    # a developer turn renders as the system message the tools join (Responses' instructions)
+    developer = ChatPrompt([ChatTurn("developer", "s"), *turns[1:]], tools=({"type": "function"},),
+                           cache_breakpoints=(1, 2))
+    assert chat_cache_hints(developer, ids, Vocab()).shared == (4, 9)
     assert chat_cache_hints(TextPrompt("x"), ids, Vocab(), replay=True) == CacheHints(replay=True)
     automatic = chat_cache_hints(ChatPrompt(turns[:2], implicit_breakpoint=2), ids, Vocab())
     assert automatic.shared == () and automatic.implicit_shared == (9,)

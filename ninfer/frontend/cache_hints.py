@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ninfer.engine.context_cache import CacheHints
+from ninfer.frontend.chat_messages import template_role
 from ninfer.frontend.pipeline_request import ChatPrompt
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -32,7 +33,7 @@ def _ends(ids: Sequence[int], end_id: int) -> list[int]:
 
 def _message_count(prompt: ChatPrompt, turns: int) -> Optional[int]:
     """Rendered messages the first ``turns`` turns make (None: the boundary splits one)."""
-    roles = [t.role for t in prompt.turns]
+    roles = [template_role(t.role) for t in prompt.turns]  # as rendered: developer is system
     if 0 < turns < len(roles) and roles[turns - 1] == "tool" and roles[turns] == "tool":
         return None  # between two tool results, which render as one message
     count = 1 if prompt.tools and (not roles or roles[0] != "system") else 0  # tools get a system message

@@ -188,16 +188,22 @@ def _media(part: Mapping[str, Any], kind: str, where: str) -> None:
 # -- rendering ------------------------------------------------------------------------
 
 
+def template_role(role: str) -> str:
+    """The role a chat template sees: developer turns are system turns (Qwen-family
+    templates know only system)."""
+    return "system" if role == "developer" else role
+
+
 def template_messages(turns: Sequence[ChatTurn]) -> list[dict[str, Any]]:
     """Messages as chat templates read them.
 
-    Developer turns become system turns in place (Qwen-family templates know only
-    system). JSON-object argument strings are decoded, keeping member order, because
-    some templates iterate the arguments rather than print them.
+    Roles as :func:`template_role` maps them. JSON-object argument strings are decoded,
+    keeping member order, because some templates iterate the arguments rather than print
+    them.
     """
     out: list[dict[str, Any]] = []
     for turn in turns:
-        role = "system" if turn.role == "developer" else turn.role
+        role = template_role(turn.role)
         message: dict[str, Any] = {"role": role, "content": turn.content}
         if turn.reasoning is not None:
             message["reasoning_content"] = turn.reasoning
