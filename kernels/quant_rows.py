@@ -123,8 +123,6 @@ def stack_experts(experts: Sequence[QuantWeight]) -> QuantWeight:
 
 def expert(weight: QuantWeight, index: int) -> QuantWeight:
     """Expert ``index`` of a stacked ``[E, N, K]`` weight."""
-    if isinstance(weight, Nvfp4):
-        return Nvfp4(weight.packed[index], weight.scale[index], weight.alpha[index])
     fields = {name: t[index] for name, t in tensors(weight).items()}
     return dataclasses.replace(weight, **fields)
 

@@ -7,6 +7,10 @@ the model's own weights: round to nearest, no calibration), loads it as a user w
 compares it with the original checkpoint, teacher forced over windows of held-out text
 (logit cosine, KL, perplexity) and by greedy agreement, with the KV-format study's
 helpers (ninfer.bench.kv_accuracy). One JSON line per layout.
+
+``--fp8-activations`` also quantizes x per token per 128 columns before every FP8
+product, as the CUDA kernels' tensor-core path does (the CPU reference multiplies in the
+activation dtype): what FP8 costs with that path in use.
 """
 
 from __future__ import annotations
@@ -40,6 +44,25 @@ def quantized_copy(model: Path, layout: str, out: Path, writers) -> Path:
     return out
 
 
+def fp8_activations() -> None:
+    """Make the reference ``quant_linear`` quantize x as the FP8 tensor-core kernels do."""
+    from ninfer_kernels import ops
+    from ninfer_kernels import quant_formats as qf
+    from ninfer_kernels.triton.quant_tiles import quantize_activations_reference
+
+    plain = ops.IMPLEMENTATIONS["quant_linear"]["reference"]
+
+    def with_quantized_x(x, weight, bias=None):
+        if not isinstance(weight, qf.Fp8Block):
+            return plain(x, weight, bias)
+        flat = x.reshape(-1, x.shape[-1])
+        q, s = quantize_activations_reference(flat)
+        xq = (q.float() * s.repeat_interleave(128, dim=1)[:, :flat.shape[1]]).to(x.dtype)
+        return plain(xq.reshape(x.shape), weight, bias)
+
+    ops.IMPLEMENTATIONS["quant_linear"]["reference"] = with_quantized_x
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model", type=Path)
@@ -52,7 +75,10 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--fp8-activations", action="store_true")
     a = p.parse_args()
+    if a.fp8_activations:
+        fp8_activations()
     writers = tiny_quant_writers(load_registry())
     settings = dict(device=a.device, dtype=a.dtype, prefix_reuse=False, max_concurrency=a.prompts,
                     max_context=max(a.length, a.prompt_len + a.new_tokens) + 16)

@@ -29,26 +29,25 @@ class ReclaimOrder:
         self._cost = cost  # recompute cost of the page a block holds
         self._is_leaf = is_leaf
         self._plain: OrderedDict[int, None] = OrderedDict()  # not retained, least recently freed first
-        self._retained: set[int] = set()
         self._heap: list[tuple[float, int, int]] = []  # (cost, version, block)
-        self._version: dict[int, int] = {}  # block -> version of its current heap entry
+        # retained free blocks -> version of their current heap entry (its keys: the retained set)
+        self._version: dict[int, int] = {}
         self._versions = 0
 
     def __len__(self) -> int:
-        return len(self._plain) + len(self._retained)
+        return len(self._plain) + len(self._version)
 
     def __contains__(self, block: int) -> bool:
-        return block in self._plain or block in self._retained
+        return block in self._plain or block in self._version
 
     @property
     def num_retained(self) -> int:
-        return len(self._retained)
+        return len(self._version)
 
     def add(self, block: int, retained: bool) -> None:
         """``block`` became free and keeps its published page."""
         if retained:
-            self._retained.add(block)
-            self.candidate(block)
+            self._push(block)
         else:
             self._plain[block] = None
 
@@ -56,7 +55,6 @@ class ReclaimOrder:
         """``block`` is claimed again (a hit) or its page was dropped."""
         if self._plain.pop(block, 0) is None:
             return
-        self._retained.discard(block)
         self._version.pop(block, None)
 
     def set_retained(self, block: int, retained: bool) -> None:
@@ -64,20 +62,21 @@ class ReclaimOrder:
         if retained and block in self._plain:
             del self._plain[block]
             self.add(block, True)
-        elif not retained and block in self._retained:
-            self._retained.discard(block)
-            self._version.pop(block, None)
+        elif not retained and block in self._version:
+            del self._version[block]
             self._plain[block] = None
             self._plain.move_to_end(block, last=False)  # nobody wants it: first to go
 
     def candidate(self, block: int) -> None:
         """``block`` (free, retained) may have become a leaf: enter it in the heap again."""
-        if block not in self._retained:
-            return
+        if block in self._version:
+            self._push(block)
+
+    def _push(self, block: int) -> None:
         self._versions += 1
         self._version[block] = self._versions
         heapq.heappush(self._heap, (self._cost(block), self._versions, block))
-        if len(self._heap) > 4 * len(self._retained) + 64:
+        if len(self._heap) > 4 * len(self._version) + 64:
             self._compact()
 
     def pop(self) -> int:
@@ -90,9 +89,9 @@ class ReclaimOrder:
             if self._version.get(block) == version and self._is_leaf(block):
                 self.remove(block)
                 return block
-        if not self._retained:
+        if not self._version:
             raise IndexError("no free cached block")
-        block = min(self._retained, key=self._cost)  # no leaf among them: a chain some running request extends
+        block = min(self._version, key=self._cost)  # no leaf among them: a chain some running request extends
         self.remove(block)
         return block
 
