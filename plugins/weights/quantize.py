@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_kernels.quant_formats import E2M1_VALUES, Fp8Block, Int4Group, Nvfp4
+from ninfer_kernels.kv_quant import e2m1_codes
+from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4
 from ninfer_plugins.weights.packing import pack_e2m1, pack_int4
 
 FP8_MAX = 448.0
-E2M1_MAX = 6.0
+E2M1_MAX = 6.0  # the largest e2m1 value
 _TINY = 1e-12
 
 
@@ -65,17 +66,10 @@ def nvfp4(w: torch.Tensor, alpha: float | None = None) -> Nvfp4:
     blocks = w.reshape(n, k // 16, 16)
     scale = (blocks.abs().amax(dim=-1) / E2M1_MAX / alpha).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
     step = (scale.float() * alpha).clamp(min=_TINY)[..., None]
-    codes = _e2m1_codes(blocks / step).reshape(n, k)
+    codes = e2m1_codes(blocks / step).reshape(n, k)
     return Nvfp4(pack_e2m1(codes), scale, torch.tensor(alpha, dtype=torch.float32))
 
 
 def nvfp4_alpha(*weights: torch.Tensor) -> float:
     amax = max(float(w.abs().max()) for w in weights)
     return max(amax, _TINY) / (E2M1_MAX * FP8_MAX)
-
-
-def _e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """Nearest e2m1 code (bit 3 the sign) for each value of ``x`` (already divided by its scale)."""
-    magnitudes = torch.tensor(E2M1_VALUES[:8], device=x.device)
-    index = (x.abs().clamp(max=E2M1_MAX).unsqueeze(-1) - magnitudes).abs().argmin(dim=-1)
-    return index + 8 * (x < 0).long()
