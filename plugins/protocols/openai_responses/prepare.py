@@ -94,13 +94,16 @@ def explicit_breakpoints(raw: Any, located: list, first_input: int, offset: int,
         return ()
     marked = [i for i, entry in enumerate(raw) if isinstance(entry, dict) and isinstance(entry.get("content"), list)
               and any(isinstance(p, dict) and p.get("prompt_cache_breakpoint") for p in entry["content"])]
-    counts = []
-    for i in marked:
+    counts: list[int] = []
+    for i in reversed(marked):  # the latest first: no more than MAX_CACHE_WRITES can be kept
+        if len(counts) == MAX_CACHE_WRITES:
+            break
         end = first_input + i + 1
         turns = len(lower_items(located[:end]))
         if end < len(located) and len(lower_items(located[: end + 1])) == turns:
             continue
         counts.append(turns + offset)
+    counts.reverse()
     room = MAX_CACHE_WRITES - (implicit is not None and implicit not in counts)
     return tuple(counts[-room:]) if room > 0 else ()
 
