@@ -43,6 +43,16 @@ def tensors(weight: QuantWeight) -> dict[str, torch.Tensor]:
             if isinstance(getattr(weight, f.name), torch.Tensor)}
 
 
+def register_params(module: torch.nn.Module, prefix: str, weight: QuantWeight) -> QuantWeight:
+    """``weight`` with each tensor a frozen parameter of ``module`` named ``{prefix}_{field}``
+    (so moves, byte counts and state dicts see them)."""
+    params = {}
+    for name, tensor in tensors(weight).items():
+        params[name] = torch.nn.Parameter(tensor, requires_grad=False)
+        module.register_parameter(f"{prefix}_{name}", params[name])
+    return dataclasses.replace(weight, **params)
+
+
 def nbytes(weight: QuantWeight | torch.Tensor) -> int:
     if isinstance(weight, torch.Tensor):
         return weight.nbytes

@@ -12,7 +12,6 @@ captured in CUDA graphs; prefill uses the same grouped GEMM with larger tiles.
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 from torch import nn
@@ -36,11 +35,7 @@ class Experts(nn.Module):
     def set_quantized(self, proj: str, weight: QuantWeight) -> None:
         """Hold ``proj`` quantized; its tensors become parameters (so byte counts see them)."""
         del self._parameters[proj]
-        params = {}
-        for name, tensor in quant_rows.tensors(weight).items():
-            params[name] = nn.Parameter(tensor, requires_grad=False)
-            self.register_parameter(f"{proj}_{name}", params[name])
-        setattr(self, proj, dataclasses.replace(weight, **params))
+        setattr(self, proj, quant_rows.register_params(self, proj, weight))
 
     @property
     def quantized(self) -> bool:

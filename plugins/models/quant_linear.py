@@ -16,7 +16,6 @@ figures) see them like any other weight.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import torch
@@ -45,11 +44,7 @@ class QuantLinear(nn.Module):
             param = nn.Parameter(segment, requires_grad=False)
             self.register_parameter(f"part{index}_weight", param)
             return param
-        params = {}
-        for name, tensor in quant_rows.tensors(segment).items():
-            params[name] = nn.Parameter(tensor, requires_grad=False)
-            self.register_parameter(f"part{index}_{name}", params[name])
-        return dataclasses.replace(segment, **params)
+        return quant_rows.register_params(self, f"part{index}", segment)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.segments) == 1:
