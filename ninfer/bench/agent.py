@@ -50,9 +50,10 @@ class AgentShape:
 
 
 def _filler(chars: int, seed: int) -> str:
-    words, i = [], seed
-    while sum(len(w) + 1 for w in words) < chars:
+    words, i, length = [], seed, 0
+    while length < chars:
         words.append(_WORDS[(i * 7 + len(words) * 13) % len(_WORDS)])
+        length += len(words[-1]) + 1
         i += 1
     return " ".join(words)
 
@@ -74,10 +75,15 @@ def _text_of(content: Any) -> str:
     return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") in ("text", "input_text"))
 
 
+def find_fixtures(fixture_dir: Optional[str] = None) -> Optional[Path]:
+    """The folder holding both fixtures (``fixture_dir``, else the usual places), or None."""
+    dirs = [Path(fixture_dir)] if fixture_dir else list(_FIXTURE_DIRS)
+    return next((d for d in dirs if all((d / f).exists() for f in FIXTURES)), None)
+
+
 def load_shapes(fixture_dir: Optional[str] = None) -> list[AgentShape]:
     """The two agent kinds, from the fixtures when they can be found, else stand-in text."""
-    dirs = [Path(fixture_dir)] if fixture_dir else list(_FIXTURE_DIRS)
-    found = next((d for d in dirs if all((d / f).exists() for f in FIXTURES)), None)
+    found = find_fixtures(fixture_dir)
     if found is None:
         return [AgentShape(kind, _filler(s, 1), [{"type": "function", "function": {
                     "name": f"tool_{i}", "description": _filler(t // 12, i), "parameters": {"type": "object"}}}
@@ -230,7 +236,8 @@ def agent_workload(args, emit: Callable[[dict], None]) -> None:
     shapes = [fit_prefix(s, tokenizer, args.agent_prefix_tokens) for s in load_shapes(args.agent_fixtures)]
     common = {"model": args.model, "device": str(device), "agents": a, "turns": args.turns,
               "kv_capacity_tokens": llm.engine.num_blocks * llm.engine.config.block_size,
-              "fixtures": "found" if any(d.exists() for d in _FIXTURE_DIRS) or args.agent_fixtures else "stand-in"}
+              "fixtures": "found" if find_fixtures(args.agent_fixtures) else "stand-in"}
+    shared = {s.kind: len(tokenizer.encode(s.system)) for s in shapes}  # each kind's system prompt
     runs = [("no_reuse", a, False), ("reuse", a, True), ("over_capacity", args.agent_over_capacity or 4 * a, True)]
     for name, agents, reuse in runs:
         began = time.perf_counter()
@@ -240,7 +247,6 @@ def agent_workload(args, emit: Callable[[dict], None]) -> None:
         for row in rows:
             emit({**row, **common, "agents": agents})
         last = {r.agent: r.prompt_tokens for r in records}  # each conversation's final prompt
-        shared = {s.kind: len(tokenizer.encode(s.system)) for s in shapes}
         private = sum(n - shared[shapes[i % len(shapes)].kind] for i, n in last.items())
         emit({**summary(rows, name, time.perf_counter() - began), **common, "agents": agents,
               "conversation_tokens": private + sum(shared.values())})
