@@ -13,21 +13,20 @@ differently).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Int4Group
-from ninfer_plugins.weights.collect import LayerParts, convert_layers, divides, expect_dtype, expect_shape
+from ninfer_plugins.weights.collect import LayerParts, LayerScheme, divides, expect_dtype, expect_shape
 from ninfer_plugins.weights.packing import AWQ_ORDER, pack_int4, unpack_int4
 from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_layers
 
 WHERE = "config.json quantization_config"
 
 
-class AwqScheme:
+class AwqScheme(LayerScheme):
     def __init__(self, quant: dict):
         bits = quant.get("bits", quant.get("w_bit", 4))
         if bits != 4:
@@ -41,9 +40,6 @@ class AwqScheme:
         self.name = f"awq int4, group {self.group}"
         self.parts = LayerParts(format="awq", parts=frozenset({"qweight", "qzeros", "scales"}),
                                 required=lambda prefix, seen: {"qweight", "qzeros", "scales"}, build=self._build)
-
-    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        return convert_layers(weights, self.parts)
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> Int4Group:
         qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]

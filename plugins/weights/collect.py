@@ -39,6 +39,21 @@ class LayerParts:
     dropped: dict[str, str] = attrs.field(factory=dict)
 
 
+#: why the checkpoint tensors the formats share are read past
+ACTIVATION_SCALE = "activations are quantized on the fly (or kept) by the kernels"
+KV_SCALES = {"k_scale": "the KV format is the profile's choice", "v_scale": "the KV format is the profile's choice"}
+
+
+class LayerScheme:
+    """What the schemes built on :class:`LayerParts` share: ``convert`` streams the
+    checkpoint through :func:`convert_layers` with the scheme's ``parts``."""
+
+    parts: LayerParts
+
+    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, Any]]:
+        return convert_layers(weights, self.parts)
+
+
 def is_quantized_weight(tensor: torch.Tensor) -> bool:
     return tensor.dtype not in DENSE_DTYPES
 

@@ -23,7 +23,7 @@ quantize activations on the fly or not at all (weight-only on Hopper).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import attrs
 import torch
@@ -33,7 +33,8 @@ from ninfer.model.weight_format import WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4
 from ninfer_plugins.weights import ct_tiny
 from ninfer_plugins.weights.collect import (
-    LayerParts, convert_layers, divides, expect_dtype, expect_matrix, expect_shape, matches_ct,
+    ACTIVATION_SCALE, KV_SCALES, LayerParts, LayerScheme, divides, expect_dtype, expect_matrix,
+    expect_shape, matches_ct,
 )
 from ninfer_plugins.weights.packing import unpack_int4
 
@@ -44,10 +45,8 @@ PARTS = {
     INT4: {"weight_packed", "weight_scale", "weight_shape"},
     NVFP4: {"weight_packed", "weight_scale", "weight_global_scale"},
 }
-DROPPED = {"input_scale": "activations are quantized on the fly (or kept) by the kernels",
-           "input_global_scale": "activations are quantized on the fly (or kept) by the kernels",
-           "input_zero_point": "activations are quantized on the fly (or kept) by the kernels",
-           "k_scale": "the KV format is the profile's choice", "v_scale": "the KV format is the profile's choice"}
+DROPPED = {"input_scale": ACTIVATION_SCALE, "input_global_scale": ACTIVATION_SCALE,
+           "input_zero_point": ACTIVATION_SCALE, **KV_SCALES}
 
 
 @attrs.frozen
@@ -89,7 +88,7 @@ def _group(name: str, spec: dict, default_format: str | None) -> Group:
                             "(it reads FP8, int4 pack-quantized and NVFP4)", where)
 
 
-class CompressedTensorsScheme:
+class CompressedTensorsScheme(LayerScheme):
     def __init__(self, quant: dict):
         for key in ("sparsity_config", "transform_config"):
             if quant.get(key):
@@ -115,9 +114,6 @@ class CompressedTensorsScheme:
             if matches_ct(module, group.targets):
                 return group
         raise WeightFormatError("has quantized tensors, but no config group targets it", module)
-
-    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        return convert_layers(weights, self.parts)
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> Any:
         group = self.group_of(prefix)

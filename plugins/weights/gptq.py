@@ -16,21 +16,20 @@ layouts here keep groups contiguous, so such a checkpoint loads only when every 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Int4Group
-from ninfer_plugins.weights.collect import LayerParts, convert_layers, divides, expect_dtype, expect_shape
+from ninfer_plugins.weights.collect import LayerParts, LayerScheme, divides, expect_dtype, expect_shape
 from ninfer_plugins.weights.packing import pack_int4, unpack_int4
 from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_layers
 
 WHERE = "config.json quantization_config"
 
 
-class GptqScheme:
+class GptqScheme(LayerScheme):
     def __init__(self, quant: dict):
         if quant.get("bits", 4) != 4:
             raise WeightFormatError(f"bits {quant.get('bits')}: only 4-bit GPTQ is read", WHERE)
@@ -48,9 +47,6 @@ class GptqScheme:
             format="gptq", parts=frozenset({"qweight", "qzeros", "scales"} | ({"g_idx"} if self.desc_act else set())),
             required=lambda prefix, seen: required, build=self._build,
             dropped={} if self.desc_act else {"g_idx": "without desc_act every input's group is k // group_size"})
-
-    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        return convert_layers(weights, self.parts)
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> Int4Group:
         qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -27,7 +27,7 @@ from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block, Nvfp4
 from ninfer_plugins.weights.collect import (
-    LayerParts, convert_layers, divides, expect_dtype, expect_matrix, expect_shape,
+    ACTIVATION_SCALE, KV_SCALES, LayerParts, LayerScheme, divides, expect_dtype, expect_matrix, expect_shape,
 )
 from ninfer_plugins.weights.tiny_targets import dense_module_names, nvfp4_layers, per_expert
 
@@ -53,7 +53,7 @@ def _settings(config: dict, model_dir: Path) -> dict | None:
     return None
 
 
-class ModelOptScheme:
+class ModelOptScheme(LayerScheme):
     def __init__(self, settings: dict):
         algo = str(settings.get("quant_algo", "")).upper()
         where = settings["_source"]
@@ -70,11 +70,7 @@ class ModelOptScheme:
                                                    if algo == "MIXED_PRECISION" else "")
         self.parts = LayerParts(
             format="modelopt", parts=frozenset({"weight_scale", "weight_scale_2"}), required=_required, build=_build,
-            dropped={"input_scale": "activations are quantized on the fly (or kept) by the kernels",
-                     "k_scale": "the KV format is the profile's choice", "v_scale": "the KV format is the profile's choice"})
-
-    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        return convert_layers(weights, self.parts)
+            dropped={"input_scale": ACTIVATION_SCALE, **KV_SCALES})
 
 
 def _is_nvfp4(seen: dict) -> bool:

@@ -17,20 +17,19 @@ dense ``weight`` and load as usual.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block
-from ninfer_plugins.weights.collect import LayerParts, convert_layers, expect_dtype, expect_shape
+from ninfer_plugins.weights.collect import KV_SCALES, LayerParts, LayerScheme, expect_dtype, expect_shape
 from ninfer_plugins.weights.quantize import fp8_block
 from ninfer_plugins.weights.tiny_targets import dense_module_names, fp8_block_size, per_expert, quantized_modules
 
 
 
-class QwenFp8Scheme:
+class QwenFp8Scheme(LayerScheme):
     def __init__(self, config: dict):
         self.block = tuple(config.get("weight_block_size") or ())
         if len(self.block) != 2 or min(self.block) < 1:
@@ -46,11 +45,8 @@ class QwenFp8Scheme:
         self.parts = LayerParts(
             format="fp8", parts=frozenset({"weight_scale_inv"}),
             required=lambda prefix, seen: {"weight", "weight_scale_inv"}, build=self._build,
-            dropped={"k_scale": "the KV format is the profile's choice", "v_scale": "the KV format is the profile's choice"},
+            dropped=KV_SCALES,
         )
-
-    def convert(self, weights: Iterable[tuple[str, torch.Tensor]]):
-        return convert_layers(weights, self.parts)
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> Fp8Block:
         weight, scale = parts["weight"], parts["weight_scale_inv"]
