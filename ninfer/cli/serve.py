@@ -123,7 +123,7 @@ def _weight_format(profile: Profile, registry: PluginRegistry) -> str:
     from ninfer.model.weight_format import describe
 
     path = checkpoint_path(profile.model)
-    if path is None:  # random:SHAPE[@QUANT]
+    if path is None:  # random:SHAPE[@QUANT] (random_weights.quant_of would import torch: --check must not)
         quant = profile.model.partition("@")[2]
         return f"random, built in device memory, {f'quantized as {quant}' if quant else 'unquantized'}"
     return describe(registry, path)

@@ -107,14 +107,12 @@ def find_scheme(registry, config: dict, model_dir: str | Path) -> Optional[Weigh
     return None
 
 
-def describe(registry, model_dir: str | Path, config: Optional[dict] = None) -> str:
+def describe(registry, model_dir: str | Path) -> str:
     """The weight format of the checkpoint in ``model_dir``, as the startup summary names it."""
-    model_dir = Path(model_dir)
-    if config is None:
-        path = model_dir / "config.json"
-        if not path.exists():
-            return "not known before the checkpoint is built"
-        config = json.loads(path.read_text())
+    path = Path(model_dir) / "config.json"  # read here: the loader would import torch (--check must not)
+    if not path.exists():
+        return "not known before the checkpoint is built"
+    config = json.loads(path.read_text())
     scheme = find_scheme(registry, config, model_dir)
     if scheme is not None:
         return scheme.name

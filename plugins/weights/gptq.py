@@ -44,7 +44,7 @@ class GptqScheme(LayerScheme):
         required = {"qweight", "qzeros", "scales"} | ({"g_idx"} if self.desc_act else set())
         self.name = f"gptq int4, group {self.group}{', act-order' if self.desc_act else ''} ({fmt})"
         self.parts = LayerParts(
-            format="gptq", parts=frozenset({"qweight", "qzeros", "scales"} | ({"g_idx"} if self.desc_act else set())),
+            format="gptq", parts=frozenset(required),
             required=lambda prefix, seen: required, build=self._build,
             dropped={} if self.desc_act else {"g_idx": "without desc_act every input's group is k // group_size"})
 
