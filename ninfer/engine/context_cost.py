@@ -29,8 +29,6 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from ninfer.profile.checks import Float
-
 #: dense matmul throughput assumed by the generic defaults (FLOP per ns): a CPU core pair,
 #: and a large GPU at a realistic share of its bf16 peak
 GENERIC_FLOPS_PER_NS = {"cpu": 20.0, "cuda": 300_000.0}
@@ -39,7 +37,6 @@ GENERIC_TRANSFER_GBPS = {"cpu": 5.0, "cuda": 20.0}
 GENERIC_SOURCE = "generic defaults"
 
 _TOP_KEYS = ("version", "transfer", "prefill")
-_POSITIVE, _NON_NEGATIVE = Float(lo=0, lo_open=True), Float(lo=0)
 _TRANSFER_KEYS = ("host_gbps",)
 _PREFILL_KEYS = ("model", "device", "ns_per_token", "ns_per_token_per_ktoken")
 
@@ -88,18 +85,16 @@ def generic_costs(num_params: int, attention_width: int, device_type: str) -> Co
     )
 
 
-def _checked(check, value: Any, key: str) -> Any:
-    """``check(value)`` (a :mod:`ninfer.profile.checks` checker), its refusal naming ``key``."""
-    try:
-        return check(value)
-    except ValueError as exc:
-        raise ContextCostError(f"{key}: {exc}") from None
+def _positive(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ContextCostError(f"{key}: expected a positive number, got {value!r}")
+    return float(value)
 
 
-def _text(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ContextCostError(f"{key}: expected a non-empty string, got {value!r}")
-    return value
+def _non_negative(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ContextCostError(f"{key}: expected a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _mapping(value: Any, key: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
@@ -109,6 +104,12 @@ def _mapping(value: Any, key: str, allowed: tuple[str, ...]) -> Mapping[str, Any
         if name not in allowed:
             raise ContextCostError(f"{key}.{name}: unknown key (expected one of {', '.join(allowed)})"
                                    if key else f"{name}: unknown key (expected one of {', '.join(allowed)})")
+    return value
+
+
+def _text(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ContextCostError(f"{key}: expected a non-empty string, got {value!r}")
     return value
 
 
@@ -164,7 +165,7 @@ def parse_presets(data: Any, path: str) -> CostPresets:
         transfer = _mapping(top["transfer"], "transfer", _TRANSFER_KEYS)
         if "host_gbps" not in transfer:
             raise ContextCostError("transfer.host_gbps: required in a transfer section")
-        host_gbps = _checked(_POSITIVE, transfer["host_gbps"], "transfer.host_gbps")
+        host_gbps = _positive(transfer["host_gbps"], "transfer.host_gbps")
     entries = []
     prefill = top.get("prefill") or []
     if not isinstance(prefill, list):
@@ -179,9 +180,8 @@ def parse_presets(data: Any, path: str) -> CostPresets:
         entries.append(PrefillEntry(
             model=_text(item["model"], f"{key}.model"),
             device=_text(device, f"{key}.device") if device is not None else None,
-            ns_per_token=_checked(_POSITIVE, item["ns_per_token"], f"{key}.ns_per_token"),
-            ns_per_token_per_ktoken=_checked(_NON_NEGATIVE, item.get("ns_per_token_per_ktoken", 0),
-                                             f"{key}.ns_per_token_per_ktoken"),
+            ns_per_token=_positive(item["ns_per_token"], f"{key}.ns_per_token"),
+            ns_per_token_per_ktoken=_non_negative(item.get("ns_per_token_per_ktoken", 0), f"{key}.ns_per_token_per_ktoken"),
         ))
     if host_gbps is None and not entries:
         raise ContextCostError("the file sets nothing: give a transfer section, prefill entries, or both")
