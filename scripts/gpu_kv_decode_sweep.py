@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--block-n", default="32,64")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--stages", default="1,2")
-    ap.add_argument("--budget-s", type=float, default=240, help="shared evenly by the formats")
+    ap.add_argument("--budget-s", type=float, default=240, help="shared evenly by the formats and their cases")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -82,8 +82,8 @@ def main() -> None:
     formats = args.formats.split(",")
     times: dict[tuple[str, int], dict[dl.DecodeLaunch, dict[int, float]]] = {}
     for f_index, fmt in enumerate(formats):
-        deadline = time.monotonic() + args.budget_s / len(formats)
-        for c, ctx in cases:
+        for c, ctx in cases:  # each case its share: the first must not starve the longest
+            deadline = time.monotonic() + args.budget_s / len(formats) / len(cases)
             batch = decode_batch(c, ctx, max_ctx, dev)
             blocks = int(batch.block_tables.max()) + 1
             q = torch.randn(c, HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)

@@ -18,6 +18,7 @@
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
 #   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
+#   scripts/gpu_session.sh kvsyn    27B decode per KV_FORMATS at c=1 and 8 over 32k and 128k synthetic contexts
 #   scripts/gpu_session.sh kv128x8  27B decode per KV_FORMATS at c=8 after 128k prompts (one format a call)
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
@@ -43,7 +44,7 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
     | tee -a "$OUT/gpu.txt"
 bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
 quant_tests() {
-    timeout 100 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
+    timeout 140 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
         > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
     timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
         > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
@@ -133,6 +134,15 @@ kv128)
             --decode-prompt-len 32768 --decode-output-len 512 --no-transformers
     done
     ;;
+kvsyn)
+    # every KV format at c=1 and 8 over 32k and 128k contexts, filled without a prefill
+    # (--synthetic-context): the decode side of issue #21's table in minutes, not an hour
+    timeout 60 python3 -m pytest -q tests/test_kv_quant.py -k "triton_attention or decode_rows or fp16" 2>&1 | tail -2
+    for kv in ${KV_FORMATS:-bf16 fp8}; do
+        bench 200 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only bandwidth,decode --concurrency 1,8 \
+            --decode-prompt-len 32768,131072 --decode-output-len "${KV_OUT:-128}" --synthetic-context --no-transformers
+    done
+    ;;
 kv128x8)
     # issue #21's batch-8 goal lives at long contexts (at 8 x 32k the KV is a quarter of a
     # step's bytes): 8 x 128k prompts, about 4 minutes of prefill a format
@@ -188,7 +198,8 @@ quant-tune)
 kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)
     timeout "$(( ${SWEEP_S:-300} + 60 ))" python3 scripts/gpu_kv_decode_sweep.py --budget-s "${SWEEP_S:-300}" \
-        --formats "${SWEEP_FORMATS:-bfloat16,fp8}" --write --out-dir "$OUT" > "$OUT/kv_sweep.jsonl" \
+        --formats "${SWEEP_FORMATS:-bfloat16,fp8}" \
+        --cases "${SWEEP_CASES:-1x32768,1x131072,8x32768}" --write --out-dir "$OUT" > "$OUT/kv_sweep.jsonl" \
         2> "$OUT/kv_sweep.err"; grep winner "$OUT/kv_sweep.jsonl"; tail -3 "$OUT/kv_sweep.err"
     ;;
 profile27)

@@ -148,3 +148,35 @@ def test_random_hybrid_shapes_get_an_mtp_head_so_mtp_speculation_runs(monkeypatc
         theirs = hf.generate(torch.tensor([[7, 8, 9, 300]]), max_new_tokens=6, min_new_tokens=6, do_sample=False,
                              pad_token_id=0)[0, 4:].tolist()
     assert ours.token_ids == theirs and llm.engine.stats.total_drafted > 0
+
+
+def test_synthetic_context_decodes_after_the_last_prompt_token_only(capsys):
+    """--synthetic-context: a 40-token prompt with 8-token prefill chunks yields its first
+    token in the first step (a real prefill takes five), on a hybrid model whose recurrent
+    state is then whatever its slot held; every --decode-prompt-len gets its own record."""
+    from ninfer import LLM
+    from ninfer.bench import ninfer_runs
+    from ninfer.bench.workload import fixed_workload
+
+    llm = LLM("tiny:qwen3_5", device="cpu", dtype="fp32", prefill_chunk=8, max_context=128, max_num_seqs=2,
+              kv_capacity=512)
+    engine = llm.engine
+    work = fixed_workload(2, 40, 3, 200)
+    with ninfer_runs.synthetic_contexts(engine):
+        ninfer_runs._submit(engine, work, "syn", synthetic=True)
+        first = engine.step()
+        assert sorted(e.request_id for e in first if e.token_ids) == ["syn0", "syn1"]
+        assert [s.num_computed_tokens for s in engine.scheduler.running] == [40, 40]
+    while engine.has_unfinished():
+        engine.step()
+    assert "allocate" not in vars(engine.scheduler.block_manager)  # the real admission again
+    ninfer_runs._submit(engine, work, "real")
+    assert not [e for e in engine.step() if e.token_ids]
+
+    assert bench.main(["tiny:qwen3_5", "--device", "cpu", "--only", "decode", "--concurrency", "1",
+                       "--decode-prompt-len", "24,48", "--decode-output-len", "4", "--synthetic-context",
+                       "--no-transformers"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [(r["prompt_len"], r["context"]) for r in lines] == [(24, "synthetic (no prefill)"),
+                                                                 (48, "synthetic (no prefill)")]
+    assert lines[1]["bytes_per_step"] > lines[0]["bytes_per_step"]  # the longer context's KV counted

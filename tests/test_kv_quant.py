@@ -270,6 +270,19 @@ def test_tuned_decode_launch_scales_splits_with_the_batch():
     assert scaled_launch({8: table[8]}, 4, 131072, 128) is None  # nothing at or below: the heuristic
 
 
+def test_unmeasured_quantized_formats_take_fp8_s_decode_shapes(monkeypatch):
+    from ninfer_kernels.triton import decode_launch as dl
+
+    shape = dl.DecodeLaunch(64, 64, 4, 2)
+    monkeypatch.setattr(dl, "device_name", lambda device: "test-device")
+    monkeypatch.setattr(dl, "load_table", lambda name: {"fp8,D=256": {1: shape}})
+    cuda = torch.device("cuda")
+    assert dl.tuned_launch("int8", 256, 1, 131072, 128, cuda) == shape
+    assert dl.tuned_launch("fp8/nvfp4", 256, 1, 131072, 128, cuda) == shape
+    assert dl.tuned_launch("bfloat16", 256, 1, 131072, 128, cuda) is None  # another kernel: its own heuristic
+    assert dl.tuned_launch("int8", 256, 1, 4096, 128, cuda) is None  # short contexts keep the heuristic
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_triton_fused_norm_rope_write_matches_the_steps(fmt):
     """q/k norm + RoPE + the quantized write in one kernel: the same q and the same stored
@@ -304,3 +317,31 @@ def test_triton_fused_norm_rope_write_matches_the_steps(fmt):
         assert torch.equal(_raw(two), _raw(one)), (fmt, part)
     for codec, ref_parts, one_parts in ((kc, pages[0][0], pages[2][0]), (vc, pages[0][1], pages[2][1])):
         assert torch.allclose(codec.dequantize(one_parts), codec.dequantize(ref_parts), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_triton_attention_in_fp16_products_stays_at_bf16_accuracy(fmt, monkeypatch):
+    """bf16 queries on the GPU multiply in fp16 (``HALF_PRODUCTS``): forced on here, the
+    kernel still matches the float32 reference within bf16's tolerance."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import kv_quant as tri
+
+    monkeypatch.setattr(tri, "_half_products", lambda q: q.dtype == torch.bfloat16)
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
+    gen = torch.Generator().manual_seed(6)
+    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device)
+    k, v = (4 * torch.randn(40, 2, dim, generator=gen).to(device) for _ in range(2))
+    kq.write_kv_quant(kp, vp, kc, vc, k, v, torch.arange(40, device=device))
+    q = torch.randn(2, 4, dim, generator=gen).to(device, torch.bfloat16)
+    tables = torch.tensor([list(range(10)), list(range(10))], dtype=torch.int32, device=device)
+    batch = ForwardBatch(
+        query_start=torch.tensor([0, 1, 2], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([40, 23], dtype=torch.int32, device=device), block_tables=tables,
+        slot_mapping=torch.tensor([39, 22], device=device), logits_indices=torch.arange(2, device=device),
+        block_size=page, max_query_len=1, max_seq_len=40, query_lens_host=[1, 1], seq_lens_host=[40, 23],
+    )
+    want = kq.paged_attention_quant(q.float(), kp, vp, kc, vc, batch, 0.3)
+    for splits in (1, 4):
+        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
+        assert torch.allclose(got, want, atol=3e-2, rtol=3e-2), (splits, (got - want).abs().max())

@@ -176,7 +176,7 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     pos = tl.zeros([BLOCK_M], dtype=tl.int32) + new
     q_dot = q.to(tl.float32) if UPCAST else q
-    acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k0, v0, qk_scale, lo, cached_hi, pos,
+    acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k0, v0, qk_scale, 1.0, lo, cached_hi, pos,
                                   BLOCK_N, True, IEEE, UPCAST)
     start = lo + BLOCK_N
     mid = start + tl.maximum(cached_hi - start, 0) // BLOCK_N * BLOCK_N

@@ -15,7 +15,8 @@ between two entries takes the smaller one's shape with its splits divided by the
 (the same number of programs), and no launch uses splits of fewer than ``min_keys``
 keys of the longest context the caller expects. Below :data:`MIN_CONTEXT` (the longest
 context, which under CUDA graphs is the engine's max context) the kernels' own
-heuristics stay: the tables say nothing about short contexts.
+heuristics stay: the tables say nothing about short contexts. A quantized format the
+sweep has not measured takes fp8's shapes (the same kernel over one- or half-byte codes).
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ def tuned_launch(kv_format: str, head_dim: int, num_seqs: int, max_seq_len: int,
     """The table's shape for this batch, or None when the device or format has none."""
     if device.type != "cuda" or max_seq_len < MIN_CONTEXT:
         return None
-    return scaled_launch(load_table(device_name(device)).get(format_key(kv_format, head_dim), {}), num_seqs,
-                         max_seq_len, min_keys)
+    table = load_table(device_name(device))
+    per_batch = table.get(format_key(kv_format, head_dim))
+    if per_batch is None and kv_format != "bfloat16":  # the quantized kernel's measured shapes
+        per_batch = table.get(format_key("fp8", head_dim))
+    return scaled_launch(per_batch or {}, num_seqs, max_seq_len, min_keys)
 
 
 def scaled_launch(per_batch: dict[int, DecodeLaunch], num_seqs: int, max_seq_len: int,

@@ -172,10 +172,8 @@ def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_s
         raw = tl.load(data_base + row + dims, mask=ok, other=0).to(tl.float32)
         scale = tl.load(scale_base + srow + dims // GROUP, mask=ok, other=0.0)
         return (raw * scale).to(DT)
-    elif FMT == 2:
-        raw = tl.load(data_base + row + dims, mask=ok, other=0.0).to(tl.float32)
-        scale = tl.load(scale_base + srow)
-        return (raw * scale).to(DT)
+    elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
+        return tl.load(data_base + row + dims, mask=ok, other=0.0).to(DT)
     else:
         byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
         code = (byte >> ((dims % 2) * 4)) & 15
@@ -184,11 +182,22 @@ def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_s
 
 
 @triton.jit
+def _key_scale(scale_base, page, slot, stride_sb, stride_ss, n_ok, FMT: tl.constexpr):
+    """Per-key scales ``[1, BLOCK_N]`` of a format with one scale per key and head (fp8); 1.0
+    for the others, whose scales vary along the head dims and apply in :func:`_load_part`."""
+    if FMT == 2:
+        return tl.load(scale_base + page * stride_sb + slot * stride_ss, mask=n_ok, other=0.0)[None, :]
+    else:
+        return 1.0
+
+
+@triton.jit
 def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok, dv_ok, k_gscale, v_gscale,
                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, KFMT: tl.constexpr,
                VFMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
     """Keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_DV], dequantized (see
-    :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`)."""
+    :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`), and the per-key key and
+    value scales still to apply (see :func:`_key_scale`)."""
     s_kdb, s_kds, s_ksb, s_kss, s_vdb, s_vds, s_vsb, s_vss = strides
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
@@ -205,7 +214,9 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
                    k_gscale, KFMT, GROUP, DT)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vsb, s_vss, offs_dv[None, :], v_ok,
                    v_gscale, VFMT, GROUP, DT)
-    return k, v
+    k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, KFMT)
+    v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, VFMT)
+    return k, v, k_scale, v_scale
 
 
 @triton.jit
@@ -217,9 +228,10 @@ def _attend_quant_kernel(
     GROUP: tl.constexpr, TOKENS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr,
+    KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr, HALF: tl.constexpr,
 ):
-    """:func:`ninfer_kernels.triton.paged_attention._attend_kernel` over quantized pages."""
+    """:func:`ninfer_kernels.triton.paged_attention._attend_kernel` over quantized pages.
+    ``HALF``: bf16 queries, products in fp16 (see :data:`HALF_PRODUCTS`)."""
     block = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2) // num_splits
@@ -240,6 +252,9 @@ def _attend_quant_kernel(
             return
     q = _load_queries(q_ptr, q_rows, head, offs_d, row_ok, d_ok, stride_qt, stride_qh, UPCAST)
     dt = q_ptr.dtype.element_ty
+    if HALF:
+        q = q.to(tl.float16)
+        dt = tl.float16
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -250,15 +265,31 @@ def _attend_quant_kernel(
     first_pos = seq_len - q_len + t0
     mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
     for start in range(lo, mid, BLOCK_N):
-        k, v = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok, k_gscale, v_gscale,
-                          PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, dt)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
+                                      start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
     for start in range(mid, hi, BLOCK_N):
-        k, v = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok, k_gscale, v_gscale,
-                          PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, dt)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
+                                      start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
                 stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
+
+
+#: With bf16 queries on the GPU, multiply in fp16 rather than bf16: an fp8 or int8 code
+#: converts to fp16 in one instruction on Hopper but to bf16 only through fp32, and at a
+#: batch of long contexts that conversion, not the bytes, bounded the kernel (fp8 at 8 x
+#: 128k keys ran at half the copy rate while bf16 reached it). fp16 also keeps three more
+#: mantissa bits of the dequantized values and the probabilities; stored K/V, queries and
+#: probabilities all lie far inside its range (queries and keys are RMS-normed, values are
+#: scaled codes, probabilities are at most 1). Accumulation stays float32.
+HALF_PRODUCTS = True
+
+
+def _half_products(q: torch.Tensor) -> bool:
+    return HALF_PRODUCTS and q.dtype == torch.bfloat16 and q.device.type == "cuda"
 
 
 def kv_format_name(k_codec: ref.KVCodec, v_codec: ref.KVCodec) -> str:
@@ -301,6 +332,7 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     if num_seqs == 0 or num_tokens == 0:
         return out.zero_()
     parts = [kd, ks, vd, vs]
+    half = _half_products(q)
     _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
         q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
         scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
@@ -309,8 +341,9 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
         part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
         GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
-        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16,
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim),
+        HALF=half,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:

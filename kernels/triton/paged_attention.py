@@ -68,12 +68,16 @@ def _load_kv_tile(
 
 @triton.jit
 def _fold_kv_tile(
-    acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos,
+    acc, m_i, l_i, q, k, v, qk_scale, p_scale, start, hi, pos,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Fold one loaded key/value tile into the running softmax state of every row.
 
     A masked tile also hides keys at or past ``hi`` and keys after a row's position.
+    ``qk_scale`` may be a ``[1, BLOCK_N]`` row and ``p_scale`` (1.0 for a plain cache)
+    multiplies the probabilities before the value product: a quantized cache with one
+    scale per key applies its key and value scales there, on ``BLOCK_N`` numbers instead
+    of the whole ``[BLOCK_N, D]`` tile.
     """
     if UPCAST:
         k = k.to(tl.float32)
@@ -87,7 +91,7 @@ def _fold_kv_tile(
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    p = p.to(v.dtype)  # rounded like the K/V operands, as on tensor cores
+    p = (p * p_scale).to(v.dtype)  # rounded like the K/V operands, as on tensor cores
     if UPCAST:
         p = p.to(tl.float32)
         v = v.to(tl.float32)
@@ -110,11 +114,13 @@ def _attend_range(
     for start in range(lo, mid, BLOCK_N):
         k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
                              offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, False)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, 1.0, start, hi, pos, BLOCK_N, False, IEEE,
+                                      UPCAST)
     for start in range(mid, hi, BLOCK_N):
         k, v = _load_kv_tile(start, hi, table, k_base, v_base, stride_kb, stride_ks, stride_vb, stride_vs,
                              offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, True)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale, 1.0, start, hi, pos, BLOCK_N, True, IEEE,
+                                      UPCAST)
     return acc, m_i, l_i
 
 

@@ -88,20 +88,27 @@ class Bench:
         self.copy_bw = bw.copy_bandwidth(self.device)
         self.emit({"figure": "copy_bandwidth", "gb_s": self.copy_bw / 1e9, **self.common})
 
-    def _decode_work(self, c: int, output_len: int):
+    def _decode_work(self, c: int, output_len: int, prompt_len: int | None = None):
         a = self.args
-        return fixed_workload(c, a.decode_prompt_len, output_len, self.vocab, a.seed + c)
+        prompt_len = prompt_len or a.decode_prompt_len
+        # other lengths than the longest draw other prompts (no shared prefixes between runs)
+        seed = a.seed + c + (0 if prompt_len == a.decode_prompt_len else prompt_len)
+        return fixed_workload(c, prompt_len, output_len, self.vocab, seed)
 
     def decode(self, levels: list[int]) -> None:
         a, engine = self.args, self.llm.engine
         kv_tok = bw.kv_bytes_per_token(engine)
         modes = {"on": [True], "off": [False], "both": [True, False]}[a.decode_ahead]
-        for c, ahead in [(c, ahead) for c in levels for ahead in modes]:
+        runs = [(n, c, ahead) for n in a.decode_prompt_lens for c in levels for ahead in modes]
+        for prompt_len, c, ahead in runs:
             engine.set_decode_ahead(ahead and engine.device.type == "cuda")
-            ours = ninfer_runs.decode_throughput(engine, self._decode_work(c, a.decode_output_len))
+            work = self._decode_work(c, a.decode_output_len, prompt_len)
+            ours = ninfer_runs.decode_throughput(engine, work, synthetic=a.synthetic_context)
             record = {"figure": "decode", "engine": "ninfer", "concurrency": c, "decode_ahead": engine.decode_ahead,
-                      **self.common, **ours}
-            mean_ctx = a.decode_prompt_len + a.decode_output_len / 2
+                      "prompt_len": prompt_len, **self.common, **ours}
+            if a.synthetic_context:
+                record["context"] = "synthetic (no prefill)"
+            mean_ctx = prompt_len + a.decode_output_len / 2
             weights = bw.weight_bytes_read_per_step(engine.model, c)
             state = bw.state_bytes_per_step(engine.model, c)
             step_bytes = weights + kv_tok * mean_ctx * c + state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
 
 from ninfer.bench.workload import Workload
 from ninfer.engine.request import EngineRequest
@@ -14,10 +15,34 @@ from ninfer.sampling_params import SamplingParams
 GREEDY = dict(temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
 
 
-def _submit(engine, work: Workload, tag: str) -> None:
+def _submit(engine, work: Workload, tag: str, synthetic: bool = False) -> None:
     for i, (ids, n) in enumerate(zip(work.prompts, work.output_lens)):
         params = SamplingParams(max_tokens=n, ignore_eos=True, **GREEDY)
-        engine.add_request(EngineRequest(f"{tag}{i}", ids, params))
+        # a synthetic context's pages hold no real prompt: nobody may reuse them
+        engine.add_request(EngineRequest(f"{tag}{i}", ids, params, lookup_prefix_cache=not synthetic,
+                                         commit_prefix_cache=not synthetic))
+
+
+@contextmanager
+def synthetic_contexts(engine):
+    """While open, each admitted sequence counts every prompt token but the last as
+    computed without running them: its pages are allocated for the whole prompt but hold
+    whatever the pool held (recurrent state likewise). Decode then attends over the full
+    context, as it would after a real prefill, without the minutes a 128k prefill takes
+    (8 x 128k is about four minutes of prefill on the 27B shape). Speed only: the tokens
+    it produces mean nothing."""
+    blocks = engine.scheduler.block_manager
+    allocate = blocks.allocate
+
+    def allocate_as_prefilled(seq) -> None:
+        allocate(seq)
+        seq.num_computed_tokens = max(seq.num_computed_tokens, seq.num_prompt_tokens - 1)
+
+    blocks.allocate = allocate_as_prefilled
+    try:
+        yield
+    finally:
+        del blocks.allocate  # the class's method again
 
 
 def offline_throughput(engine, work: Workload) -> dict:
@@ -31,14 +56,20 @@ def offline_throughput(engine, work: Workload) -> dict:
     return {"output_tokens": produced, "seconds": seconds, "output_tok_s": produced / seconds}
 
 
-def decode_throughput(engine, work: Workload) -> dict:
+def decode_throughput(engine, work: Workload, synthetic: bool = False) -> dict:
     """Steady decode rate at the workload's concurrency: the clock runs from the step after
     every request has its first token to the first request's end. Long prompts prefill one
     chunk at a time, so the first requests decode alongside the later ones' prefill and may
     finish before the batch is ever whole: then ``full_batch`` is false and the rate counts
     every step after the last first token (fewer rows than asked). Otherwise steps past the
-    first finish do not count: requests leaving one by one would lower the batch."""
-    _submit(engine, work, "dec")
+    first finish do not count: requests leaving one by one would lower the batch.
+    ``synthetic``: the prompts' contexts come without a prefill (:func:`synthetic_contexts`)."""
+    with synthetic_contexts(engine) if synthetic else nullcontext():
+        return _decode_throughput(engine, work, synthetic)
+
+
+def _decode_throughput(engine, work: Workload, synthetic: bool) -> dict:
+    _submit(engine, work, "dec", synthetic)
     started: set[str] = set()
     ended_early = False
     while len(started) < len(work.prompts) and engine.has_unfinished():

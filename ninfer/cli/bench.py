@@ -61,7 +61,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-len", type=_range, default=(100, 1024), help="offline output lengths LO,HI (uniform)")
     p.add_argument("--offline-model", help="run the offline figure on this model instead (loaded afterwards)")
     p.add_argument("--concurrency", default="1,8", help="decode runs: comma-separated concurrency levels")
-    p.add_argument("--decode-prompt-len", type=int, default=512)
+    p.add_argument("--decode-prompt-len", type=_ints, default=[512], help="decode runs: prompt lengths "
+                   "(comma-separated; every one at every --concurrency; other figures take the longest)")
+    p.add_argument("--synthetic-context", action="store_true",
+                   help="decode runs: take each prompt but its last token as already computed, without a "
+                        "prefill (its KV holds whatever the pool held): decode speed at long contexts in seconds")
     p.add_argument("--decode-output-len", type=int, default=256)
     p.add_argument("--prefill-lens", default="2048,8192", help="prefill runs: prompt lengths")
     p.add_argument("--max-concurrency", type=int, default=8, help="engine admission limit for the offline run")
@@ -110,6 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hf_dynamic is None:
         args.hf_dynamic = args.concurrency
+    args.decode_prompt_lens, args.decode_prompt_len = args.decode_prompt_len, max(args.decode_prompt_len)
     return args
 
 
