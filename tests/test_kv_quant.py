@@ -279,6 +279,7 @@ def test_unmeasured_quantized_formats_take_fp8_s_decode_shapes(monkeypatch):
     cuda = torch.device("cuda")
     assert dl.tuned_launch("int8", 256, 1, 131072, 128, cuda) == shape
     assert dl.tuned_launch("fp8/nvfp4", 256, 1, 131072, 128, cuda) == shape
+    assert dl.tuned_launch("nvfp4", 256, 1, 131072, 128, cuda) is None  # half-byte keys: not fp8's tiles
     assert dl.tuned_launch("bfloat16", 256, 1, 131072, 128, cuda) is None  # another kernel: its own heuristic
     assert dl.tuned_launch("int8", 256, 1, 4096, 128, cuda) is None  # short contexts keep the heuristic
 

@@ -16,7 +16,7 @@ between two entries takes the smaller one's shape with its splits divided by the
 keys of the longest context the caller expects. Below :data:`MIN_CONTEXT` (the longest
 context, which under CUDA graphs is the engine's max context) the kernels' own
 heuristics stay: the tables say nothing about short contexts. A quantized format the
-sweep has not measured takes fp8's shapes (the same kernel over one- or half-byte codes).
+sweep has not measured takes fp8's shapes when its keys are one-byte codes too.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ CONFIG_DIR = Path(__file__).parent / "decode_attention_configs"
 #: the tables are measured at long contexts: a launch sized for a shorter longest context
 #: (a CUDA graph is captured for the engine's max context) keeps the kernel's own heuristic
 MIN_CONTEXT = 16384
+#: formats whose keys are one-byte codes may borrow fp8's shapes; nvfp4 keys may not (fp8's
+#: 64-key, 2-stage tile asked for 288 KiB of shared memory with them on the H200)
+ONE_BYTE_KEYS = ("fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def tuned_launch(kv_format: str, head_dim: int, num_seqs: int, max_seq_len: int,
         return None
     table = load_table(device_name(device))
     per_batch = table.get(format_key(kv_format, head_dim))
-    if per_batch is None and kv_format != "bfloat16":  # the quantized kernel's measured shapes
+    if per_batch is None and kv_format.split("/")[0] in ONE_BYTE_KEYS:  # the quantized kernel's shapes
         per_batch = table.get(format_key("fp8", head_dim))
     return scaled_launch(per_batch or {}, num_seqs, max_seq_len, min_keys)
 
