@@ -332,7 +332,7 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     if num_seqs == 0 or num_tokens == 0:
         return out.zero_()
     parts = [kd, ks, vd, vs]
-    half = _half_products(q)
+    half = _half_products(q)  # CUDA only, but a test forces it in the interpreter: no UPCAST then
     _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
         q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
         scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
