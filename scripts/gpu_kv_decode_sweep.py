@@ -47,8 +47,10 @@ def codec(name: str) -> ref.KVCodec:
 
 
 def candidates(c: int, args) -> list[dl.DecodeLaunch]:
-    """Split counts giving 64..1024 programs, each with every tile / warps / stages choice."""
-    splits = [s for s in (4, 8, 16, 32, 64, 128) if 64 <= c * KV_HEADS * s <= 1024]
+    """Split counts giving 64..1024 programs (``--splits`` narrows them), each with every
+    tile / warps / stages choice."""
+    splits = [s for s in (4, 8, 16, 32, 64, 128) if 64 <= c * KV_HEADS * s <= 1024
+              and (not args.splits or str(s) in args.splits.split(","))]
     return [dl.DecodeLaunch(s, bn, w, st) for s in splits for bn in map(int, args.block_n.split(","))
             for w in map(int, args.warps.split(",")) for st in map(int, args.stages.split(","))]
 
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--block-n", default="32,64")
     ap.add_argument("--warps", default="4")
     ap.add_argument("--stages", default="1,2")
+    ap.add_argument("--splits", default="", help="only these split counts (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=240, help="shared evenly by the formats and their cases")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--out-dir", default=None)

@@ -30,6 +30,10 @@
 #   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
+#   scripts/gpu_session.sh kvprof   27B step profiles at 8 x 128k (synthetic contexts) per KV_FORMATS
+#   scripts/gpu_session.sh acc      train the default model on the GPU, then the KV formats' accuracy there
+#                                   (and the weight formats' with ACC_WEIGHTS=1)
+#   scripts/gpu_session.sh weight-tests  the quantized-weight GPU tests alone (TESTS_S seconds)
 #   scripts/gpu_session.sh probe    step profiles (per kernel kind) of the 35B-A3B and 27B shapes,
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 #
@@ -174,7 +178,7 @@ quant-tests)
 quant)
     quant_tests
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency 1,8 \
+        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     for kv in ${KV_FORMATS:-fp8}; do
@@ -188,10 +192,11 @@ quant-sweep)
     ;;
 quant-tune)
     # tune the quantized GEMM launch table (written in place, a copy in $OUT), then the 27B decode with it
-    timeout 240 python3 scripts/gpu_quant_gemm_sweep.py --parts tune --budget-s "${TUNE_S:-180}" --write \
-        --out-dir "$OUT" > "$OUT/quant_tune.jsonl" 2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"
+    timeout "$(( ${TUNE_S:-180} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
+        --budget-s "${TUNE_S:-180}" --jobs "${TUNE_JOBS:-}" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
+        2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency 1,8 \
+        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     ;;
@@ -199,7 +204,8 @@ kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)
     timeout "$(( ${SWEEP_S:-300} + 60 ))" python3 scripts/gpu_kv_decode_sweep.py --budget-s "${SWEEP_S:-300}" \
         --formats "${SWEEP_FORMATS:-bfloat16,fp8}" \
-        --cases "${SWEEP_CASES:-1x32768,1x131072,8x32768}" --write --out-dir "$OUT" > "$OUT/kv_sweep.jsonl" \
+        --cases "${SWEEP_CASES:-1x32768,1x131072,8x32768}" ${SWEEP_ARGS:-} --write --out-dir "$OUT" \
+        > "$OUT/kv_sweep.jsonl" \
         2> "$OUT/kv_sweep.err"; grep winner "$OUT/kv_sweep.jsonl"; tail -3 "$OUT/kv_sweep.err"
     ;;
 profile27)
@@ -216,6 +222,32 @@ print(json.dumps({'usage': d.get('usage'), 'timings': d.get('timings'), 'error':
             | tee -a "$OUT/profile27.jsonl"
     done
     kill -TERM $server; wait $server; tail -20 "$OUT/serve.log"
+    ;;
+kvprof)
+    # where a 27B decode step at 8 x 128k goes per KV format (synthetic contexts, per kernel kind)
+    for kv in ${KV_FORMATS:-bf16 fp8}; do
+        timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-27b --concurrency 8 --prompt-len 131072 \
+            --synthetic-context --kv-dtype "$kv" --steps 10 --top 30 2>&1 | tee "$OUT/profile_kv_$kv.jsonl" | tail -2
+    done
+    ;;
+acc)
+    # the KV and weight formats' accuracy through the CUDA kernels, on a model trained here
+    timeout 240 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-default}" -q > "$OUT/train.json"
+    tail -c 600 "$OUT/train.json"
+    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
+open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    timeout 150 python3 scripts/kv_accuracy.py /tmp/trained --heldout /tmp/trained/heldout.txt --device cuda \
+        --dtype bf16 > "$OUT/kv_accuracy.jsonl" 2> "$OUT/kv_accuracy.err"; cut -c1-400 "$OUT/kv_accuracy.jsonl"
+    if [ -n "${ACC_WEIGHTS:-}" ]; then
+        timeout 150 python3 scripts/weight_accuracy.py /tmp/trained --heldout /tmp/trained/heldout.txt \
+            --device cuda --dtype bf16 > "$OUT/weight_accuracy.jsonl" 2> "$OUT/weight_accuracy.err"
+        cut -c1-400 "$OUT/weight_accuracy.jsonl"
+    fi
+    ;;
+weight-tests)
+    # the quantized-weight GPU tests alone, with room to finish
+    timeout "${TESTS_S:-300}" python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py \
+        tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \

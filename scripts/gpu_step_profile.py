@@ -9,11 +9,14 @@ outside the graph show up next to the graph's kernels.
 
     python scripts/gpu_step_profile.py random:qwen3-8b --concurrency 1,8
     python scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192     # one 8k prefill
+    python scripts/gpu_step_profile.py random:qwen3.6-27b --concurrency 8 --prompt-len 131072 \
+        --synthetic-context --kv-dtype fp8            # long contexts without their prefill
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -26,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ninfer import LLM
 from ninfer.model.random_weights import model_source
-from ninfer.bench.ninfer_runs import _submit
+from ninfer.bench.ninfer_runs import _submit, synthetic_contexts
 from ninfer.bench.workload import fixed_workload
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -40,7 +43,7 @@ KINDS = (
     ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
     ("gated deltanet chunked (fla)", r"chunk|solve_tril|recompute_w_u|kkt|l2norm|merge_16x16|wy_fast"),
     ("causal conv", r"_causal_conv_kernel"),
-    ("decode attention", r"_decode_kernel|_merge_partials"),
+    ("decode attention", r"_decode_kernel|_merge_partials|_attend_quant_kernel|_norm_rope_write_quant"),
     ("prefill attention", r"_attend_kernel|_merge_kernel|_write_kv_kernel|_qk_norm_rope_kernel|_rope_kernel"),
     ("rmsnorm", r"_rms_norm_kernel|_gated_rms_norm_kernel"),
     ("moe align", r"_align"),
@@ -154,6 +157,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--host", action="store_true", help="also a cProfile of the host's side of the steps")
+    ap.add_argument("--kv-dtype", default="bf16")
+    ap.add_argument("--synthetic-context", action="store_true",
+                    help="prompts count as computed without a prefill (ninfer-bench's option of that name)")
     ap.add_argument("--prefill", type=int, default=0, metavar="LEN",
                     help="instead: profile one prefill of LEN tokens (one chunk), after an untimed one")
     args = ap.parse_args()
@@ -162,14 +168,16 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
     llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
-              kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights, decode_ahead=True)
+              kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights, decode_ahead=True,
+              kv_dtype=args.kv_dtype)
     engine = llm.engine
     vocab = llm.loaded.tokenizer.vocab_size
     for c in levels:
         work = fixed_workload(c, args.prompt_len, (5 if args.host else 3) * args.steps + 64, vocab, c)
-        _submit(engine, work, f"prof{c}-")
-        for _ in range(args.steps):  # prefill, then settle into steady decode
-            engine.step()
+        with synthetic_contexts(engine) if args.synthetic_context else contextlib.nullcontext():
+            _submit(engine, work, f"prof{c}-", args.synthetic_context)
+            for _ in range(args.steps):  # prefill, then settle into steady decode
+                engine.step()
         if args.host:  # where the host's share of a step goes (cProfile, top by own time)
             import cProfile
             import io
@@ -189,7 +197,7 @@ def main() -> None:
         # the window: first to last device activity of the profiled steps
         window = intervals[-1][1] - intervals[0][0]
         print(json.dumps({
-            "concurrency": c, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
+            "concurrency": c, "kv_dtype": args.kv_dtype, "context": args.prompt_len, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
             "device_window_ms_per_step": round(window / 1000 / args.steps, 4),
             "activities_per_step": len(intervals) / args.steps,
             **summarise(intervals, args.steps, args.top),

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Compile a Triton kernel for an NVIDIA GPU on a machine without one, and say what Triton
+made of it: shared memory, which MMA, which loads were pipelined (async copies), layout
+round trips through shared memory. The TTGIR goes to ``--out`` for reading.
+
+Triton's wheel ships ptxas, so ``triton.compile`` with a ``GPUTarget`` needs no device.
+Arguments are described, not passed: pointers by element type, integers by a sample value
+(a value divisible by 16 gets Triton's divisibility hint, as the JIT gives it at run time,
+and a value of 1 is specialised away; without the hints every load looks unaligned and
+nothing is vectorised or pipelined), constexprs by value.
+
+    python scripts/triton_ir.py ninfer_kernels.triton.kv_quant:_attend_quant_kernel \\
+        --pointers '{"q_ptr": "bf16", "kd": "fp8e4nv", "vd": "fp8e4nv", "query_start_ptr": "i32", ...}' \\
+        --ints '{"s_kdb": 16384, "s_kds": 1024, ...}' --floats qk_scale,k_gscale,v_gscale \\
+        --constexprs '{"BLOCK_N": 64, "HALF": true, ...}' --warps 4 --stages 2 --out /tmp/attn.ttgir
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+from collections import Counter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+#: TTGIR operations worth counting, and what they mean
+WATCH = {
+    "ttg.async_copy_global_to_local": "pipelined loads (cp.async into shared memory)",
+    "tt.load": "plain loads into registers",
+    "ttng.warp_group_dot": "Hopper warpgroup MMAs (wgmma)",
+    "tt.dot": "MMAs of the older kind (mma.sync) or not yet lowered",
+    "ttg.local_alloc": "tensors stored to shared memory",
+    "ttg.local_load": "tensors read back from shared memory",
+    "ttg.convert_layout": "layout conversions left in registers/shared",
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kernel", help="module:function of a @triton.jit kernel")
+    ap.add_argument("--pointers", default="{}", help="JSON: pointer argument -> element type (bf16, fp8e4nv, i32...)")
+    ap.add_argument("--ints", default="{}", help="JSON: integer argument -> a sample value (unlisted: 7)")
+    ap.add_argument("--floats", default="", help="comma-separated float arguments")
+    ap.add_argument("--constexprs", default="{}", help="JSON: constexpr argument -> value")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--out", default=None, help="write the TTGIR here")
+    args = ap.parse_args()
+    module, name = args.kernel.split(":")
+    fn = getattr(importlib.import_module(module), name)
+    pointers, ints, consts = json.loads(args.pointers), json.loads(args.ints), json.loads(args.constexprs)
+    floats = set(filter(None, args.floats.split(",")))
+    signature, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in consts:
+            signature[arg] = "constexpr"
+        elif arg in pointers:
+            signature[arg] = "*" + pointers[arg]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif arg in floats:
+            signature[arg] = "fp32"
+        elif ints.get(arg) == 1:
+            signature[arg], consts[arg] = "constexpr", 1
+        else:
+            signature[arg] = "i32"
+            if ints.get(arg, 7) % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", args.arch, 32),
+                            options={"num_warps": args.warps, "num_stages": args.stages})
+    ir = kernel.asm["ttgir"]
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(ir)
+    ops = Counter(re.findall(r"\b(tt\.dot|ttng\.warp_group_dot|ttg\.[a-z_]+|tt\.load)\b", ir))
+    mma = sorted(set(re.findall(r"versionMajor = (\d)", ir)))
+    print(json.dumps({"kernel": name, "shared_bytes": kernel.metadata.shared, "mma_versions": mma,
+                      **{op: ops.get(op, 0) for op in WATCH}}))
+
+
+if __name__ == "__main__":
+    main()
