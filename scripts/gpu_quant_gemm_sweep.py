@@ -12,8 +12,9 @@
    against bf16, at 1..4096 tokens.
 3. ``tune`` (until ``--budget-s`` is spent): the 27B shapes at the decode row counts, and
    FP8's tensor-core shapes at prefill sizes, over a few candidates (the heuristic's
-   among them); the winners go to ``quant_configs/<device>.json`` in ``--out-dir`` (and
-   into the source tree with ``--write``).
+   among them; ``--jobs fp8:1,fp8:4`` limits it to those); the winners are merged into
+   ``quant_configs/<device>.json`` (entries not re-tuned keep theirs), written to
+   ``--out-dir`` (and into the source tree with ``--write``).
 
 Each timing replays a CUDA graph of back-to-back calls, each on its own copy of the weight
 (well past the L2 in all), as a decode step runs them. JSON lines on stdout.
@@ -196,6 +197,13 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int) -> list[qg.
             fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
             for splits in sorted({fill, 2 * fill} if fill > 1 or tiles < 2 * sms else {1}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=act))
+    if fmt == "fp8" and rows <= 16:  # the weight tile as the MMA's wide first operand
+        for block_n, warps, stages in ((64, 4, 4), (64, 4, 6), (128, 4, 4), (128, 8, 4), (128, 4, 6)):
+            tiles = triton.cdiv(n, block_n)
+            fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+            for splits in sorted({fill, 2 * fill}):
+                found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=True,
+                                                swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
     return list(dict.fromkeys(found))
@@ -216,9 +224,14 @@ PREFILL_FP8 = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3, True), qg.QuantGemmC
                qg.QuantGemmConfig(64, 256, 128, 1, 8, 4, 4, True)]
 
 
-def tune(deadline: float) -> dict:
-    table: dict = {"_comment": "Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
-                               "the quantized GEMM's launch shape (fastest measured); absent: the heuristic."}
+def tune(deadline: float, only: str = "") -> dict:
+    """The winners, merged into the device's current table: entries not re-tuned here
+    (other formats, row counts, shapes; or a budget that ran out) keep their shapes."""
+    name = f"{qg.device_name(torch.device('cuda'))}.json"
+    current = qg.CONFIG_DIR / name
+    table: dict = json.loads(current.read_text()) if current.is_file() else {}
+    table["_comment"] = ("Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
+                         "the quantized GEMM's launch shape (fastest measured); absent: the heuristic.")
     gen = torch.Generator(device="cuda").manual_seed(2)
     sms = qg.sm_count(torch.device("cuda"))
     shapes = [s for s, name in all_linear_shapes().items() if name.startswith("qwen3.6-27b:model.")]
@@ -226,6 +239,8 @@ def tune(deadline: float) -> dict:
     jobs = ([("fp8", 1), ("int4", 1)] + [("fp8", rows) for rows in PREFILL_TUNE_ROWS]
             + [(fmt, rows) for rows in TUNE_ROWS[1:] for fmt in ("fp8", "int4")]
             + [("nvfp4", rows) for rows in TUNE_ROWS])
+    if only:  # "fp8:1,fp8:4": these jobs alone
+        jobs = [j for j in jobs if f"{j[0]}:{j[1]}" in only.split(",")]
     for fmt, rows in jobs:
         for n, k in shapes:
             if time.time() > deadline:
@@ -260,6 +275,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=270, help="stop starting new timings after this long")
     ap.add_argument("--write", action="store_true", help="write the tuned table into the source tree")
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--jobs", default="", help="tune only these format:rows pairs, e.g. fp8:1,fp8:4")
     args = ap.parse_args()
     start = time.time()
     parts = args.parts.split(",")
@@ -269,7 +285,7 @@ def main() -> None:
     if "moe" in parts:
         report_moe(start + args.budget_s * (0.7 if "tune" in parts else 1.0))
     if "tune" in parts:
-        table = tune(start + args.budget_s)
+        table = tune(start + args.budget_s, args.jobs)
         name = f"{qg.device_name(torch.device('cuda'))}.json"
         text = json.dumps(table, indent=1) + "\n"
         targets = ([qg.CONFIG_DIR / name] if args.write else []) + (

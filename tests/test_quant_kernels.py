@@ -140,6 +140,25 @@ def test_fp8_decode_rows_quantize_inside_the_gemm_as_the_kernel_before_does(spli
     assert torch.equal(qg.quant_matmul(x[:3], w, None, config), many[:3])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 20])
+def test_fp8_swapped_operands_give_the_unswapped_product(rows):
+    """The transposed tensor-core product (the weight tile first) sums the same e4m3
+    products per K step as the plain one: equal within float32 reassociation, with a
+    ragged last group, a partial column tile and split K."""
+    gen = torch.Generator().manual_seed(13)
+    n, k = 80, 320
+    w = random_weight("fp8", n, k, gen=gen)
+    x = (torch.randn(rows, k, generator=gen) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
+    plain = qg.QuantGemmConfig(16, 64, 128, 2, 1, act_quant=True)
+    swapped = qg.QuantGemmConfig(16, 64, 128, 2, 1, act_quant=True, swap=True)
+    assert qg.kernel_options(x, qg.operands(w), swapped)["SWAP"]
+    assert not qg.kernel_options(x, qg.operands(w), qg.QuantGemmConfig(16, 64, 128, swap=True))["SWAP"]
+    want = qg.quant_matmul(x, w, None, plain).float()
+    got = qg.quant_matmul(x, w, None, swapped).float()
+    assert rel_err(got, want) <= 1e-2  # both rounded to bf16 once
+    assert rel_err(got, x.float() @ w.dequantize().T) <= TOL_ACT
+
+
 def test_activation_quantization_matches_its_reference():
     gen = torch.Generator().manual_seed(3)
     x = (torch.randn(3, 300, generator=gen) * torch.logspace(-3, 3, 300)).to(torch.bfloat16)

@@ -9,9 +9,12 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   output at 64 columns a program is 80 programs for 132 SMs). The parts' float32 sums
   are added in part order by the part that arrives last for a tile (an arrival counter,
   reset after), as in :mod:`.skinny_linear`: results do not depend on timing. FP8 runs
-  weight-only here (e4m3 -> bf16 is exact, and x keeps its precision). FP8 and int4 also
-  have a ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
-  layout shuffles), float32 products summed elementwise; the table picks it where faster.
+  weight-only (e4m3 -> bf16 is exact, and x keeps its precision) or on the FP8 tensor
+  cores with x quantized inside each K step, optionally with the operands swapped
+  (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
+  ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
+  layout shuffles), float32 products summed elementwise. The table picks what measured
+  fastest per shape and row count.
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
@@ -61,6 +64,9 @@ class QuantGemmConfig:
     act_quant: bool = False
     #: FP8 weight-only and int4 at a few rows: no tl.dot (BLOCK_M rows exactly, may be 1)
     gemv: bool = False
+    #: FP8 on the tensor cores at a few rows: the weight tile is the MMA's first operand
+    #: (:func:`.quant_tiles.quant_tile`'s ``SWAP``); BLOCK_N then wants 64 or more
+    swap: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -191,7 +197,7 @@ def _quant_gemm_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
-    ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr,
+    ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -211,7 +217,7 @@ def _quant_gemm_kernel(
         acc = quant_tile(x_ptr + offs_m * stride_xm, xs_ptr + offs_m * stride_xsm, m_ok, stride_xk,
                          w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                          stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND)
+                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND, SWAP)
     if FORMAT == 3:  # NVFP4's one factor
         acc *= tl.load(alpha_ptr)
     _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om,
@@ -230,7 +236,9 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
         fmt = FP8_ACT_INLINE
     magic, offset = INT4_MAGIC[x.dtype]
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
-    return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "MAGIC": magic,
+    swap = config.swap and fmt in (FP8_ACT, FP8_ACT_INLINE)
+    return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "SWAP": swap,
+            "MAGIC": magic,
             "OFFSET": offset,
             "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,
             "QROUND": x.device.type != "cuda"}

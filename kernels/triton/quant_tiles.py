@@ -85,9 +85,11 @@ def _quantize_group(x, ROUND: tl.constexpr):
 @triton.jit
 def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                   stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
-                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FORMAT: tl.constexpr, QROUND: tl.constexpr):
+                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, FORMAT: tl.constexpr, QROUND: tl.constexpr,
+                  SWAP: tl.constexpr = False):
     """FP8_ACT (x quantized before, its scales at ``as_rows``) or FP8_ACT_INLINE (x
-    quantized here: BLOCK_K == ACT_GROUP, so the step is one group)."""
+    quantized here: BLOCK_K == ACT_GROUP, so the step is one group). ``SWAP``: the
+    transposed product, ``[BLOCK_N, BLOCK_M]`` (see :func:`quant_tile`)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = offs_k < k_end
     if FORMAT == 4:
@@ -95,10 +97,16 @@ def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok
     else:
         a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
         a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
-    w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
-                mask=k_ok[:, None] & n_ok[None, :], other=0.0)
     s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
-    return _dot(a, w, UPCAST) * a_s[:, None] * s[None, :]
+    if SWAP:  # the weight tile as stored (K contiguous), the first operand
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        part = _dot(w, tl.trans(a), UPCAST) * s[:, None] * a_s[None, :]
+    else:
+        w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        part = _dot(a, w, UPCAST) * a_s[:, None] * s[None, :]
+    return part
 
 
 @triton.jit
@@ -176,12 +184,22 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
                stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
-               QROUND: tl.constexpr = False):
+               QROUND: tl.constexpr = False, SWAP: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: rows ``a_rows`` of x (pointers to column 0; ``as_rows``
     to their activation scales for FP8_ACT) times weight rows ``offs_n`` over columns
     ``k_begin`` (a multiple of BLOCK_K) to ``k_end``. ``w_ptr``/``s_ptr``/``z_ptr`` are
     one matrix's data, scales and zeros; strides in their own elements. ``QROUND``: round
-    to e4m3 by hand (the interpreter's cast does not; FP8_ACT_INLINE)."""
+    to e4m3 by hand (the interpreter's cast does not; FP8_ACT_INLINE).
+
+    ``SWAP`` (FP8 on the tensor cores): compute ``W x^T`` and transpose once at the end.
+    Hopper's warpgroup MMA wants 64 rows on the first operand; with a few x rows first, a
+    decode product runs on the older 16-row MMA instead. Swapped, the weight tile is that
+    first operand, fed from shared memory as loaded (both e4m3 operands K-major, as the
+    FP8 MMA requires), and the x rows fill the narrow side."""
+    if SWAP:
+        return _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
+                                   stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT, BLOCK_M,
+                                   BLOCK_N, BLOCK_K, UPCAST, QROUND)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if FORMAT == 0:
@@ -199,6 +217,20 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
             acc += _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                                stride_wn, stride_wk, stride_sn, stride_sk, BLOCK_K, UPCAST)
     return acc
+
+
+@triton.jit
+def _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
+                        stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                        QROUND: tl.constexpr):
+    """:func:`quant_tile`'s ``SWAP``: accumulate ``[BLOCK_N, BLOCK_M]``, transpose once."""
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        acc_t += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                               stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
+                               FORMAT, QROUND, True)
+    return tl.trans(acc_t)
 
 
 # -- few-row products without tl.dot ------------------------------------------------------------
