@@ -178,7 +178,7 @@ quant-tests)
 quant)
     quant_tests
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
+        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     for kv in ${KV_FORMATS:-fp8}; do
@@ -196,7 +196,7 @@ quant-tune)
         --budget-s "${TUNE_S:-180}" --jobs "${TUNE_JOBS:-}" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench 110 "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
+        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     ;;
