@@ -187,7 +187,10 @@ def routing_for(tokens: int, e: int, top_k: int, gen: torch.Generator):
     return torch.cat([w, torch.rand(tokens, 1, device="cuda", generator=gen)], dim=1).contiguous(), ids.contiguous()
 
 
-def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
+def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
+                      fp8_tensor_cores: bool = False) -> list[qg.QuantGemmConfig]:
+    """``fp8_tensor_cores``: FP8 only on the tensor-core path (x quantized), as prefill always
+    is, so a row count never changes how an FP8 checkpoint rounds."""
     block_m = max(16, triton.next_power_of_2(rows))
     found = [qg.heuristic_config(FP8 if fmt == "fp8" else -1, rows, n, k, sms)]
     # FP8 also on the tensor cores, x quantized inside the GEMM (no weight conversion)
@@ -206,6 +209,8 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int) -> list[qg.
                                                 swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
+    if fmt == "fp8" and fp8_tensor_cores:
+        found = [c for c in found if c.act_quant]
     return list(dict.fromkeys(found))
 
 
@@ -224,7 +229,7 @@ PREFILL_FP8 = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3, True), qg.QuantGemmC
                qg.QuantGemmConfig(64, 256, 128, 1, 8, 4, 4, True)]
 
 
-def tune(deadline: float, only: str = "") -> dict:
+def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dict:
     """The winners, merged into the device's current table: entries not re-tuned here
     (other formats, row counts, shapes; or a budget that ran out) keep their shapes."""
     name = f"{qg.device_name(torch.device('cuda'))}.json"
@@ -251,7 +256,7 @@ def tune(deadline: float, only: str = "") -> dict:
             x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
             want = x.float() @ first.dequantize().T
             best = None
-            for cfg in PREFILL_FP8 if rows > 64 else decode_candidates(fmt, rows, n, k, sms):
+            for cfg in PREFILL_FP8 if rows > 64 else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores):
                 try:
                     us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])
                 except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
@@ -276,6 +281,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the tuned table into the source tree")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--jobs", default="", help="tune only these format:rows pairs, e.g. fp8:1,fp8:4")
+    ap.add_argument("--fp8-tensor-cores", action="store_true",
+                    help="FP8 decode candidates with x quantized only (one numeric path for every row count)")
     args = ap.parse_args()
     start = time.time()
     parts = args.parts.split(",")
@@ -285,7 +292,7 @@ def main() -> None:
     if "moe" in parts:
         report_moe(start + args.budget_s * (0.7 if "tune" in parts else 1.0))
     if "tune" in parts:
-        table = tune(start + args.budget_s, args.jobs)
+        table = tune(start + args.budget_s, args.jobs, args.fp8_tensor_cores)
         name = f"{qg.device_name(torch.device('cuda'))}.json"
         text = json.dumps(table, indent=1) + "\n"
         targets = ([qg.CONFIG_DIR / name] if args.write else []) + (

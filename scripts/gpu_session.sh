@@ -29,7 +29,10 @@
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
 #   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
+#                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
+#                                   BENCH_C concurrencies, BENCH_S seconds a bench)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
+#                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvprof   27B step profiles at 8 x 128k (synthetic contexts) per KV_FORMATS
 #   scripts/gpu_session.sh acc      train the default model on the GPU, then the KV formats' accuracy there
 #                                   (and the weight formats' with ACC_WEIGHTS=1)
@@ -178,7 +181,8 @@ quant-tests)
 quant)
     quant_tests
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
+        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
+            --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     for kv in ${KV_FORMATS:-fp8}; do
@@ -193,10 +197,12 @@ quant-sweep)
 quant-tune)
     # tune the quantized GEMM launch table (written in place, a copy in $OUT), then the 27B decode with it
     timeout "$(( ${TUNE_S:-180} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
-        --budget-s "${TUNE_S:-180}" --jobs "${TUNE_JOBS:-}" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
+        --budget-s "${TUNE_S:-180}" --jobs "${TUNE_JOBS:-}" ${TUNE_ARGS:-} --write --out-dir "$OUT" \
+        > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode --concurrency "${BENCH_C:-1,8}" \
+        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
+            --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     ;;
