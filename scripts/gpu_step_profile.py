@@ -43,7 +43,7 @@ KINDS = (
     ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
     ("gated deltanet chunked (fla)", r"chunk|solve_tril|recompute_w_u|kkt|l2norm|merge_16x16|wy_fast"),
     ("causal conv", r"_causal_conv_kernel"),
-    ("decode attention", r"_decode_kernel|_merge_partials|_attend_quant_kernel|_norm_rope_write_quant"),
+    ("decode attention", r"_decode_kernel|_merge_partials|_attend_quant_kernel|_norm_rope_write_kernel"),
     ("prefill attention", r"_attend_kernel|_merge_kernel|_write_kv_kernel|_qk_norm_rope_kernel|_rope_kernel"),
     ("rmsnorm", r"_rms_norm_kernel|_gated_rms_norm_kernel"),
     ("moe align", r"_align"),
