@@ -144,7 +144,7 @@ kv128)
 kvsyn)
     # every KV format at c=1 and 8 over 32k and 128k contexts, filled without a prefill
     # (--synthetic-context): the decode side of issue #21's table in minutes, not an hour
-    timeout 60 python3 -m pytest -q tests/test_kv_quant.py -k "triton_attention or decode_rows or fp16" 2>&1 | tail -2
+    timeout 150 python3 -m pytest -q tests/test_kv_quant.py -k "triton_attention or decode_rows or fp16" 2>&1 | tail -2
     for kv in ${KV_FORMATS:-bf16 fp8}; do
         bench 200 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len 32768,131072 --decode-output-len "${KV_OUT:-128}" --synthetic-context --no-transformers
