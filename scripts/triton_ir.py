@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the TTGIR here")
+    ap.add_argument("--ptx", default=None, help="write the PTX here (instruction counts: grep it)")
     args = ap.parse_args()
     module, name = args.kernel.split(":")
     fn = getattr(importlib.import_module(module), name)
@@ -73,9 +74,10 @@ def main() -> None:
     kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", args.arch, 32),
                             options={"num_warps": args.warps, "num_stages": args.stages})
     ir = kernel.asm["ttgir"]
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(ir)
+    for path, text in ((args.out, ir), (args.ptx, kernel.asm["ptx"])):
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
     ops = Counter(re.findall(r"\b(tt\.dot|ttng\.warp_group_dot|ttg\.[a-z_]+|tt\.load)\b", ir))
     mma = sorted(set(re.findall(r"versionMajor = (\d)", ir)))
     print(json.dumps({"kernel": name, "shared_bytes": kernel.metadata.shared, "mma_versions": mma,
