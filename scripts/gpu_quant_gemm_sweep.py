@@ -187,6 +187,12 @@ def routing_for(tokens: int, e: int, top_k: int, gen: torch.Generator):
     return torch.cat([w, torch.rand(tokens, 1, device="cuda", generator=gen)], dim=1).contiguous(), ids.contiguous()
 
 
+def k_parts_to_fill(tiles: int, k: int, sms: int) -> int:
+    """K parts that give ``tiles`` column tiles about two programs an SM (each part at least
+    four 128-column steps); one when the tiles alone fill the SMs."""
+    return 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+
+
 def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                       fp8_tensor_cores: bool = False) -> list[qg.QuantGemmConfig]:
     """``fp8_tensor_cores``: FP8 only on the tensor-core path (x quantized), as prefill always
@@ -197,13 +203,13 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
     for act in (False, True) if fmt == "fp8" else (False,):
         for block_n, warps, stages in ((32, 4, 4), (64, 4, 3), (64, 8, 4), (128, 4, 3), (128, 8, 4)):
             tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
-            fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+            fill = k_parts_to_fill(tiles, k, sms)
             for splits in sorted({fill, 2 * fill} if fill > 1 or tiles < 2 * sms else {1}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=act))
     if fmt == "fp8" and rows <= 16:  # the weight tile as the MMA's wide first operand
         for block_n, warps, stages in ((64, 4, 4), (64, 4, 6), (128, 4, 4), (128, 8, 4), (128, 4, 6)):
             tiles = triton.cdiv(n, block_n)
-            fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+            fill = k_parts_to_fill(tiles, k, sms)
             for splits in sorted({fill, 2 * fill}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=True,
                                                 swap=True))
@@ -219,7 +225,7 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
     found = []
     for block_n, warps in ((32, 4), (16, 4), (64, 8)):
         tiles = triton.cdiv(n, block_n)
-        fill = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+        fill = k_parts_to_fill(tiles, k, sms)
         found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True))
     return found
 
@@ -229,11 +235,14 @@ PREFILL_FP8 = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3, True), qg.QuantGemmC
                qg.QuantGemmConfig(64, 256, 128, 1, 8, 4, 4, True)]
 
 
+def table_name() -> str:
+    return f"{qg.device_name(torch.device('cuda'))}.json"
+
+
 def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dict:
     """The winners, merged into the device's current table: entries not re-tuned here
     (other formats, row counts, shapes; or a budget that ran out) keep their shapes."""
-    name = f"{qg.device_name(torch.device('cuda'))}.json"
-    current = qg.CONFIG_DIR / name
+    current = qg.CONFIG_DIR / table_name()
     table: dict = json.loads(current.read_text()) if current.is_file() else {}
     table["_comment"] = ("Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
                          "the quantized GEMM's launch shape (fastest measured); absent: the heuristic.")
@@ -293,7 +302,7 @@ def main() -> None:
         report_moe(start + args.budget_s * (0.7 if "tune" in parts else 1.0))
     if "tune" in parts:
         table = tune(start + args.budget_s, args.jobs, args.fp8_tensor_cores)
-        name = f"{qg.device_name(torch.device('cuda'))}.json"
+        name = table_name()
         text = json.dumps(table, indent=1) + "\n"
         targets = ([qg.CONFIG_DIR / name] if args.write else []) + (
             [Path(args.out_dir) / "quant_configs" / name] if args.out_dir else [])
