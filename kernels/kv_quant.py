@@ -4,7 +4,9 @@ A codec turns a key or value head ``x`` [..., D] into a few tensors ("parts") wh
 dimension is per head and whose leading dimensions follow ``x``, and back. The paged
 cache stores each part as ``[num_blocks, block_size, num_kv_heads, width]``, so a page
 of every part moves as one (host tier, prefix reuse) and a kernel finds a token's
-scales beside its values. All codecs are symmetric (no zero point):
+scales beside its values. Values in a one-byte format keep a page's keys contiguous per
+head dim (:func:`allocate_parts`); the part is then a permuted view and indexes the same
+way. All codecs are symmetric (no zero point):
 
 * ``int8``: int8 values, one float32 scale per 64 elements (``amax / 127``; per head when
   the head is narrower).
@@ -50,6 +52,8 @@ class KVCodec:
     group: Callable[[int], int] = lambda head_dim: head_dim
     #: the per-tensor scale the stored scales are relative to (nvfp4's; 1 for the others)
     global_scale: float = 1.0
+    #: one code a byte, so the codes may be stored in any order along the head dims
+    byte_codes: bool = False
 
     def bytes_per_head(self, head_dim: int) -> int:
         return sum(w * dtype.itemsize for w, dtype in self.layout(head_dim))
@@ -128,9 +132,10 @@ def dequantize_nvfp4(parts: Sequence[torch.Tensor], global_scale: float = 1.0) -
 # -- the codecs ------------------------------------------------------------------------------
 INT8 = KVCodec(
     "int8", lambda d: [(d, torch.int8), (d // int8_group(d), torch.float32)], quantize_int8, dequantize_int8,
-    int8_group,
+    int8_group, byte_codes=True,
 )
-FP8 = KVCodec("fp8", lambda d: [(d, torch.float8_e4m3fn), (1, torch.float32)], quantize_fp8, dequantize_fp8)
+FP8 = KVCodec("fp8", lambda d: [(d, torch.float8_e4m3fn), (1, torch.float32)], quantize_fp8, dequantize_fp8,
+              byte_codes=True)
 
 
 def nvfp4(global_scale: float = 1.0) -> KVCodec:
@@ -142,6 +147,33 @@ def nvfp4(global_scale: float = 1.0) -> KVCodec:
     )
 
 
+#: Store values of one-byte formats with a page's keys contiguous per head dim. The value
+#: product runs along the keys; with the dims contiguous, the GPU kernel fed Hopper's MMA
+#: from single-byte shared-memory reads (docs/kv-formats.md, session 15).
+VALUES_BY_DIM = True
+
+
+def allocate_parts(codec: KVCodec, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                   device: torch.device | str, values: bool = False) -> list[torch.Tensor]:
+    """A cache's zeroed parts for ``codec``, each indexed ``[num_blocks, block_size,
+    num_kv_heads, width]``. ``values``: the value side, whose one-byte codes are stored
+    ``[num_blocks, num_kv_heads, width, block_size]`` (see :data:`VALUES_BY_DIM`) and
+    handed out as a permuted view of that (:func:`page_storage` gives it back)."""
+    parts = []
+    for i, (width, dtype) in enumerate(codec.layout(head_dim)):
+        if i == 0 and values and codec.byte_codes and VALUES_BY_DIM:
+            storage = torch.zeros(num_blocks, num_kv_heads, width, block_size, dtype=dtype, device=device)
+            parts.append(storage.permute(0, 3, 1, 2))
+        else:
+            parts.append(torch.zeros(num_blocks, block_size, num_kv_heads, width, dtype=dtype, device=device))
+    return parts
+
+
+def page_storage(part: torch.Tensor) -> torch.Tensor:
+    """The contiguous tensor behind a part, pages first (what the host tier copies byte for byte)."""
+    return part if part.is_contiguous() else part.permute(0, 2, 3, 1)
+
+
 def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: KVCodec,
                    v_codec: KVCodec, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize ``k``/``v`` [T, Hk, D] and store each part at flat slots [T] (-1: skip)."""
@@ -149,10 +181,10 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
     slots = slot_mapping[keep]
     for parts, codec, x in ((k_parts, k_codec, k), (v_parts, v_codec, v)):
         for store, value in zip(parts, codec.quantize(x[keep])):
-            flat = store.view(-1, *store.shape[2:])
             if store.dtype.itemsize == 1 and store.dtype.is_floating_point:  # float8: copy the bytes
-                flat, value = flat.view(torch.uint8), value.view(torch.uint8)
-            flat.index_copy_(0, slots, value)
+                store, value = store.view(torch.uint8), value.view(torch.uint8)
+            page_size = store.shape[1]
+            store[slots // page_size, slots % page_size] = value
 
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],

@@ -17,6 +17,9 @@ their entries), written to ``--out-dir`` and, with ``--write``, into the source 
 (:mod:`ninfer_kernels.triton.decode_launch` reads it).
 
     python3 scripts/gpu_kv_decode_sweep.py --formats bfloat16,fp8 --cases 1x32768,1x131072,8x32768 --write
+
+A format written ``fp8@rows`` times fp8 with its value pages in the layout the cache used
+before session 15 (each key's dims contiguous): a same-run peer for the layout, never tabled.
 """
 
 from __future__ import annotations
@@ -56,13 +59,24 @@ def candidates(c: int, args) -> list[dl.DecodeLaunch]:
 
 
 def quant_parts(name: str, blocks: int, dev) -> tuple[list, list, ref.KVCodec, ref.KVCodec]:
-    """Pages of random K/V stored in format ``name`` (quantized once, then repeated)."""
-    kc, vc = (codec(n) for n in CODECS[name])
+    """Pages of random K/V stored in format ``name`` (quantized once, then repeated), laid out
+    as the cache lays them out; ``fp8@rows``: values with each key's dims contiguous (the
+    layout before session 15), to time against in the same run."""
+    base, _, layout = name.partition("@")
+    kc, vc = (codec(n) for n in CODECS[base])
     sample = torch.randn(PAGE, KV_HEADS, HEAD_D, device=dev)
-    parts = []
-    for c in (kc, vc):
-        one = c.quantize(sample)
-        parts.append([p[None].expand(blocks, *p.shape).contiguous() for p in one])
+    by_dim, ref.VALUES_BY_DIM = ref.VALUES_BY_DIM, layout != "rows"
+    try:
+        parts = []
+        for values, c in ((False, kc), (True, vc)):
+            stored = ref.allocate_parts(c, blocks, PAGE, KV_HEADS, HEAD_D, dev, values=values)
+            for part, one in zip(stored, c.quantize(sample)):
+                if part.dtype.is_floating_point and part.dtype.itemsize == 1:  # float8: copy the bytes
+                    part, one = part.view(torch.uint8), one.view(torch.uint8)
+                part.copy_(one[None])
+            parts.append(stored)
+    finally:
+        ref.VALUES_BY_DIM = by_dim
     return parts[0], parts[1], kc, vc
 
 
@@ -149,10 +163,11 @@ def write_table(times, cases, args) -> None:
             continue
         best = {ctx: min(t[ctx] for t in full.values()) for ctx in contexts}
         winner = min(full, key=lambda launch: sum(full[launch][ctx] / best[ctx] for ctx in contexts))
-        kv_format = fmt if fmt == "bfloat16" else kq.kv_format_name(*(codec(n) for n in CODECS[fmt]))
-        out.setdefault(dl.format_key(kv_format, HEAD_D), {})[str(c)] = winner.to_json()
         print(json.dumps({"winner": fmt, "batch": c, **winner.to_json(),
                           "us_per_layer": {ctx: round(full[winner][ctx], 2) for ctx in sorted(contexts)}}), flush=True)
+        if "@" not in fmt:  # a layout the cache does not use is timed, never tabled
+            kv_format = fmt if fmt == "bfloat16" else kq.kv_format_name(*(codec(n) for n in CODECS[fmt]))
+            out.setdefault(dl.format_key(kv_format, HEAD_D), {})[str(c)] = winner.to_json()
     text = json.dumps(out, indent=1) + "\n"
     if args.out_dir:
         Path(args.out_dir, name).write_text(text)

@@ -91,6 +91,7 @@ def test_cache_attends_over_exactly_what_it_stored(registry, fmt):
     want = attend_pages(q, lambda t, n: k_deq, lambda t, n: cache.v_codec.dequantize(
         [gather_pages(p, t, n) for p in cache.v_parts]), 2, batch, 0.2)
     assert torch.equal(got, want)
+    assert all(t.is_contiguous() and t.shape[0] == 4 for t in cache.page_tensors())  # copied as stored
     saved = [t[1].clone() for t in cache.page_tensors()]
     for t in cache.page_tensors():
         t[1].zero_()
@@ -164,8 +165,9 @@ def test_accuracy_on_a_trained_model_stays_near_full_precision(trained):
 PAIRS = {"int8": ("int8", "int8"), "fp8": ("fp8", "fp8"), "nvfp4": ("nvfp4", "nvfp4"), "k8v4": ("fp8", "nvfp4")}
 
 
-def _parts(codec, blocks, page, heads, dim, device):
-    return [torch.zeros(blocks, page, heads, w, dtype=dt, device=device) for w, dt in codec.layout(dim)]
+def _parts(codec, blocks, page, heads, dim, device, values=False):
+    """A cache's parts as the cache allocates them (``values``: one-byte codes stored by dim)."""
+    return kq.allocate_parts(codec, blocks, page, heads, dim, device, values=values)
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -185,8 +187,8 @@ def test_triton_write_stores_the_reference_s_bytes(fmt, dim):
     k, v = (torch.randn(6, 2, dim, generator=gen) * 3).to(device), (torch.randn(6, 2, dim, generator=gen)).to(device)
     k[1, 0, :5] = torch.tensor([0.0, 2.5, -2.5, 1e5, -1e5])  # ties and saturation
     slots = torch.tensor([0, 5, -1, 7, 2, 3], device=device)
-    want = [_parts(kc, 3, 4, 2, dim, device), _parts(vc, 3, 4, 2, dim, device)]
-    got = [_parts(kc, 3, 4, 2, dim, device), _parts(vc, 3, 4, 2, dim, device)]
+    want = [_parts(kc, 3, 4, 2, dim, device), _parts(vc, 3, 4, 2, dim, device)]  # values by token: any layout
+    got = [_parts(kc, 3, 4, 2, dim, device), _parts(vc, 3, 4, 2, dim, device, values=True)]
     kq.write_kv_quant(*want, kc, vc, k, v, slots)
     tri.write_kv_quant(*got, kc, vc, k, v, slots)
     for part, (w, g) in enumerate(zip(want[0] + want[1], got[0] + got[1])):
@@ -206,7 +208,7 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
     gen = torch.Generator().manual_seed(4)
-    kp, vp = _parts(kc, 8, page, 2, dim, device), _parts(vc, 8, page, 2, dim, device)
+    kp, vp = _parts(kc, 8, page, 2, dim, device), _parts(vc, 8, page, 2, dim, device, values=True)
     ctx = 13  # sequence 0: 13 keys over pages 5, 1, 6, 2; sequence 1: a 3-row chunk over 6 keys in pages 3, 0
     k = torch.randn(ctx + 6, 2, dim, generator=gen).to(device)
     v = torch.randn(ctx + 6, 2, dim, generator=gen).to(device)
@@ -238,7 +240,7 @@ def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
     gen = torch.Generator().manual_seed(5)
-    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device)
+    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device, values=True)
     lens = [37, 9]
     k, v = (torch.randn(sum(lens), 2, dim, generator=gen).to(device) for _ in range(2))
     slots = torch.cat([torch.arange(37), 40 + torch.arange(9)]).to(device)
@@ -308,7 +310,8 @@ def test_triton_fused_norm_rope_write_matches_the_steps(fmt):
                         positions=torch.tensor([3, 9, 0, 17, 40], device=device),
                         cos_sin=torch.cat([angles.cos(), angles.sin()], dim=-1).to(device), rotary_dim=rot)
     slots = torch.tensor([0, 7, -1, 12, 3], device=device)
-    pages = [[_parts(c, 4, 4, kv_heads, dim, device) for c in (kc, vc)] for _ in range(3)]
+    pages = [[_parts(kc, 4, 4, kv_heads, dim, device), _parts(vc, 4, 4, kv_heads, dim, device, values=True)]
+             for _ in range(3)]
     q_ref = kq.norm_rope_write_quant(q, k, v, norm, *pages[0], kc, vc, slots)
     q_two, k_two = qk_norm_rope(q, k, norm.q_weight, norm.k_weight, norm.eps, norm.positions, norm.cos_sin, rot)
     unfused.write_kv_quant(*pages[1], kc, vc, k_two, v, slots)
@@ -331,7 +334,7 @@ def test_triton_attention_in_fp16_products_stays_at_bf16_accuracy(fmt, monkeypat
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
     gen = torch.Generator().manual_seed(6)
-    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device)
+    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device, values=True)
     k, v = (4 * torch.randn(40, 2, dim, generator=gen).to(device) for _ in range(2))
     kq.write_kv_quant(kp, vp, kc, vc, k, v, torch.arange(40, device=device))
     q = torch.randn(2, 4, dim, generator=gen).to(device, torch.bfloat16)

@@ -77,22 +77,24 @@ def _round_e4m3(x):
 
 
 @triton.jit
-def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, FMT: tl.constexpr, D: tl.constexpr,
+def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
-    """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``."""
+    """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``;
+    one-byte codes ``stride_dd`` apart (1, or the page size where a page keeps its keys
+    contiguous per dim: see :func:`ninfer_kernels.kv_quant.keys_contiguous`)."""
     if FMT == 1:  # int8, a scale per GROUP
         g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
         scale = tl.max(g, 1) * (1.0 / 127.0)
         s = tl.reshape(tl.broadcast_to(scale[:, None], [BLOCK_D // GROUP, GROUP]), [BLOCK_D])
         q = tl.where(s > 0, _div(x, tl.where(s > 0, s, 1.0)), 0.0)
         q = tl.minimum(tl.maximum(_round_half_even(q), -127.0), 127.0)
-        tl.store(data_ptr + d, q.to(tl.int8), mask=d_ok)
+        tl.store(data_ptr + d * stride_dd, q.to(tl.int8), mask=d_ok)
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
     elif FMT == 2:  # fp8, one scale per row
         scale = tl.max(tl.abs(x), 0) * (1.0 / 448.0)
         q = _div(x, tl.where(scale > 0, scale, 1.0))
-        tl.store(data_ptr + d, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
+        tl.store(data_ptr + d * stride_dd, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)
     else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
         y = x * inv_gscale
@@ -110,24 +112,42 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, FMT: tl.constexpr
 
 
 @triton.jit
+def _slot_address(slot, stride_b, stride_s, PAGE: tl.constexpr):
+    """Offset of flat cache ``slot`` in a part ``[blocks, PAGE, heads, width]`` with these strides."""
+    return (slot // PAGE) * stride_b + (slot % PAGE) * stride_s
+
+
+@triton.jit
 def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale,
                   stride_kt, stride_kh, stride_vt, stride_vh,
-                  stride_kd, stride_kdh, stride_ks, stride_ksh, stride_vd, stride_vdh, stride_vs, stride_vsh,
+                  s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KFMT: tl.constexpr, VFMT: tl.constexpr,
-                  KGROUP: tl.constexpr, VGROUP: tl.constexpr):
+                  KGROUP: tl.constexpr, VGROUP: tl.constexpr, PAGE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    slot = tl.load(slot_ptr + t)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding rows store nothing
         return
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=d_ok, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=d_ok, other=0.0).to(tl.float32)
-    _quantize_row(k, d, d_ok, kd_ptr + slot * stride_kd + h * stride_kdh, ks_ptr + slot * stride_ks + h * stride_ksh,
-                  k_inv_gscale, KFMT, D, BLOCK_D, KGROUP)
-    _quantize_row(v, d, d_ok, vd_ptr + slot * stride_vd + h * stride_vdh, vs_ptr + slot * stride_vs + h * stride_vsh,
-                  v_inv_gscale, VFMT, D, BLOCK_D, VGROUP)
+    _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
+                  ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
+                  KFMT, D, BLOCK_D, KGROUP)
+    _quantize_row(v, d, d_ok, vd_ptr + _slot_address(slot, s_vdb, s_vds, PAGE) + h * s_vdh,
+                  vs_ptr + _slot_address(slot, s_vsb, s_vss, PAGE) + h * s_vsh, v_inv_gscale, s_vdd,
+                  VFMT, D, BLOCK_D, VGROUP)
+
+
+def part_strides(parts: Sequence[torch.Tensor]) -> list[int]:
+    """Block, slot and head strides of a codec's parts ``(data, scales)``, the data's dim stride
+    after its head stride: what the kernels address a part with. Only one-byte codes may
+    be strided along the head dims (:func:`ninfer_kernels.kv_quant.keys_contiguous`)."""
+    data, scales = parts
+    if scales.stride(-1) != 1 or (data.stride(-1) != 1 and data.dtype.itemsize != 1):
+        raise ValueError("KV parts must be contiguous along their width (one-byte codes excepted)")
+    return [*data.stride()[:3], data.stride(3), *scales.stride()[:3]]
 
 
 def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: ref.KVCodec,
@@ -138,14 +158,11 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
         return
     if head_dim & (head_dim - 1) or v.shape[-1] != head_dim:
         raise ValueError(f"quantized KV kernels need one power-of-two head dim, got {head_dim} and {v.shape[-1]}")
-    (kd, ks), (vd, vs) = k_parts, v_parts
-    flat = [t.view(-1, *t.shape[2:]) for t in (kd, ks, vd, vs)]  # [slots, heads, width]
     _write_kernel[(tokens, heads)](
-        k, v, slot_mapping, *flat, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *[s for t in flat for s in (t.stride(0), t.stride(1))],
+        k, v, slot_mapping, *k_parts, *v_parts, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *part_strides(k_parts), *part_strides(v_parts),
         D=head_dim, BLOCK_D=max(16, head_dim), KFMT=_format_id(k_codec), VFMT=_format_id(v_codec),
-        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim),
+        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim), PAGE=k_parts[0].shape[1],
     )
 
 
@@ -161,19 +178,19 @@ def _e2m1_value(code):
 
 
 @triton.jit
-def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_sb, stride_ss, dims, ok, gscale,
-               FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
+def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
+               gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
     """A tile of dequantized values rounded to ``DT``. ``page``/``slot`` index the tokens and
     ``dims`` the head dims; they broadcast to the tile's shape (keys [dims, tokens], values
-    [tokens, dims])."""
+    [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims."""
     row = page * stride_db + slot * stride_ds
     srow = page * stride_sb + slot * stride_ss
     if FMT == 1:
-        raw = tl.load(data_base + row + dims, mask=ok, other=0).to(tl.float32)
+        raw = tl.load(data_base + row + dims * stride_dd, mask=ok, other=0).to(tl.float32)
         scale = tl.load(scale_base + srow + dims // GROUP, mask=ok, other=0.0)
         return (raw * scale).to(DT)
     elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
-        return tl.load(data_base + row + dims, mask=ok, other=0.0).to(DT)
+        return tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0).to(DT)
     else:
         byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
         code = (byte >> ((dims % 2) * 4)) & 15
@@ -198,7 +215,7 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
     """Keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_DV], dequantized (see
     :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`), and the per-key key and
     value scales still to apply (see :func:`_key_scale`)."""
-    s_kdb, s_kds, s_ksb, s_kss, s_vdb, s_vds, s_vsb, s_vss = strides
+    s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss = strides
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
     if MASKED:
@@ -210,9 +227,9 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
         k_ok = d_ok[:, None] & (offs_n >= 0)[None, :]
         v_ok = (offs_n >= 0)[:, None] & dv_ok[None, :]
     slot = offs_n % PAGE
-    k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_ksb, s_kss, offs_d[:, None], k_ok,
+    k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
                    k_gscale, KFMT, GROUP, DT)
-    v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vsb, s_vss, offs_dv[None, :], v_ok,
+    v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
                    v_gscale, VFMT, GROUP, DT)
     k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, KFMT)
     v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, VFMT)
@@ -223,7 +240,8 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
 def _attend_quant_kernel(
     q_ptr, kd, ks, vd, vs, out_ptr, part_o_ptr, part_lse_ptr, query_start_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, num_splits, k_gscale, v_gscale,
-    stride_qt, stride_qh, s_kdb, s_kds, s_kdh, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vsb, s_vss, s_vsh,
+    stride_qt, stride_qh, s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh,
+    s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh,
     stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt,
     GROUP: tl.constexpr, TOKENS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -259,7 +277,7 @@ def _attend_quant_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    strides = (s_kdb, s_kds, s_ksb, s_kss, s_vdb, s_vds, s_vsb, s_vss)
+    strides = (s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss)
     kd, ks = kd + kv_head * s_kdh, ks + kv_head * s_ksh
     vd, vs = vd + kv_head * s_vdh, vs + kv_head * s_vsh
     first_pos = seq_len - q_len + t0
@@ -336,7 +354,7 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
         q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
         scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
-        q.stride(0), q.stride(1), *[s for t in parts for s in (t.stride(0), t.stride(1), t.stride(2))],
+        q.stride(0), q.stride(1), *part_strides(k_parts), *part_strides(v_parts),
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
         GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,

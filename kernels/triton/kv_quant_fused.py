@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels import kv_quant as ref
-from ninfer_kernels.triton.kv_quant import _format_id, _quantize_row
+from ninfer_kernels.triton.kv_quant import _format_id, _quantize_row, _slot_address, part_strides
 from ninfer_kernels.triton.qk_norm_rope import _norm_rope_token, check_rotary_dim
 
 
@@ -27,17 +27,17 @@ def _norm_rope_write_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, k_tmp_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
     kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale,
     num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, eps,
-    stride_kd, stride_kdh, stride_ks, stride_ksh, stride_vd, stride_vdh, stride_vs, stride_vsh,
+    s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh,
     HALF: tl.constexpr, ROT: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
-    KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr,
+    KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr, PAGE: tl.constexpr,
 ):
     token = tl.program_id(0)
     _norm_rope_token(q_ptr, k_ptr, q_out_ptr, k_tmp_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr, token,
                      num_q_heads, num_k_heads, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, eps,
                      HALF, ROT, HEAD_D, BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_TAIL)
     tl.debug_barrier()  # this program's key rows, stored by all its threads, are read back below
-    slot = tl.load(slot_ptr + token)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:  # padding rows store nothing
         return
     d = tl.arange(0, HEAD_D)
@@ -46,10 +46,12 @@ def _norm_rope_write_kernel(
     for h in range(num_k_heads):
         k = tl.load(k_tmp_ptr + (t * num_k_heads + h) * HEAD_D + d).to(tl.float32)
         v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d).to(tl.float32)
-        _quantize_row(k, d, d_ok, kd_ptr + slot * stride_kd + h * stride_kdh,
-                      ks_ptr + slot * stride_ks + h * stride_ksh, k_inv_gscale, KFMT, HEAD_D, HEAD_D, KGROUP)
-        _quantize_row(v, d, d_ok, vd_ptr + slot * stride_vd + h * stride_vdh,
-                      vs_ptr + slot * stride_vs + h * stride_vsh, v_inv_gscale, VFMT, HEAD_D, HEAD_D, VGROUP)
+        _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
+                      ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
+                      KFMT, HEAD_D, HEAD_D, KGROUP)
+        _quantize_row(v, d, d_ok, vd_ptr + _slot_address(slot, s_vdb, s_vds, PAGE) + h * s_vdh,
+                      vs_ptr + _slot_address(slot, s_vsb, s_vss, PAGE) + h * s_vsh, v_inv_gscale, s_vdd,
+                      VFMT, HEAD_D, HEAD_D, VGROUP)
 
 
 def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
@@ -68,18 +70,16 @@ def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nor
     if num_tokens == 0:
         return q_out
     k_tmp = torch.empty(num_tokens, num_k_heads, head_dim, dtype=k.dtype, device=k.device)
-    (kd, ks), (vd, vs) = k_parts, v_parts
-    flat = [t.view(-1, *t.shape[2:]) for t in (kd, ks, vd, vs)]  # [slots, heads, width]
     half, tail = n.rotary_dim // 2, head_dim - n.rotary_dim
     _norm_rope_write_kernel[(num_tokens,)](
         q, k, v, q_out, k_tmp, n.q_weight.contiguous(), n.k_weight.contiguous(), n.positions, n.cos_sin.contiguous(),
-        slot_mapping, *flat, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
+        slot_mapping, *k_parts, *v_parts, 1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
         num_q_heads, num_k_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        n.cos_sin.stride(0), n.eps, *[s for t in flat for s in (t.stride(0), t.stride(1))],
+        n.cos_sin.stride(0), n.eps, *part_strides(k_parts), *part_strides(v_parts),
         HALF=half, ROT=n.rotary_dim, HEAD_D=head_dim,
         BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_TAIL=triton.next_power_of_2(tail) if tail else 0,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec),
-        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim), num_warps=4,
+        KGROUP=k_codec.group(head_dim), VGROUP=v_codec.group(head_dim), PAGE=k_parts[0].shape[1], num_warps=4,
     )
     return q_out

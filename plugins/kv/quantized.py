@@ -2,7 +2,8 @@
 
 Each layer's cache keeps, for keys and for values, the parts of its codec
 (:mod:`ninfer_kernels.kv_quant`): the quantized values and their scales, every part paged
-``[num_blocks, block_size, num_kv_heads, width]`` so a page moves whole. New keys and
+``[num_blocks, block_size, num_kv_heads, width]`` so a page moves whole (one-byte value
+codes are stored keys-contiguous per dim behind that view: ``allocate_parts``). New keys and
 values are quantized as they are written; attention reads the quantized pages and
 dequantizes them as it goes (:func:`ninfer_kernels.ops.paged_attention_quant`), so no
 full-precision copy of the cache exists. Layouts and bytes per token: docs/kv-formats.md.
@@ -32,10 +33,9 @@ class QuantizedKVCache(KVCache):
             kv_quant.check_head_dim(codec, head_dim)
         self.k_codec, self.v_codec = k_codec, v_codec
         # zeroed (not empty): kernels may read a page's unused tail before masking it
-        self.k_parts = [torch.zeros(num_blocks, block_size, num_kv_heads, w, dtype=dt, device=device)
-                        for w, dt in k_codec.layout(head_dim)]
-        self.v_parts = [torch.zeros(num_blocks, block_size, num_kv_heads, w, dtype=dt, device=device)
-                        for w, dt in v_codec.layout(head_dim)]
+        shape = (num_blocks, block_size, num_kv_heads, head_dim, device)
+        self.k_parts = kv_quant.allocate_parts(k_codec, *shape)
+        self.v_parts = kv_quant.allocate_parts(v_codec, *shape, values=True)
 
     def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         ops.write_kv_quant(self.k_parts, self.v_parts, self.k_codec, self.v_codec, k, v, slot_mapping)
@@ -63,7 +63,7 @@ class QuantizedKVCache(KVCache):
         return sum(t.nbytes for t in self.page_tensors())
 
     def page_tensors(self) -> list[torch.Tensor]:
-        return [*self.k_parts, *self.v_parts]
+        return [kv_quant.page_storage(p) for p in (*self.k_parts, *self.v_parts)]
 
 
 def _format(name: str, description: str, k_codec: kv_quant.KVCodec, v_codec: kv_quant.KVCodec) -> KVDtype:
