@@ -31,8 +31,10 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32")
     a = p.parse_args()
+    context = max(a.length, a.prompt_len + a.new_tokens) + 16
+    # a pool for all the prompts at once (the default holds one context: they would decode one by one)
     settings = dict(device=a.device, dtype=a.dtype, prefix_reuse=False, max_concurrency=a.prompts,
-                    max_context=max(a.length, a.prompt_len + a.new_tokens) + 16)
+                    max_context=context, kv_capacity=a.prompts * context)
     text = open(a.heldout, encoding="utf-8", errors="replace").read()
     runs = {}
     for fmt in ["bf16", *a.formats.split(",")]:

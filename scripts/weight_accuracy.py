@@ -80,8 +80,10 @@ def main() -> None:
     if a.fp8_activations:
         fp8_activations()
     writers = tiny_quant_writers(load_registry())
+    context = max(a.length, a.prompt_len + a.new_tokens) + 16
+    # a pool for all the prompts at once (the default holds one context: they would decode one by one)
     settings = dict(device=a.device, dtype=a.dtype, prefix_reuse=False, max_concurrency=a.prompts,
-                    max_context=max(a.length, a.prompt_len + a.new_tokens) + 16)
+                    max_context=context, kv_capacity=a.prompts * context)
     text = open(a.heldout, encoding="utf-8", errors="replace").read()
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
