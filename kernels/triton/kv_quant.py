@@ -132,6 +132,18 @@ def _write_kernel(k_ptr, v_ptr, slot_ptr, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_
     d_ok = d < D
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=d_ok, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=d_ok, other=0.0).to(tl.float32)
+    strides = (s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh)
+    _store_kv_head(k, v, d, d_ok, slot, h, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale, strides,
+                   KFMT, VFMT, D, BLOCK_D, KGROUP, VGROUP, PAGE)
+
+
+@triton.jit
+def _store_kv_head(k, v, d, d_ok, slot, h, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale, strides,
+                   KFMT: tl.constexpr, VFMT: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   KGROUP: tl.constexpr, VGROUP: tl.constexpr, PAGE: tl.constexpr):
+    """Quantize float32 rows ``k`` and ``v`` of KV head ``h`` into cache ``slot``; ``strides``
+    as :func:`part_strides` gives them, keys' then values'."""
+    s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh = strides
     _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
                   ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
                   KFMT, D, BLOCK_D, KGROUP)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels import kv_quant as ref
-from ninfer_kernels.triton.kv_quant import _format_id, _quantize_row, _slot_address, part_strides
+from ninfer_kernels.triton.kv_quant import _format_id, _store_kv_head, part_strides
 from ninfer_kernels.triton.qk_norm_rope import _norm_rope_token, check_rotary_dim
 
 
@@ -43,15 +43,12 @@ def _norm_rope_write_kernel(
     d = tl.arange(0, HEAD_D)
     d_ok = d < HEAD_D
     t = token.to(tl.int64)
+    strides = (s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh)
     for h in range(num_k_heads):
         k = tl.load(k_tmp_ptr + (t * num_k_heads + h) * HEAD_D + d).to(tl.float32)
         v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d).to(tl.float32)
-        _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
-                      ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
-                      KFMT, HEAD_D, HEAD_D, KGROUP)
-        _quantize_row(v, d, d_ok, vd_ptr + _slot_address(slot, s_vdb, s_vds, PAGE) + h * s_vdh,
-                      vs_ptr + _slot_address(slot, s_vsb, s_vss, PAGE) + h * s_vsh, v_inv_gscale, s_vdd,
-                      VFMT, HEAD_D, HEAD_D, VGROUP)
+        _store_kv_head(k, v, d, d_ok, slot, h, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv_gscale, v_inv_gscale, strides,
+                       KFMT, VFMT, HEAD_D, HEAD_D, KGROUP, VGROUP, PAGE)
 
 
 def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
