@@ -81,7 +81,7 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
                   BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
     """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``;
     one-byte codes ``stride_dd`` apart (1, or the page size where a page keeps its keys
-    contiguous per dim: see :func:`ninfer_kernels.kv_quant.keys_contiguous`)."""
+    contiguous per dim: see :func:`ninfer_kernels.kv_quant.allocate_parts`)."""
     if FMT == 1:  # int8, a scale per GROUP
         g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
         scale = tl.max(g, 1) * (1.0 / 127.0)
@@ -155,7 +155,7 @@ def _store_kv_head(k, v, d, d_ok, slot, h, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv
 def part_strides(parts: Sequence[torch.Tensor]) -> list[int]:
     """Block, slot and head strides of a codec's parts ``(data, scales)``, the data's dim stride
     after its head stride: what the kernels address a part with. Only one-byte codes may
-    be strided along the head dims (:func:`ninfer_kernels.kv_quant.keys_contiguous`)."""
+    be strided along the head dims (:func:`ninfer_kernels.kv_quant.allocate_parts`)."""
     data, scales = parts
     if scales.stride(-1) != 1 or (data.stride(-1) != 1 and data.dtype.itemsize != 1):
         raise ValueError("KV parts must be contiguous along their width (one-byte codes excepted)")
