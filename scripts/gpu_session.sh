@@ -23,11 +23,11 @@
 #   scripts/gpu_session.sh kv       quantized-KV kernel tests on CUDA, then 27B decode at c=1 and 8 over a
 #                                   KV_CONTEXT-token prompt (32k) for each of KV_FORMATS (bf16 fp8 k8v4)
 #   scripts/gpu_session.sh validate the spec and quantized-KV GPU tests, then 27B decode at 32k for bf16 and fp8 KV
-#   scripts/gpu_session.sh quant    quantized-KV and quantized-weight GPU tests, 27B decode with WEIGHT_FORMATS
+#   scripts/gpu_session.sh quant    27B decode with WEIGHT_FORMATS
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
-#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone
+#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone (~8 min)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
@@ -180,7 +180,7 @@ quant-tests)
     quant_tests
     ;;
 quant)
-    quant_tests
+    # the GPU tests no longer fit beside these (about 8 minutes): quant-tests, a call of its own
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
         bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
             --concurrency "${BENCH_C:-1,8}" \
