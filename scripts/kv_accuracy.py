@@ -15,7 +15,9 @@ import json
 import torch
 
 from ninfer import LLM, SamplingParams
-from ninfer.bench.kv_accuracy import compare_logits, fp8_scale_granularity, greedy_agreement, teacher_forced_logits
+from ninfer.bench.kv_accuracy import (
+    compare_logits, engine_settings, fp8_scale_granularity, greedy_agreement, teacher_forced_logits,
+)
 
 
 def main() -> None:
@@ -31,10 +33,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="fp32")
     a = p.parse_args()
-    context = max(a.length, a.prompt_len + a.new_tokens) + 16
-    # a pool for all the prompts at once (the default holds one context: they would decode one by one)
-    settings = dict(device=a.device, dtype=a.dtype, prefix_reuse=False, max_concurrency=a.prompts,
-                    max_context=context, kv_capacity=a.prompts * context)
+    settings = engine_settings(a.device, a.dtype, a.prompts, a.length, a.prompt_len, a.new_tokens)
     text = open(a.heldout, encoding="utf-8", errors="replace").read()
     runs = {}
     for fmt in ["bf16", *a.formats.split(",")]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ninfer import LLM, SamplingParams
-from ninfer.bench.kv_accuracy import compare_logits, greedy_agreement, teacher_forced_logits
+from ninfer.bench.kv_accuracy import compare_logits, engine_settings, greedy_agreement, teacher_forced_logits
 from ninfer.model.loader import iter_weights, read_config
 from ninfer.plugins import load_registry
 from ninfer.tiny.make import _write_json, tiny_quant_writers, write_weights
@@ -80,10 +80,7 @@ def main() -> None:
     if a.fp8_activations:
         fp8_activations()
     writers = tiny_quant_writers(load_registry())
-    context = max(a.length, a.prompt_len + a.new_tokens) + 16
-    # a pool for all the prompts at once (the default holds one context: they would decode one by one)
-    settings = dict(device=a.device, dtype=a.dtype, prefix_reuse=False, max_concurrency=a.prompts,
-                    max_context=context, kv_capacity=a.prompts * context)
+    settings = engine_settings(a.device, a.dtype, a.prompts, a.length, a.prompt_len, a.new_tokens)
     text = open(a.heldout, encoding="utf-8", errors="replace").read()
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:

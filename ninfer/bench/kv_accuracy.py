@@ -23,6 +23,15 @@ from ninfer_kernels.kv_quant import FP8_MAX
 
 
 @torch.inference_mode()
+def engine_settings(device: str, dtype: str, prompts: int, window: int, prompt_len: int, new_tokens: int) -> dict:
+    """``LLM`` settings for a comparison: no prefix reuse (every run computes every position),
+    and a KV pool for all ``prompts`` at once (the default holds one context, so the greedy
+    continuations would decode one by one)."""
+    context = max(window, prompt_len + new_tokens) + 16
+    return dict(device=device, dtype=dtype, prefix_reuse=False, max_concurrency=prompts, max_context=context,
+                kv_capacity=prompts * context)
+
+
 def teacher_forced_logits(llm, ids: Sequence[int], chunk: int = 32) -> torch.Tensor:
     """float32 [len(ids), V]: the logits after each prefix of ``ids``."""
     engine = llm.engine
