@@ -147,21 +147,17 @@ def nvfp4(global_scale: float = 1.0) -> KVCodec:
     )
 
 
-#: Store values of one-byte formats with a page's keys contiguous per head dim. The value
-#: product runs along the keys; with the dims contiguous, the GPU kernel fed Hopper's MMA
-#: from single-byte shared-memory reads (docs/kv-formats.md, session 15).
-VALUES_BY_DIM = True
-
-
 def allocate_parts(codec: KVCodec, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                    device: torch.device | str, values: bool = False) -> list[torch.Tensor]:
     """A cache's zeroed parts for ``codec``, each indexed ``[num_blocks, block_size,
     num_kv_heads, width]``. ``values``: the value side, whose one-byte codes are stored
-    ``[num_blocks, num_kv_heads, width, block_size]`` (see :data:`VALUES_BY_DIM`) and
-    handed out as a permuted view of that (:func:`page_storage` gives it back)."""
+    ``[num_blocks, num_kv_heads, width, block_size]`` and handed out as a permuted view of
+    that (:func:`page_storage` gives it back). The value product runs along the keys; with
+    each key's dims contiguous instead, the GPU kernel fed Hopper's MMA from single-byte
+    shared-memory reads (docs/kv-formats.md, session 15)."""
     parts = []
     for i, (width, dtype) in enumerate(codec.layout(head_dim)):
-        if i == 0 and values and codec.byte_codes and VALUES_BY_DIM:
+        if i == 0 and values and codec.byte_codes:
             storage = torch.zeros(num_blocks, num_kv_heads, width, block_size, dtype=dtype, device=device)
             parts.append(storage.permute(0, 3, 1, 2))
         else:

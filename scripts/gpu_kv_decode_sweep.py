@@ -65,18 +65,14 @@ def quant_parts(name: str, blocks: int, dev) -> tuple[list, list, ref.KVCodec, r
     base, _, layout = name.partition("@")
     kc, vc = (codec(n) for n in CODECS[base])
     sample = torch.randn(PAGE, KV_HEADS, HEAD_D, device=dev)
-    by_dim, ref.VALUES_BY_DIM = ref.VALUES_BY_DIM, layout != "rows"
-    try:
-        parts = []
-        for values, c in ((False, kc), (True, vc)):
-            stored = ref.allocate_parts(c, blocks, PAGE, KV_HEADS, HEAD_D, dev, values=values)
-            for part, one in zip(stored, c.quantize(sample)):
-                if part.dtype.is_floating_point and part.dtype.itemsize == 1:  # float8: copy the bytes
-                    part, one = part.view(torch.uint8), one.view(torch.uint8)
-                part.copy_(one[None])
-            parts.append(stored)
-    finally:
-        ref.VALUES_BY_DIM = by_dim
+    parts = []
+    for values, c in ((False, kc), (layout != "rows", vc)):  # values=False: laid out as keys are
+        stored = ref.allocate_parts(c, blocks, PAGE, KV_HEADS, HEAD_D, dev, values=values)
+        for part, one in zip(stored, c.quantize(sample)):
+            if part.dtype.is_floating_point and part.dtype.itemsize == 1:  # float8: copy the bytes
+                part, one = part.view(torch.uint8), one.view(torch.uint8)
+            part.copy_(one[None])
+        parts.append(stored)
     return parts[0], parts[1], kc, vc
 
 
