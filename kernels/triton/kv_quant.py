@@ -23,10 +23,12 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.triton import kv_fp8_products as fp8_products
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.paged_attention import (
     MIN_KEYS_PER_SPLIT, _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
 )
+from ninfer_kernels.triton.rounding import round_e4m3, round_half_even
 
 #: compile-time format ids
 INT8, FP8, NVFP4 = 1, 2, 3
@@ -58,25 +60,6 @@ def _div(a, b):
 
 
 @triton.jit
-def _round_half_even(x):
-    """``x`` rounded to the nearest integer, ties to even (as torch.round), for |x| < 2**22."""
-    r = tl.floor(x + 0.5)
-    return tl.where((r - x == 0.5) & ((r.to(tl.int32) & 1) != 0), r - 1.0, r)
-
-
-@triton.jit
-def _round_e4m3(x):
-    """float32 ``x`` rounded to the nearest float8 e4m3 value (ties to even, saturating at
-    448), still as float32: converting it is then exact on every backend (Triton's
-    interpreter drops the carry when rounding up crosses a power of two)."""
-    a = tl.minimum(tl.abs(x), 448.0)
-    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    ulp = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits; subnormals below 2**-6
-    r = _round_half_even(a / ulp) * ulp
-    return tl.where(x < 0, -r, r)
-
-
-@triton.jit
 def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: tl.constexpr, D: tl.constexpr,
                   BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
     """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``;
@@ -87,19 +70,19 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
         scale = tl.max(g, 1) * (1.0 / 127.0)
         s = tl.reshape(tl.broadcast_to(scale[:, None], [BLOCK_D // GROUP, GROUP]), [BLOCK_D])
         q = tl.where(s > 0, _div(x, tl.where(s > 0, s, 1.0)), 0.0)
-        q = tl.minimum(tl.maximum(_round_half_even(q), -127.0), 127.0)
+        q = tl.minimum(tl.maximum(round_half_even(q), -127.0), 127.0)
         tl.store(data_ptr + d * stride_dd, q.to(tl.int8), mask=d_ok)
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
     elif FMT == 2:  # fp8, one scale per row
         scale = tl.max(tl.abs(x), 0) * (1.0 / 448.0)
         q = _div(x, tl.where(scale > 0, scale, 1.0))
-        tl.store(data_ptr + d * stride_dd, _round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
+        tl.store(data_ptr + d * stride_dd, round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)
     else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
         y = x * inv_gscale
         g = tl.reshape(y, [BLOCK_D // 16, 16])
-        block = _round_e4m3(tl.max(tl.abs(g), 1) * (1.0 / 6.0))
+        block = round_e4m3(tl.max(tl.abs(g), 1) * (1.0 / 6.0))
         bf = tl.reshape(tl.broadcast_to(block[:, None], [BLOCK_D // 16, 16]), [BLOCK_D])
         code = _e2m1_code(tl.where(bf > 0, _div(y, tl.where(bf > 0, bf, 1.0)), 0.0))
         pairs = tl.reshape(code, [BLOCK_D // 2, 2])
@@ -329,9 +312,12 @@ def kv_format_name(k_codec: ref.KVCodec, v_codec: ref.KVCodec) -> str:
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],
                           k_codec: ref.KVCodec, v_codec: ref.KVCodec, batch: ForwardBatch, scale: float,
-                          num_splits: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
+                          num_splits: int | None = None, launch: DecodeLaunch | None = None,
+                          fp8_mma: bool | None = None) -> torch.Tensor:
     """Same contract as the reference. ``num_splits`` overrides the key-split heuristic;
-    ``launch`` a decode batch's whole shape (else the device's tuned one, if any)."""
+    ``launch`` a decode batch's whole shape (else the device's tuned one, if any);
+    ``fp8_mma`` whether an fp8 cache multiplies in e4m3 (:mod:`.kv_fp8_products`; by
+    default where that applies)."""
     num_tokens, num_heads, head_dim = q.shape
     (kd, ks), (vd, vs) = k_parts, v_parts
     _, page_size, num_kv_heads, _ = ks.shape
@@ -342,6 +328,11 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     group = num_heads // num_kv_heads
     num_seqs = batch.seq_lens.shape[0]
     block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
+    if fp8_mma is None:
+        fp8_mma = fp8_products.applies(q, k_codec.name, v_codec.name, batch.max_query_len)
+    if fp8_mma:
+        block_m, tokens = fp8_products.tiles(group, batch.max_query_len)
+        num_stages = 3
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
     if launch is None and num_splits is None and batch.max_query_len == 1:
         launch = tuned_launch(kv_format_name(k_codec, v_codec), head_dim, num_seqs, batch.max_seq_len,
@@ -361,21 +352,27 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
         part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
     if num_seqs == 0 or num_tokens == 0:
         return out.zero_()
-    parts = [kd, ks, vd, vs]
-    half = _half_products(q)  # CUDA only, but a test forces it in the interpreter: no UPCAST then
-    _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
-        q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
-        scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
-        q.stride(0), q.stride(1), *part_strides(k_parts), *part_strides(v_parts),
-        out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
-        GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
-        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
-        KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim),
-        HALF=half,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    grid = (blocks, num_seqs, num_kv_heads * splits)
+    pointers = (q, kd, ks, vd, vs, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables)
+    strides = (q.stride(0), q.stride(1), *part_strides(k_parts), *part_strides(v_parts),
+               out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
+               part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0))
+    shape = dict(GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1,
+                 num_warps=num_warps, num_stages=num_stages)
+    qk_scale = scale * math.log2(math.e)
+    if fp8_mma:
+        fp8_products._attend_fp8_kernel[grid](*pointers, qk_scale, splits, *strides, **shape,
+                                              EXACT=q.device.type != "cuda", RESIDUAL=fp8_products.QUERY_RESIDUAL,
+                                              P_RESIDUAL=fp8_products.PROB_RESIDUAL,
+                                              TRANSPOSED=fp8_products.TRANSPOSED)
+    else:
+        half = _half_products(q)  # CUDA only, but a test forces it in the interpreter: no UPCAST then
+        _attend_quant_kernel[grid](
+            *pointers, qk_scale, splits, k_codec.global_scale, v_codec.global_scale, *strides, **shape,
+            IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
+            KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim), HALF=half,
+        )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
             part_o, part_lse, out, batch.query_start, num_seqs, splits,

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.kv_quant import _round_e4m3
+from ninfer_kernels.triton.rounding import round_e4m3
 
 #: kernel format ids (constexpr)
 FP8, FP8_ACT, INT4, NVFP4, FP8_ACT_INLINE = 0, 1, 2, 3, 4
@@ -78,7 +78,7 @@ def _quantize_group(x, ROUND: tl.constexpr):
     scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
     q = x / scale[:, None]
     if ROUND:  # the interpreter's fp32 -> fp8 cast rounds wrongly: round by hand
-        q = _round_e4m3(q)
+        q = round_e4m3(q)
     return q.to(tl.float8e4nv), scale
 
 

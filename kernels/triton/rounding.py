@@ -1,6 +1,7 @@
-"""float32 -> bfloat16 rounding done on the bits, for kernels whose tests run in Triton's
-interpreter: the GPU's cast rounds to nearest even, but the interpreter truncates, which
-would hide every rounding point of a kernel from its CPU tests."""
+"""Rounding done by hand, for kernels whose tests run in Triton's interpreter: the GPU's
+casts round to nearest even, but the interpreter truncates float32 -> bfloat16 and drops
+the carry of float32 -> float8 e4m3 into the next power of two, which would hide every
+rounding point of a kernel from its CPU tests (or move it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,25 @@ def round_to(v, dtype, ROUND: tl.constexpr):
     if ROUND:
         v = nearest_bf16(v)
     return v.to(dtype)
+
+
+@triton.jit
+def round_half_even(x):
+    """``x`` rounded to the nearest integer, ties to even (as torch.round), for |x| < 2**22."""
+    r = tl.floor(x + 0.5)
+    return tl.where((r - x == 0.5) & ((r.to(tl.int32) & 1) != 0), r - 1.0, r)
+
+
+@triton.jit
+def round_e4m3(x):
+    """float32 ``x`` rounded to the nearest float8 e4m3 value (ties to even, saturating at
+    448), still as float32: converting it is then exact on every backend (Triton's
+    interpreter drops the carry when rounding up crosses a power of two)."""
+    a = tl.minimum(tl.abs(x), 448.0)
+    e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    ulp = ((tl.maximum(e, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits; subnormals below 2**-6
+    r = round_half_even(a / ulp) * ulp
+    return tl.where(x < 0, -r, r)
 
 
 def interpreted_bf16(t: torch.Tensor) -> bool:
