@@ -18,12 +18,8 @@ their entries), written to ``--out-dir`` and, with ``--write``, into the source 
 
     python3 scripts/gpu_kv_decode_sweep.py --formats bfloat16,fp8 --cases 1x32768,1x131072,8x32768 --write
 
-A format with a variant after ``@`` is timed as a same-run peer, never tabled:
-``fp8@rows`` stores value pages as the cache did before session 15 (each key's dims
-contiguous) and multiplies in fp16; ``fp8@half`` multiplies in fp16 (the quantized kernel
-before session 16's e4m3 products, :mod:`ninfer_kernels.triton.kv_fp8_products`);
-``pres`` adds the probabilities' residual product, ``nores`` drops the queries', ``m64``
-puts query rows along the MMA's 64-row side (``fp8@m64nores``).
+A format written ``fp8@rows`` times fp8 with its value pages in the layout the cache used
+before session 15 (each key's dims contiguous): a same-run peer for the layout, never tabled.
 """
 
 from __future__ import annotations
@@ -41,7 +37,6 @@ from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.rope import rope_cos_sin
 from ninfer_kernels.triton import decode_attention as da
 from ninfer_kernels.triton import decode_launch as dl
-from ninfer_kernels.triton import kv_fp8_products as fp8_products
 from ninfer_kernels.triton import kv_quant as kq
 from ninfer_kernels.triton.tuned_tables import device_name
 
@@ -123,15 +118,8 @@ def main() -> None:
                 kp, vp, kc, vc = quant_parts(fmt, blocks, dev)
                 per_token = kc.bytes_per_head(HEAD_D) + vc.bytes_per_head(HEAD_D)
 
-                variant = fmt.partition("@")[2]
-
                 def run(launch):
-                    fp8_products.QUERY_RESIDUAL = "nores" not in variant
-                    fp8_products.PROB_RESIDUAL = "pres" in variant
-                    fp8_products.TRANSPOSED = "m64" not in variant
-                    fp8_mma = False if variant in ("rows", "half") else None
-                    return kq.paged_attention_quant(q, kp, vp, kc, vc, batch, HEAD_D**-0.5, launch=launch,
-                                                    fp8_mma=fp8_mma)
+                    return kq.paged_attention_quant(q, kp, vp, kc, vc, batch, HEAD_D**-0.5, launch=launch)
             read = c * ctx * KV_HEADS * per_token  # bytes a layer reads
             want = run(dl.DecodeLaunch(1, 64, 4, 1)).float()  # one split: nothing to merge
             for launch in candidates(c, args):

@@ -229,47 +229,6 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
     assert torch.allclose(got, want, atol=tol, rtol=tol), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("prob_residual,bound", [(False, 0.07), (True, 0.01)])
-def test_triton_fp8_products_stay_near_the_reference(dtype, prob_residual, bound, monkeypatch):
-    """fp8 caches on Hopper multiply in e4m3 (:mod:`ninfer_kernels.triton.kv_fp8_products`).
-    The queries keep their rounding residual, so against the float32 reference over the
-    same cache only the probabilities' rounding is left (none with their residual too),
-    for decode rows, a causal 3-row chunk, and key splits."""
-    pytest.importorskip("triton")
-    from ninfer_kernels.triton import kv_fp8_products as fp
-    from ninfer_kernels.triton import kv_quant as tri
-    from ninfer_kernels.triton.decode_launch import DecodeLaunch
-
-    monkeypatch.setattr(fp, "PROB_RESIDUAL", prob_residual)
-    kc = vc = kq.FP8
-    device, dim, page, ctx = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4, 70
-    gen = torch.Generator().manual_seed(7)
-    kp, vp = _parts(kc, 24, page, 2, dim, device), _parts(vc, 24, page, 2, dim, device, values=True)
-    k = torch.randn(ctx + 6, 2, dim, generator=gen).to(device)
-    v = torch.randn(ctx + 6, 2, dim, generator=gen).to(device) * torch.rand(ctx + 6, 2, 1, generator=gen).to(device)
-    tables = torch.tensor([list(range(4, 22)), [2, 3] + [0] * 16], dtype=torch.int32, device=device)
-    slots = torch.cat([16 + torch.arange(ctx), 8 + torch.arange(6)]).to(device)
-    kq.write_kv_quant(kp, vp, kc, vc, k, v, slots)
-    q = torch.randn(4, 4, dim, generator=gen).to(device, dtype)  # a decode row, a 3-row chunk
-    batch = ForwardBatch(
-        query_start=torch.tensor([0, 1, 4], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([ctx, 6], dtype=torch.int32, device=device), block_tables=tables,
-        slot_mapping=torch.tensor([16 + ctx - 1, 11, 12, 13], device=device),
-        logits_indices=torch.arange(4, device=device), block_size=page, max_query_len=3, max_seq_len=ctx,
-        query_lens_host=[1, 3], seq_lens_host=[ctx, 6],
-    )
-    want = kq.paged_attention_quant(q.float(), kp, vp, kc, vc, batch, dim**-0.5)
-    for splits, launch in ((1, None), (3, None), (None, DecodeLaunch(4, 32, 4, 2))):
-        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, dim**-0.5, num_splits=splits, launch=launch,
-                                        fp8_mma=True).float()
-        err = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max()
-        assert err < bound, (splits, launch, err)
-    monkeypatch.setattr(fp, "QUERY_RESIDUAL", False)  # one e4m3 query: errs past the bound
-    got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, dim**-0.5, num_splits=1, fp8_mma=True).float()
-    assert ((got - want).norm(dim=-1) / want.norm(dim=-1)).max() > bound
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
     """Decode batches (one query a sequence), under the heuristic's launch, a split count,

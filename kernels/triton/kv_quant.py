@@ -23,7 +23,6 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
-from ninfer_kernels.triton import kv_fp8_products as fp8_products
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.paged_attention import (
     MIN_KEYS_PER_SPLIT, _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
@@ -312,12 +311,9 @@ def kv_format_name(k_codec: ref.KVCodec, v_codec: ref.KVCodec) -> str:
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],
                           k_codec: ref.KVCodec, v_codec: ref.KVCodec, batch: ForwardBatch, scale: float,
-                          num_splits: int | None = None, launch: DecodeLaunch | None = None,
-                          fp8_mma: bool | None = None) -> torch.Tensor:
+                          num_splits: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Same contract as the reference. ``num_splits`` overrides the key-split heuristic;
-    ``launch`` a decode batch's whole shape (else the device's tuned one, if any);
-    ``fp8_mma`` whether an fp8 cache multiplies in e4m3 (:mod:`.kv_fp8_products`; by
-    default where that applies)."""
+    ``launch`` a decode batch's whole shape (else the device's tuned one, if any)."""
     num_tokens, num_heads, head_dim = q.shape
     (kd, ks), (vd, vs) = k_parts, v_parts
     _, page_size, num_kv_heads, _ = ks.shape
@@ -328,11 +324,6 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
     group = num_heads // num_kv_heads
     num_seqs = batch.seq_lens.shape[0]
     block_m, tokens, block_n, num_warps, num_stages = _tiles(group, batch.max_query_len, head_dim)
-    if fp8_mma is None:
-        fp8_mma = fp8_products.applies(q, k_codec.name, v_codec.name, batch.max_query_len)
-    if fp8_mma:
-        block_m, tokens = fp8_products.tiles(group, batch.max_query_len)
-        num_stages = 3
     blocks = max(1, triton.cdiv(batch.max_query_len, tokens))
     if launch is None and num_splits is None and batch.max_query_len == 1:
         launch = tuned_launch(kv_format_name(k_codec, v_codec), head_dim, num_seqs, batch.max_seq_len,
@@ -352,27 +343,21 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
         part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
     if num_seqs == 0 or num_tokens == 0:
         return out.zero_()
-    grid = (blocks, num_seqs, num_kv_heads * splits)
-    pointers = (q, kd, ks, vd, vs, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables)
-    strides = (q.stride(0), q.stride(1), *part_strides(k_parts), *part_strides(v_parts),
-               out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
-               part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0))
-    shape = dict(GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1,
-                 num_warps=num_warps, num_stages=num_stages)
-    qk_scale = scale * math.log2(math.e)
-    if fp8_mma:
-        fp8_products._attend_fp8_kernel[grid](*pointers, qk_scale, splits, *strides, **shape,
-                                              EXACT=q.device.type != "cuda", RESIDUAL=fp8_products.QUERY_RESIDUAL,
-                                              P_RESIDUAL=fp8_products.PROB_RESIDUAL,
-                                              TRANSPOSED=fp8_products.TRANSPOSED)
-    else:
-        half = _half_products(q)  # CUDA only, but a test forces it in the interpreter: no UPCAST then
-        _attend_quant_kernel[grid](
-            *pointers, qk_scale, splits, k_codec.global_scale, v_codec.global_scale, *strides, **shape,
-            IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
-            KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim), HALF=half,
-        )
+    parts = [kd, ks, vd, vs]
+    half = _half_products(q)  # CUDA only, but a test forces it in the interpreter: no UPCAST then
+    _attend_quant_kernel[(blocks, num_seqs, num_kv_heads * splits)](
+        q, *parts, out, part_o, part_lse, batch.query_start, batch.seq_lens, batch.block_tables,
+        scale * math.log2(math.e), splits, k_codec.global_scale, v_codec.global_scale,
+        q.stride(0), q.stride(1), *part_strides(k_parts), *part_strides(v_parts),
+        out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
+        GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
+        KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim),
+        HALF=half,
+        num_warps=num_warps, num_stages=num_stages,
+    )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
             part_o, part_lse, out, batch.query_start, num_seqs, splits,
