@@ -41,7 +41,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
     "paged_attention_quant": {"reference": kv_quant.paged_attention_quant, "triton": None},
-    "norm_rope_write_quant": {"reference": kv_quant.norm_rope_write_quant, "triton": None},
+    "decode_attention_quant": {"reference": kv_quant.decode_attention_quant, "triton": None},
     "quant_linear": {"reference": quant_formats.quant_linear, "triton": None},
 }
 
@@ -224,12 +224,13 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
     choose("write_kv_quant", k.device.type)(k_parts, v_parts, k_codec, v_codec, k, v, slot_mapping)
 
 
-def norm_rope_write_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
-                          k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,
-                          slot_mapping: torch.Tensor) -> torch.Tensor:
-    """q/k norm and RoPE with the quantized K/V write in one pass; returns the new q."""
-    return choose("norm_rope_write_quant", q.device.type)(q, k, v, norm_rope, k_parts, v_parts, k_codec, v_codec,
-                                                          slot_mapping)
+def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
+                           k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,
+                           batch: ForwardBatch, scale: float) -> torch.Tensor:
+    """A decode batch over a quantized cache: q/k norm, RoPE, the new K/V's quantized write and
+    attention (one launch on CUDA)."""
+    return choose("decode_attention_quant", q.device.type)(q, k, v, norm_rope, k_parts, v_parts, k_codec, v_codec,
+                                                           batch, scale)
 
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],

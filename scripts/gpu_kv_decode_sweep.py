@@ -2,13 +2,13 @@
 """Tune decode attention at long contexts per KV format (GPU only).
 
 For the gated attention of the Qwen3.6-27B shape (24 query / 4 KV heads of 256, page 16)
-and each ``--formats`` entry (``bfloat16``: the fused decode kernel over the plain cache;
-``fp8``, ``int8``, ``nvfp4``, ``k8v4``: the quantized kernel with its merge), times 16
-back-to-back layers replayed from a CUDA graph at each ``--cases`` batch x context, over
-key splits, key-tile widths, warps and pipeline stages. One JSON line per timing: the
-microseconds a layer and the cache bytes read per second as a share of the H200's copy
-bandwidth. The quantized kernel's new-key write is not in these timings (it is one
-fused launch before the attention; the bf16 decode kernel stores its key itself).
+and each ``--formats`` entry (``bfloat16``: the one-launch decode kernel over the plain
+cache; ``fp8``, ``int8``, ``nvfp4``, ``k8v4``: the one-launch decode kernel over a
+quantized cache), times 16 back-to-back layers replayed from a CUDA graph at each
+``--cases`` batch x context, over key splits, key-tile widths, warps and pipeline stages.
+Every timing includes the q/k norm, RoPE and the new key's write. One JSON line per
+timing: the microseconds a layer and the cache bytes read per second as a share of the
+H200's copy bandwidth.
 
 The shape with the least summed slowdown over the contexts (time over the best time at
 that context) wins per format and batch; the winners are merged into the device's
@@ -18,8 +18,8 @@ their entries), written to ``--out-dir`` and, with ``--write``, into the source 
 
     python3 scripts/gpu_kv_decode_sweep.py --formats bfloat16,fp8 --cases 1x32768,1x131072,8x32768 --write
 
-A format written ``fp8@rows`` times fp8 with its value pages in the layout the cache used
-before session 15 (each key's dims contiguous): a same-run peer for the layout, never tabled.
+A format written ``fp8@unfused`` is a same-run peer, never tabled: the decode built from the
+separate kernels (norm and RoPE, the quantized write, attention, the split merge).
 """
 
 from __future__ import annotations
@@ -33,11 +33,14 @@ import torch
 from gpu_attention_sweep import decode_batch  # noqa: E402 (scripts/ is on sys.path)
 from gpu_timing import bench, graphed, rel_err  # noqa: E402
 
+from ninfer.model.kv import HeadNormRope
 from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.rope import rope_cos_sin
 from ninfer_kernels.triton import decode_attention as da
 from ninfer_kernels.triton import decode_launch as dl
 from ninfer_kernels.triton import kv_quant as kq
+from ninfer_kernels.triton import kv_quant_decode as kqd
+from ninfer_kernels.triton.qk_norm_rope import qk_norm_rope
 from ninfer_kernels.triton.tuned_tables import device_name
 
 HEADS, KV_HEADS, HEAD_D, ROT, PAGE, LAYERS = 24, 4, 256, 64, 16, 16
@@ -60,13 +63,11 @@ def candidates(c: int, args) -> list[dl.DecodeLaunch]:
 
 def quant_parts(name: str, blocks: int, dev) -> tuple[list, list, ref.KVCodec, ref.KVCodec]:
     """Pages of random K/V stored in format ``name`` (quantized once, then repeated), laid out
-    as the cache lays them out; ``fp8@rows``: values with each key's dims contiguous (the
-    layout before session 15), to time against in the same run."""
-    base, _, layout = name.partition("@")
-    kc, vc = (codec(n) for n in CODECS[base])
+    as the cache lays them out."""
+    kc, vc = (codec(n) for n in CODECS[name.partition("@")[0]])
     sample = torch.randn(PAGE, KV_HEADS, HEAD_D, device=dev)
     parts = []
-    for values, c in ((False, kc), (layout != "rows", vc)):  # values=False: laid out as keys are
+    for values, c in ((False, kc), (True, vc)):
         stored = ref.allocate_parts(c, blocks, PAGE, KV_HEADS, HEAD_D, dev, values=values)
         for part, one in zip(stored, c.quantize(sample)):
             if part.dtype.is_floating_point and part.dtype.itemsize == 1:  # float8: copy the bytes
@@ -100,13 +101,13 @@ def main() -> None:
             batch = decode_batch(c, ctx, max_ctx, dev)
             blocks = int(batch.block_tables.max()) + 1
             q = torch.randn(c, HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
+            k = torch.randn(c, KV_HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
+            v = torch.randn_like(k)
+            w = torch.ones(HEAD_D, dtype=torch.bfloat16, device=dev)
+            pos = batch.seq_lens.long() - 1
             if fmt == "bfloat16":
                 k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
                 v_cache = torch.randn_like(k_cache)
-                k = torch.randn(c, KV_HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
-                v = torch.randn_like(k)
-                w = torch.ones(HEAD_D, dtype=torch.bfloat16, device=dev)
-                pos = batch.seq_lens.long() - 1
                 per_token = 2 * HEAD_D * 2
 
                 def run(launch):
@@ -117,9 +118,16 @@ def main() -> None:
             else:
                 kp, vp, kc, vc = quant_parts(fmt, blocks, dev)
                 per_token = kc.bytes_per_head(HEAD_D) + vc.bytes_per_head(HEAD_D)
+                norm = HeadNormRope(q_weight=w, k_weight=w, eps=1e-6, positions=pos, cos_sin=table, rotary_dim=ROT)
+                variant = fmt.partition("@")[2]
 
                 def run(launch):
-                    return kq.paged_attention_quant(q, kp, vp, kc, vc, batch, HEAD_D**-0.5, launch=launch)
+                    if variant == "unfused":
+                        q_rot, k_rot = qk_norm_rope(q, k, w, w, 1e-6, pos, table, ROT)
+                        kq.write_kv_quant(kp, vp, kc, vc, k_rot, v, batch.slot_mapping)
+                        return kq.paged_attention_quant(q_rot, kp, vp, kc, vc, batch, HEAD_D**-0.5, launch=launch)
+                    return kqd.decode_attention_quant(q, k, v, norm, kp, vp, kc, vc, batch, HEAD_D**-0.5,
+                                                      launch=launch)
             read = c * ctx * KV_HEADS * per_token  # bytes a layer reads
             want = run(dl.DecodeLaunch(1, 64, 4, 1)).float()  # one split: nothing to merge
             for launch in candidates(c, args):

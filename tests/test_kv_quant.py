@@ -287,40 +287,59 @@ def test_unmeasured_quantized_formats_take_fp8_s_decode_shapes(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_triton_fused_norm_rope_write_matches_the_steps(fmt):
-    """q/k norm + RoPE + the quantized write in one kernel: the same q and the same stored
-    bytes as the two kernels it fuses, from strided views of one qkv projection, with a
-    partial rotary dim and a padding row; and close to the reference steps."""
+@pytest.mark.parametrize("splits", [1, 3, 16, 32])
+def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
+    """Decode in one launch (norm, RoPE, quantized write, attention, split merge): the
+    reference's output and stored bytes, a padding row that stores nothing, and every split
+    counter back at zero (16 splits: most of the short sequences' splits exit at once; 32:
+    past ``MERGE_INSIDE_SPLITS``, a second kernel merges)."""
     pytest.importorskip("triton")
     from ninfer.model.kv import HeadNormRope
-    from ninfer_kernels.triton import kv_quant as unfused
-    from ninfer_kernels.triton import kv_quant_fused as tri
-    from ninfer_kernels.triton.qk_norm_rope import qk_norm_rope
+    from ninfer_kernels.triton import counters
+    from ninfer_kernels.triton import kv_quant_decode as tri
 
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
-    device, dim, heads, kv_heads = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4, 2
-    gen = torch.Generator().manual_seed(6)
-    qkv = torch.randn(5, (heads + 2 * kv_heads) * dim, generator=gen).to(device)
+    device, dim, heads, kv_heads, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 6, 2, 4
+    gen = torch.Generator().manual_seed(8)
+    lens = [37, 1, 9, 5]  # after this step; the last row is graph padding (slot -1)
+    tables = torch.tensor([list(range(10)), [10] + [0] * 9, [11, 12, 13] + [0] * 7, [14, 15] + [0] * 8],
+                          dtype=torch.int32, device=device)
+    slots = [t[(n - 1) // page].item() * page + (n - 1) % page for t, n in zip(tables, lens)]
+    parts = [[_parts(kc, 16, page, kv_heads, dim, device), _parts(vc, 16, page, kv_heads, dim, device, values=True)]
+             for _ in range(2)]
+    for i, n in enumerate(lens):  # the earlier keys of every sequence
+        old = torch.tensor([tables[i, j // page].item() * page + j % page for j in range(n - 1)], dtype=torch.long)
+        k, v = (3 * torch.randn(n - 1, kv_heads, dim, generator=gen) for _ in range(2))
+        for k_parts, v_parts in parts:
+            kq.write_kv_quant(k_parts, v_parts, kc, vc, k.to(device), v.to(device), old.to(device))
+    qkv = (3 * torch.randn(4, (heads + 2 * kv_heads) * dim, generator=gen)).to(device)
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-    q, k, v = q.view(5, heads, dim), k.view(5, kv_heads, dim), v.view(5, kv_heads, dim)
+    q, k, v = q.view(4, heads, dim), k.view(4, kv_heads, dim), v.view(4, kv_heads, dim)
     rot = 16
     angles = torch.arange(64).float()[:, None] * torch.rand(rot // 2, generator=gen)[None, :]
     norm = HeadNormRope(q_weight=(torch.rand(dim, generator=gen) + 0.5).to(device),
                         k_weight=(torch.rand(dim, generator=gen) + 0.5).to(device), eps=1e-6,
-                        positions=torch.tensor([3, 9, 0, 17, 40], device=device),
+                        positions=torch.tensor(lens, device=device) - 1,
                         cos_sin=torch.cat([angles.cos(), angles.sin()], dim=-1).to(device), rotary_dim=rot)
-    slots = torch.tensor([0, 7, -1, 12, 3], device=device)
-    pages = [[_parts(kc, 4, 4, kv_heads, dim, device), _parts(vc, 4, 4, kv_heads, dim, device, values=True)]
-             for _ in range(3)]
-    q_ref = kq.norm_rope_write_quant(q, k, v, norm, *pages[0], kc, vc, slots)
-    q_two, k_two = qk_norm_rope(q, k, norm.q_weight, norm.k_weight, norm.eps, norm.positions, norm.cos_sin, rot)
-    unfused.write_kv_quant(*pages[1], kc, vc, k_two, v, slots)
-    q_one = tri.norm_rope_write_quant(q, k, v, norm, *pages[2], kc, vc, slots)
-    assert torch.equal(q_one, q_two) and torch.allclose(q_one, q_ref, atol=1e-5, rtol=1e-5)
-    for part, (two, one) in enumerate(zip(pages[1][0] + pages[1][1], pages[2][0] + pages[2][1])):
-        assert torch.equal(_raw(two), _raw(one)), (fmt, part)
-    for codec, ref_parts, one_parts in ((kc, pages[0][0], pages[2][0]), (vc, pages[0][1], pages[2][1])):
-        assert torch.allclose(codec.dequantize(one_parts), codec.dequantize(ref_parts), atol=1e-2, rtol=1e-2)
+    batch = ForwardBatch(
+        query_start=torch.arange(5, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), block_tables=tables,
+        slot_mapping=torch.tensor(slots[:3] + [-1], device=device), logits_indices=torch.arange(4, device=device),
+        block_size=page, max_query_len=1, max_seq_len=max(lens), query_lens_host=[1] * 4, seq_lens_host=lens,
+    )
+    want = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3)
+    got = tri.decode_attention_quant(q, k, v, norm, *parts[1], kc, vc, batch, 0.3, num_splits=splits)
+    assert torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    # nothing but the new rows was written, and those as the reference stores them (up to the
+    # last bit of the norm's sum on the GPU, which may move a scale)
+    kept = torch.ones(16 * page, dtype=torch.bool)
+    kept[slots[:3]] = False
+    for part, (w, g) in enumerate(zip(parts[0][0] + parts[0][1], parts[1][0] + parts[1][1])):
+        assert torch.equal(_raw(w).flatten(0, 1)[kept], _raw(g).flatten(0, 1)[kept]), (fmt, part)
+    for codec, w, g in ((kc, parts[0][0], parts[1][0]), (vc, parts[0][1], parts[1][1])):
+        assert torch.allclose(codec.dequantize(g), codec.dequantize(w), atol=1e-2, rtol=1e-2)
+    buffer = counters._buffers.get(("decode_attention_quant", got.device))
+    assert buffer is None or not buffer.any()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -13,7 +13,7 @@ if importlib.util.find_spec("triton") is not None:
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
-        kv_quant, kv_quant_fused, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm, rope, skinny_linear, state_rows,
+        kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm, rope, skinny_linear, state_rows,
     )
 
     ops.register_triton("linear", skinny_linear.linear)
@@ -34,5 +34,5 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("copy_state_rows", state_rows.copy_rows)
     ops.register_triton("write_kv_quant", kv_quant.write_kv_quant)
     ops.register_triton("paged_attention_quant", kv_quant.paged_attention_quant)
-    ops.register_triton("norm_rope_write_quant", kv_quant_fused.norm_rope_write_quant)
+    ops.register_triton("decode_attention_quant", kv_quant_decode.decode_attention_quant)
     ops.register_triton("quant_linear", quant_gemm.quant_linear)

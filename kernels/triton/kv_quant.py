@@ -51,6 +51,16 @@ def _e2m1_code(y):
 
 
 @triton.jit
+def _e2m1_value(code):
+    """float32 value of int32 e2m1 ``code``."""
+    idx = code & 7
+    e = idx >> 1
+    m = (idx & 1).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+    return tl.where(code >= 8, -mag, mag)
+
+
+@triton.jit
 def _div(a, b):
     """IEEE-rounded ``a / b``: Triton's ``/`` on float32 is an approximate division on the GPU,
     which moves values sitting near a rounding boundary to the other code than torch's.
@@ -63,7 +73,8 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
                   BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
     """Store float32 row ``x`` [BLOCK_D] (zeros past D) in format FMT at ``data_ptr`` / ``scale_ptr``;
     one-byte codes ``stride_dd`` apart (1, or the page size where a page keeps its keys
-    contiguous per dim: see :func:`ninfer_kernels.kv_quant.allocate_parts`)."""
+    contiguous per dim: see :func:`ninfer_kernels.kv_quant.allocate_parts`). Returns the
+    stored row dequantized (float32), for a kernel that uses it without reading it back."""
     if FMT == 1:  # int8, a scale per GROUP
         g = tl.reshape(tl.abs(x), [BLOCK_D // GROUP, GROUP])
         scale = tl.max(g, 1) * (1.0 / 127.0)
@@ -73,11 +84,14 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
         tl.store(data_ptr + d * stride_dd, q.to(tl.int8), mask=d_ok)
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
+        return q * s
     elif FMT == 2:  # fp8, one scale per row
         scale = tl.max(tl.abs(x), 0) * (1.0 / 448.0)
         q = _div(x, tl.where(scale > 0, scale, 1.0))
-        tl.store(data_ptr + d * stride_dd, round_e4m3(q).to(tl.float8e4nv), mask=d_ok)
+        code = round_e4m3(q)
+        tl.store(data_ptr + d * stride_dd, code.to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)
+        return code * scale
     else:  # nvfp4: e2m1 pairs, an e4m3 scale per 16
         y = x * inv_gscale
         g = tl.reshape(y, [BLOCK_D // 16, 16])
@@ -91,6 +105,7 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
         tl.store(data_ptr + di, byte, mask=di < D // 2)
         bi = tl.arange(0, BLOCK_D // 16)
         tl.store(scale_ptr + bi, block.to(tl.float8e4nv), mask=bi < D // 16)
+        return _e2m1_value(code) * bf * (1.0 / inv_gscale)
 
 
 @triton.jit
@@ -124,14 +139,16 @@ def _store_kv_head(k, v, d, d_ok, slot, h, kd_ptr, ks_ptr, vd_ptr, vs_ptr, k_inv
                    KFMT: tl.constexpr, VFMT: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                    KGROUP: tl.constexpr, VGROUP: tl.constexpr, PAGE: tl.constexpr):
     """Quantize float32 rows ``k`` and ``v`` of KV head ``h`` into cache ``slot``; ``strides``
-    as :func:`part_strides` gives them, keys' then values'."""
+    as :func:`part_strides` gives them, keys' then values'. Returns both rows as stored,
+    dequantized."""
     s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh = strides
-    _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
-                  ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
-                  KFMT, D, BLOCK_D, KGROUP)
-    _quantize_row(v, d, d_ok, vd_ptr + _slot_address(slot, s_vdb, s_vds, PAGE) + h * s_vdh,
-                  vs_ptr + _slot_address(slot, s_vsb, s_vss, PAGE) + h * s_vsh, v_inv_gscale, s_vdd,
-                  VFMT, D, BLOCK_D, VGROUP)
+    k_stored = _quantize_row(k, d, d_ok, kd_ptr + _slot_address(slot, s_kdb, s_kds, PAGE) + h * s_kdh,
+                             ks_ptr + _slot_address(slot, s_ksb, s_kss, PAGE) + h * s_ksh, k_inv_gscale, s_kdd,
+                             KFMT, D, BLOCK_D, KGROUP)
+    v_stored = _quantize_row(v, d, d_ok, vd_ptr + _slot_address(slot, s_vdb, s_vds, PAGE) + h * s_vdh,
+                             vs_ptr + _slot_address(slot, s_vsb, s_vss, PAGE) + h * s_vsh, v_inv_gscale, s_vdd,
+                             VFMT, D, BLOCK_D, VGROUP)
+    return k_stored, v_stored
 
 
 def part_strides(parts: Sequence[torch.Tensor]) -> list[int]:
@@ -161,16 +178,6 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 
 
 # -- attention -------------------------------------------------------------------------------------
-@triton.jit
-def _e2m1_value(code):
-    """float32 value of int32 e2m1 ``code``."""
-    idx = code & 7
-    e = idx >> 1
-    m = (idx & 1).to(tl.float32)
-    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
-    return tl.where(code >= 8, -mag, mag)
-
-
 @triton.jit
 def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
                gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):

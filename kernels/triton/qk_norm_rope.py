@@ -65,8 +65,7 @@ def _norm_rope_token(
     HALF: tl.constexpr, ROT: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_TAIL: tl.constexpr,
 ):
-    """One token's query and key heads, normalised and rotated (also used by the fused
-    quantized-KV write, :mod:`.kv_quant_fused`)."""
+    """One token's query and key heads, normalised and rotated."""
     offs = tl.arange(0, BLOCK_HALF)
     row = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
     cos = tl.load(row + offs, mask=offs < HALF, other=0.0).to(tl.float32)

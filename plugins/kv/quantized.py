@@ -45,13 +45,12 @@ class QuantizedKVCache(KVCache):
 
     def decode_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
                      batch: ForwardBatch, scale: float) -> torch.Tensor | None:
-        """Decode batches on CUDA: the norm, RoPE and quantized write in one launch, then attention
-        (two launches where the steps take three)."""
-        if batch.max_query_len != 1 or not ops.has_triton("norm_rope_write_quant") or q.device.type != "cuda":
+        """Decode batches on CUDA: norm, RoPE, the quantized write and attention in one launch
+        (where the steps take four: :mod:`ninfer_kernels.triton.kv_quant_decode`)."""
+        if batch.max_query_len != 1 or not ops.has_triton("decode_attention_quant") or q.device.type != "cuda":
             return None
-        q = ops.norm_rope_write_quant(q, k, v, norm_rope, self.k_parts, self.v_parts, self.k_codec, self.v_codec,
-                                      batch.slot_mapping)
-        return self.attend(q, batch, scale)
+        return ops.decode_attention_quant(q, k, v, norm_rope, self.k_parts, self.v_parts, self.k_codec, self.v_codec,
+                                          batch, scale)
 
     @property
     def capturable(self) -> bool:
