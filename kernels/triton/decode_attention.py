@@ -192,17 +192,36 @@ def _decode_kernel(
                      k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
             tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
                      v_new, mask=dv_ok)
-        # one more key, exactly as a tile would fold it (scores in log2 units, p rounded
-        # to the value dtype before it weights the value)
-        s_new = tl.sum(q.to(tl.float32) * k_new[None, :], 1) * qk_scale
-        m_new = tl.maximum(m_i, s_new)
-        alpha = tl.exp2(m_i - m_new)
-        p_new = tl.exp2(s_new - m_new)
-        l_i = l_i * alpha + p_new
-        p_new = p_new.to(v_new.dtype).to(tl.float32)
-        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
-        m_i = m_new
+        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, v_cache_ptr.dtype.element_ty)
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+                 num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
+                 stride_ls, stride_lt, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, SPLIT, True)
 
+
+@triton.jit
+def _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, DT: tl.constexpr):
+    """Fold the new key and value (rows of the program's one KV head) in from registers,
+    exactly as a tile would fold them: the key, the value and the probabilities rounded to
+    ``DT`` (the products' operand dtype), scores in log2 units."""
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(DT).to(tl.float32)[None, :], 1) * qk_scale
+    m_new = tl.maximum(m_i, s_new)
+    alpha = tl.exp2(m_i - m_new)
+    p_new = tl.exp2(s_new - m_new)
+    l_i = l_i * alpha + p_new
+    p_new = p_new.to(DT).to(tl.float32)
+    acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(DT).to(tl.float32)[None, :]
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+                 num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
+                 stride_ls, stride_lt, GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr,
+                 BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr,
+                 MERGE: tl.constexpr):
+    """A decode program's normalised rows: the output itself without splits; else its partial
+    and log-sum-exp, and with ``MERGE`` the last of the ``active`` splits of its (sequence,
+    KV head) to arrive merges them and zeroes the counter for the next call."""
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if not SPLIT:
@@ -213,13 +232,14 @@ def _decode_kernel(
         tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & dv_ok[None, :])
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + split * stride_ls + seq * stride_lt + head, lse, mask=row_ok)
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves
-        counter = count_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
-            _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, active,
-                            stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                            GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV)
-            tl.store(counter, 0)
+        if MERGE:
+            tl.debug_barrier()  # every thread's partial is stored before the counter moves
+            counter = count_ptr + seq * num_kv_heads + kv_head
+            if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
+                _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, active,
+                                stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+                                GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV)
+                tl.store(counter, 0)
 
 
 @triton.jit

@@ -238,6 +238,26 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
 
 
 @triton.jit
+def _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides, offs_d, d_ok,
+                  k_gscale, v_gscale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KFMT: tl.constexpr,
+                  VFMT: tl.constexpr, QGROUP: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """:func:`.paged_attention._attend_range` over quantized pages (``kd``/``ks``/``vd``/``vs``
+    at the program's KV head): keys ``lo..hi``, unmasked tiles below ``mid``."""
+    for start in range(lo, mid, BLOCK_N):
+        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
+                                      start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+    for start in range(mid, hi, BLOCK_N):
+        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT)
+        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
+                                      start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _attend_quant_kernel(
     q_ptr, kd, ks, vd, vs, out_ptr, part_o_ptr, part_lse_ptr, query_start_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, num_splits, k_gscale, v_gscale,
@@ -283,16 +303,8 @@ def _attend_quant_kernel(
     vd, vs = vd + kv_head * s_vdh, vs + kv_head * s_vsh
     first_pos = seq_len - q_len + t0
     mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
-    for start in range(lo, mid, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
-                                      start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
-    for start in range(mid, hi, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
-                                      start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+    acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides,
+                                  offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP, dt, IEEE, UPCAST)
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
                 stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
 

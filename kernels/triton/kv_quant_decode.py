@@ -33,12 +33,14 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.decode_attention import MERGE_SPLITS, _merge_partials, _norm_rope_factors, _norm_rope_rows
+from ninfer_kernels.triton.decode_attention import (
+    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows,
+)
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import (
-    _format_id, _half_products, _load_tile, _store_kv_head, kv_format_name, part_strides,
+    _attend_pages, _format_id, _half_products, _store_kv_head, kv_format_name, part_strides,
 )
-from ninfer_kernels.triton.paged_attention import MIN_KEYS_PER_SPLIT, _fold_kv_tile, _merge_kernel, _num_splits, _tiles
+from ninfer_kernels.triton.paged_attention import MIN_KEYS_PER_SPLIT, _merge_kernel, _num_splits, _tiles
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
 #: with more key splits than this, a second kernel merges them, a program per query head:
@@ -109,18 +111,9 @@ def _decode_quant_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     pos = tl.zeros([BLOCK_M], dtype=tl.int32) + new
     mid = lo + tl.maximum(cached_hi - lo, 0) // BLOCK_N * BLOCK_N
-    for start in range(lo, mid, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, cached_hi, table, kd_h, ks_h, vd_h, vs_h, strides, offs_d, offs_d,
-                                            d_ok, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP,
-                                            dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k, v, qk_scale * k_scale, v_scale,
-                                      start, cached_hi, pos, BLOCK_N, False, IEEE, UPCAST)
-    for start in range(mid, cached_hi, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, cached_hi, table, kd_h, ks_h, vd_h, vs_h, strides, offs_d, offs_d,
-                                            d_ok, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP,
-                                            dt)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k, v, qk_scale * k_scale, v_scale,
-                                      start, cached_hi, pos, BLOCK_N, True, IEEE, UPCAST)
+    acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q_dot, qk_scale, lo, mid, cached_hi, pos, table, kd_h, ks_h, vd_h,
+                                  vs_h, strides, offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP,
+                                  dt, IEEE, UPCAST)
 
     if (lo <= new) & (new < hi):
         one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
@@ -135,34 +128,10 @@ def _decode_quant_kernel(
             k_new, v_new = _store_kv_head(k_new, v_new, offs_d, d_ok, slot, kv_head, kd, ks, vd, vs, k_inv_gscale,
                                           v_inv_gscale, all_strides, KFMT, VFMT, HEAD_D, BLOCK_D, KGROUP, VGROUP,
                                           PAGE)
-        # one more key, as a tile folds it: scores in log2 units, p rounded like the products' operands
-        s_new = tl.sum(q.to(tl.float32) * k_new.to(dt).to(tl.float32)[None, :], 1) * qk_scale
-        m_new = tl.maximum(m_i, s_new)
-        alpha = tl.exp2(m_i - m_new)
-        p_new = tl.exp2(s_new - m_new)
-        l_i = l_i * alpha + p_new
-        p_new = p_new.to(dt).to(tl.float32)
-        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(dt).to(tl.float32)[None, :]
-        m_i = m_new
-
-    seen = l_i > 0.0
-    o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if not SPLIT:
-        dest = seq * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    else:
-        part = split * stride_ps + seq * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-        tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & d_ok[None, :])
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + split * stride_ls + seq * stride_lt + head, lse, mask=row_ok)
-    if SPLIT and MERGE:
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves
-        counter = count_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
-            _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, active,
-                            stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                            GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_D)
-            tl.store(counter, 0)
+        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, dt)
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+                 num_kv_heads, head, row_ok, offs_d, d_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
+                 stride_ls, stride_lt, GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_D, SPLIT, MERGE)
 
 
 def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
