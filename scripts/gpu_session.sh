@@ -51,8 +51,9 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
     | tee -a "$OUT/gpu.txt"
 bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
 quant_tests() {
-    # 48 tests took 306 s on the H200 in session 15 (Triton compiles most of it)
-    timeout 330 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
+    # 48 tests took 306 s on the H200 in session 15 (Triton compiles most of it); session 16
+    # added 16 one-launch decode tests (about 7 s each)
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
         > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
     timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
         > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"

@@ -1,10 +1,10 @@
 """Decode over a quantized KV cache in one launch: :mod:`.decode_attention`'s kernel for
 the formats of :mod:`ninfer_kernels.kv_quant`.
 
-Before session 16 a quantized decode took three launches a layer: q/k norm, RoPE and the
-quantized write in one, attention (:mod:`.kv_quant`), and the merge of its key splits.
-On the 27B shape at 8 x 128k the first and last cost 11.3 and 2.9 us a layer besides
-attention, and at batch 1 every launch is latency. Here, as in the bf16 decode kernel,
+Built from the separate kernels, a quantized decode layer is four launches: q/k norm and
+RoPE, the quantized write, attention (:mod:`.kv_quant`) and the merge of its key splits.
+At batch 1 every launch is latency, and at 8 x 128k on the 27B shape the launches around
+attention cost 2.5% of the layer (docs/kv-formats.md). Here, as in the bf16 decode kernel,
 each (sequence, KV head, key split) program
 
 1. normalises and rotates its group's query heads itself;
