@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Compile a Triton kernel for an NVIDIA GPU on a machine without one, and say what Triton
-made of it: shared memory, which MMA, which loads were pipelined (async copies), layout
-round trips through shared memory. The TTGIR goes to ``--out`` for reading.
+made of it: shared memory, registers and spills (ptxas ``-v``), which MMA, which loads were
+pipelined (async copies), layout round trips through shared memory. The TTGIR goes to
+``--out`` for reading.
 
 Triton's wheel ships ptxas, so ``triton.compile`` with a ``GPUTarget`` needs no device.
 Arguments are described, not passed: pointers by element type, integers by a sample value
@@ -21,7 +22,10 @@ import argparse
 import importlib
 import json
 import re
+import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -81,7 +85,22 @@ def main() -> None:
     ops = Counter(re.findall(r"\b(tt\.dot|tt\.load|ttn?g\.[a-z_]+)\b", ir))
     mma = sorted(set(re.findall(r"versionMajor = (\d)", ir)))
     print(json.dumps({"kernel": name, "shared_bytes": kernel.metadata.shared, "mma_versions": mma,
-                      **{op: ops.get(op, 0) for op in WATCH}}))
+                      **registers(kernel.asm["ptx"], args.arch), **{op: ops.get(op, 0) for op in WATCH}}))
+
+
+def registers(ptx: str, arch: int) -> dict:
+    """Registers a thread and bytes spilled, from the ptxas Triton itself assembles with
+    (``-v``): a kernel at 255 registers that spills keeps part of its tiles in local memory."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "kernel.ptx")
+        src.write_text(ptx)
+        out = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", str(src), "-o", str(src) + ".o"],
+                             capture_output=True, text=True).stderr
+    used = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return {"registers": int(used.group(1)) if used else None, "spill_bytes": int(spill.group(1)) if spill else None}
 
 
 if __name__ == "__main__":
