@@ -332,7 +332,7 @@ def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
     assert torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4), (got - want).abs().max()
     # nothing but the new rows was written, and those as the reference stores them (up to the
     # last bit of the norm's sum on the GPU, which may move a scale)
-    kept = torch.ones(16 * page, dtype=torch.bool)
+    kept = torch.ones(16 * page, dtype=torch.bool, device=device)
     kept[slots[:3]] = False
     for part, (w, g) in enumerate(zip(parts[0][0] + parts[0][1], parts[1][0] + parts[1][1])):
         assert torch.equal(_raw(w).flatten(0, 1)[kept], _raw(g).flatten(0, 1)[kept]), (fmt, part)
