@@ -229,16 +229,17 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
     assert torch.allclose(got, want, atol=tol, rtol=tol), (got - want).abs().max()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt):
+@pytest.mark.parametrize("fmt,dim", [(f, 32) for f in FORMATS] + [("int8", 256), ("k8v4", 256)])
+def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt, dim):
     """Decode batches (one query a sequence), under the heuristic's launch, a split count,
-    and a tuned table's whole shape (more splits than the short sequence has tiles)."""
+    and a tuned table's whole shape (more splits than the short sequence has tiles); at
+    head dim 256 too, where int8 has four scale groups a head and nvfp4 values sixteen."""
     pytest.importorskip("triton")
     from ninfer_kernels.triton import kv_quant as tri
     from ninfer_kernels.triton.decode_launch import DecodeLaunch
 
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
-    device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
+    device, page = ("cuda" if torch.cuda.is_available() else "cpu"), 4
     gen = torch.Generator().manual_seed(5)
     kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device, values=True)
     lens = [37, 9]

@@ -180,23 +180,42 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 # -- attention -------------------------------------------------------------------------------------
 @triton.jit
 def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
-               gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
+               gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, KEYS: tl.constexpr,
+               HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """A tile of dequantized values rounded to ``DT``. ``page``/``slot`` index the tokens and
-    ``dims`` the head dims; they broadcast to the tile's shape (keys [dims, tokens], values
-    [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims."""
+    ``dims`` the head dims; they broadcast to the tile's shape (``KEYS``: [dims, tokens],
+    else [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims."""
     row = page * stride_db + slot * stride_ds
     srow = page * stride_sb + slot * stride_ss
     if FMT == 1:
         raw = tl.load(data_base + row + dims * stride_dd, mask=ok, other=0).to(tl.float32)
-        scale = tl.load(scale_base + srow + dims // GROUP, mask=ok, other=0.0)
-        return (raw * scale).to(DT)
+        return (raw * _group_scales(scale_base + srow, KEYS, GROUP, HEAD_D, BLOCK_D, BLOCK_N)).to(DT)
     elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
         return tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0).to(DT)
     else:
         byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
         code = (byte >> ((dims % 2) * 4)) & 15
-        block = tl.load(scale_base + srow + dims // 16, mask=ok, other=0.0).to(tl.float32)
+        block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N).to(tl.float32)
         return (_e2m1_value(code) * block * gscale).to(DT)
+
+
+@triton.jit
+def _group_scales(scale_rows, KEYS: tl.constexpr, GROUP: tl.constexpr, HEAD_D: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Scales of GROUP dims each (int8's float32 per 64, nvfp4's e4m3 per 16) spread over a
+    tile, from a compact [groups, tokens] load: gathering one per element made int8's
+    pipeline copy four scale bytes for every code byte into shared memory (5% of copy
+    bandwidth at 8 x 128k).
+    ``scale_rows`` points at each token's scales ([1, BLOCK_N] for keys, else [BLOCK_N, 1]);
+    tokens past a masked tile's end point at page 0, which is allocated (and zeroed)."""
+    g = tl.arange(0, BLOCK_D // GROUP)
+    g_ok = g < HEAD_D // GROUP
+    if KEYS:
+        sc = tl.load(scale_rows + g[:, None], mask=g_ok[:, None], other=0.0)
+        return tl.reshape(tl.broadcast_to(sc[:, None, :], [BLOCK_D // GROUP, GROUP, BLOCK_N]), [BLOCK_D, BLOCK_N])
+    else:
+        sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :], other=0.0)
+        return tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_D // GROUP, GROUP]), [BLOCK_N, BLOCK_D])
 
 
 @triton.jit
@@ -212,7 +231,8 @@ def _key_scale(scale_base, page, slot, stride_sb, stride_ss, n_ok, FMT: tl.const
 @triton.jit
 def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok, dv_ok, k_gscale, v_gscale,
                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, KFMT: tl.constexpr,
-               VFMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr):
+               VFMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, HEAD_D: tl.constexpr,
+               BLOCK_D: tl.constexpr):
     """Keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_DV], dequantized (see
     :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`), and the per-key key and
     value scales still to apply (see :func:`_key_scale`)."""
@@ -229,9 +249,9 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
         v_ok = (offs_n >= 0)[:, None] & dv_ok[None, :]
     slot = offs_n % PAGE
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
-                   k_gscale, KFMT, GROUP, DT)
+                   k_gscale, KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
-                   v_gscale, VFMT, GROUP, DT)
+                   v_gscale, VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N)
     k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, KFMT)
     v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, VFMT)
     return k, v, k_scale, v_scale
@@ -241,17 +261,19 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
 def _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides, offs_d, d_ok,
                   k_gscale, v_gscale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KFMT: tl.constexpr,
                   VFMT: tl.constexpr, QGROUP: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`.paged_attention._attend_range` over quantized pages (``kd``/``ks``/``vd``/``vs``
     at the program's KV head): keys ``lo..hi``, unmasked tiles below ``mid``."""
     for start in range(lo, mid, BLOCK_N):
         k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT)
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT,
+                                            HEAD_D, BLOCK_D)
         acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
                                       start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
     for start in range(mid, hi, BLOCK_N):
         k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT)
+                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT,
+                                            HEAD_D, BLOCK_D)
         acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
                                       start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
     return acc, m_i, l_i
@@ -304,7 +326,8 @@ def _attend_quant_kernel(
     first_pos = seq_len - q_len + t0
     mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides,
-                                  offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP, dt, IEEE, UPCAST)
+                                  offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP, dt, IEEE, UPCAST,
+                                  HEAD_D, BLOCK_D)
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
                 stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
 

@@ -113,7 +113,7 @@ def _decode_quant_kernel(
     mid = lo + tl.maximum(cached_hi - lo, 0) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q_dot, qk_scale, lo, mid, cached_hi, pos, table, kd_h, ks_h, vd_h,
                                   vs_h, strides, offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP,
-                                  dt, IEEE, UPCAST)
+                                  dt, IEEE, UPCAST, HEAD_D, BLOCK_D)
 
     if (lo <= new) & (new < hi):
         one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
