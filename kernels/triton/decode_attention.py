@@ -129,14 +129,7 @@ def _decode_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    # This split's share of the keys (the same ranges as the prefill/decode kernel's). The
-    # newest key is not read back from the page: the split that holds it stores it and
-    # folds it in from registers, so no load has to wait for that store.
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(seq_len, lo + chunk)
-    new = seq_len - 1
-    cached_hi = tl.minimum(hi, new)
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N)
     table = block_tables_ptr + seq * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kch
     v_base = v_cache_ptr + kv_head * stride_vch
@@ -151,9 +144,6 @@ def _decode_kernel(
     slot = tl.load(slot_ptr + seq).to(tl.int64)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    # Splits past the last key have nothing to do: they store nothing and are not
-    # counted, so the merge waits for and reads the splits that hold keys only.
-    active = tl.cdiv(seq_len, chunk)
     if split >= active:
         return
 
@@ -196,6 +186,20 @@ def _decode_kernel(
     _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
                  num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
                  stride_ls, stride_lt, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, SPLIT, True)
+
+
+@triton.jit
+def _split_keys(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
+    """A decode program's share of its sequence's keys: ``lo..hi`` (the same ranges as the
+    prefill/decode kernel's), the new key's position ``new``, ``cached_hi`` (its share
+    without the new key, which is never read back from the page: the split holding it
+    folds it in from registers, so no load waits for its store), and how many splits
+    hold keys at all (``active``: the rest store nothing and the merge does not count them)."""
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(seq_len, lo + chunk)
+    new = seq_len - 1
+    return lo, hi, new, tl.minimum(hi, new), tl.cdiv(seq_len, chunk)
 
 
 @triton.jit

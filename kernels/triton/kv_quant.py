@@ -265,18 +265,27 @@ def _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, v
     """:func:`.paged_attention._attend_range` over quantized pages (``kd``/``ks``/``vd``/``vs``
     at the program's KV head): keys ``lo..hi``, unmasked tiles below ``mid``."""
     for start in range(lo, mid, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT,
-                                            HEAD_D, BLOCK_D)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
-                                      start, hi, pos, BLOCK_N, False, IEEE, UPCAST)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides,
+                                     offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT,
+                                     IEEE, UPCAST, HEAD_D, BLOCK_D)
     for start in range(mid, hi, BLOCK_N):
-        k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
-                                            k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT,
-                                            HEAD_D, BLOCK_D)
-        acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale,
-                                      start, hi, pos, BLOCK_N, True, IEEE, UPCAST)
+        acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides,
+                                     offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT,
+                                     IEEE, UPCAST, HEAD_D, BLOCK_D)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides, offs_d, d_ok,
+                 k_gscale, v_gscale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                 KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr, DT: tl.constexpr,
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One tile of quantized pages loaded and folded in (``MASKED``: the bounds and causal masks)."""
+    k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
+                                        k_gscale, v_gscale, PAGE, BLOCK_N, MASKED, KFMT, VFMT, QGROUP, DT,
+                                        HEAD_D, BLOCK_D)
+    return _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale, start, hi, pos, BLOCK_N, MASKED,
+                         IEEE, UPCAST)
 
 
 @triton.jit

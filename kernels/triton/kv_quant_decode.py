@@ -34,7 +34,7 @@ from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_attention import (
-    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows,
+    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows, _split_keys,
 )
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import (
@@ -76,11 +76,7 @@ def _decode_quant_kernel(
     cs_row = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(seq_len, lo + chunk)
-    new = seq_len - 1
-    cached_hi = tl.minimum(hi, new)  # the new key is folded from registers, never read back
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N)
     table = block_tables_ptr + seq * stride_bt
     strides = (s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss)
     kd_h, ks_h = kd + kv_head * s_kdh, ks + kv_head * s_ksh
@@ -90,7 +86,6 @@ def _decode_quant_kernel(
     slot = tl.load(slot_ptr + seq).to(tl.int64)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    active = tl.cdiv(seq_len, chunk)  # splits past the last key store nothing and are not counted
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < GROUP
     head = kv_head * GROUP + rows
