@@ -22,7 +22,6 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.kv_quant import FP8_MAX
 
 
-@torch.inference_mode()
 def engine_settings(device: str, dtype: str, prompts: int, window: int, prompt_len: int, new_tokens: int) -> dict:
     """``LLM`` settings for a comparison: no prefix reuse (every run computes every position),
     and a KV pool for all ``prompts`` at once (the default holds one context, so the greedy
@@ -32,6 +31,7 @@ def engine_settings(device: str, dtype: str, prompts: int, window: int, prompt_l
                 kv_capacity=prompts * context)
 
 
+@torch.inference_mode()
 def teacher_forced_logits(llm, ids: Sequence[int], chunk: int = 32) -> torch.Tensor:
     """float32 [len(ids), V]: the logits after each prefix of ``ids``."""
     engine = llm.engine
