@@ -33,6 +33,8 @@
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
+#   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
+#                                   batch-8 shape, then fp8 with each KV_AB shape (splits/block/warps/stages)
 #   scripts/gpu_session.sh kvprof   27B step profiles at 8 x 128k (synthetic contexts) per KV_FORMATS
 #   scripts/gpu_session.sh acc      train the default model on the GPU, then the KV formats' accuracy there
 #                                   (and the weight formats' with ACC_WEIGHTS=1)
@@ -230,6 +232,27 @@ print(json.dumps({'usage': d.get('usage'), 'timings': d.get('timings'), 'error':
             | tee -a "$OUT/profile27.jsonl"
     done
     kill -TERM $server; wait $server; tail -20 "$OUT/serve.log"
+    ;;
+kvab)
+    # whole steps decide between decode shapes the kernel sweep ranks within a few percent
+    step8() { bench 150 random:qwen3.6-27b --dtype bf16 --kv-dtype "$1" --only decode --concurrency 8 \
+        --decode-prompt-len 131072 --decode-output-len 128 --synthetic-context --no-transformers; }
+    table=kernels/triton/decode_attention_configs/NVIDIA_H200.json
+    cp "$table" /tmp/decode_table.json
+    step8 bf16
+    step8 fp8
+    for shape in ${KV_AB:-}; do
+        python3 - "$table" "$shape" <<'PY'
+import json, sys
+path, shape = sys.argv[1], sys.argv[2].split("/")
+table = json.load(open(path))
+table["fp8,D=256"]["8"] = dict(zip(("splits", "block_n", "num_warps", "num_stages"), map(int, shape)))
+json.dump(table, open(path, "w"), indent=1)
+PY
+        echo "{\"kv_ab_shape\": \"$shape\"}" | tee -a "$OUT/bench.jsonl"
+        step8 fp8
+    done
+    cp /tmp/decode_table.json "$table"
     ;;
 kvprof)
     # where a 27B decode step at 8 x 128k goes per KV format (synthetic contexts, per kernel kind)

@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the TTGIR here")
     ap.add_argument("--ptx", default=None, help="write the PTX here (instruction counts: grep it)")
+    ap.add_argument("--sass", default=None, help="write the sm_XXa machine code here (nvdisasm of the cubin)")
     args = ap.parse_args()
     module, name = args.kernel.split(":")
     fn = getattr(importlib.import_module(module), name)
@@ -82,6 +83,8 @@ def main() -> None:
         if path:
             with open(path, "w") as f:
                 f.write(text)
+    if args.sass:
+        Path(args.sass).write_text(sass(kernel.asm["cubin"]))
     ops = Counter(re.findall(r"\b(tt\.dot|tt\.load|ttn?g\.[a-z_]+)\b", ir))
     mma = sorted(set(re.findall(r"versionMajor = (\d)", ir)))
     print(json.dumps({"kernel": name, "shared_bytes": kernel.metadata.shared, "mma_versions": mma,
@@ -101,6 +104,18 @@ def registers(ptx: str, arch: int) -> dict:
     used = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores", out)
     return {"registers": int(used.group(1)) if used else None, "spill_bytes": int(spill.group(1)) if spill else None}
+
+
+def sass(cubin: bytes) -> str:
+    """The cubin disassembled by the ``nvdisasm`` shipped beside Triton's ptxas: the
+    instructions a warp issues, where the PTX still hides conversions and spills."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "kernel.cubin")
+        path.write_bytes(cubin)
+        nvdisasm = Path(get_ptxas(90).path).with_name("nvdisasm")
+        return subprocess.run([str(nvdisasm), "-c", "-g", str(path)], capture_output=True, text=True).stdout
 
 
 if __name__ == "__main__":
