@@ -369,3 +369,80 @@ def test_triton_attention_in_fp16_products_stays_at_bf16_accuracy(fmt, monkeypat
     for splits in (1, 4):
         got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, num_splits=splits).float()
         assert torch.allclose(got, want, atol=3e-2, rtol=3e-2), (splits, (got - want).abs().max())
+
+
+try:  # a kernel the interpreter can run must be defined at module level
+    import triton
+    import triton.language as tl
+
+    from ninfer_kernels.triton.kv_quant import _e4m3_bits_to_f16
+
+    @triton.jit
+    def _unpack_codes(src, dst, ASM: tl.constexpr):
+        offs = tl.arange(0, 256)
+        tl.store(dst + offs, _e4m3_bits_to_f16(tl.load(src + offs), ASM))
+except ImportError:
+    _unpack_codes = None
+
+
+@pytest.mark.skipif(_unpack_codes is None, reason="needs Triton")
+def test_e4m3_bits_moved_into_fp16_give_each_code_over_256():
+    """Every finite e4m3 code, normal and subnormal, becomes exactly its value times 2**-8
+    in fp16 (the PTX form on the GPU, the per-element form in the interpreter)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    codes = torch.arange(256, dtype=torch.uint8, device=device)
+    got = torch.empty(256, dtype=torch.float16, device=device)
+    _unpack_codes[(1,)](codes, got, ASM=device == "cuda")
+    want = codes.view(torch.float8_e4m3fn).float() / 256
+    finite = ~want.isnan()
+    assert finite.sum() == 254
+    assert torch.equal(got.float()[finite], want[finite])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "k8v4"])
+@pytest.mark.parametrize("unpack", [1, 2, 3])
+def test_fp8_tiles_unpacked_by_bits_attend_as_converted_ones(fmt, unpack, monkeypatch):
+    """fp8 key/value tiles brought into fp16 by moving bits (``FP8_BIT_UNPACK``), their 2**-8
+    folded into the per-key scales, give what the converted tiles give: the attention
+    kernel (a prefill row block and decode rows) and the one-launch decode."""
+    pytest.importorskip("triton")
+    from ninfer.model.kv import HeadNormRope
+    from ninfer_kernels.triton import kv_quant as tri
+    from ninfer_kernels.triton import kv_quant_decode as trd
+
+    for module in (tri, trd):  # fp16 products, as on the GPU
+        monkeypatch.setattr(module, "_half_products", lambda q: q.dtype == torch.bfloat16)
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, dim, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 4
+    gen = torch.Generator().manual_seed(9)
+    kp, vp = _parts(kc, 16, page, 2, dim, device), _parts(vc, 16, page, 2, dim, device, values=True)
+    k, v = (4 * torch.randn(40, 2, dim, generator=gen).to(device) for _ in range(2))
+    kq.write_kv_quant(kp, vp, kc, vc, k, v, torch.arange(40, device=device))
+    tables = torch.tensor([list(range(10)), list(range(10))], dtype=torch.int32, device=device)
+
+    def batch(q_lens):
+        seq_lens = [40, 23]
+        return ForwardBatch(
+            query_start=torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), block_tables=tables,
+            slot_mapping=torch.tensor([39, 22] if q_lens == [1, 1] else list(range(23, 40)) + [22], device=device),
+            logits_indices=torch.arange(2, device=device), block_size=page, max_query_len=max(q_lens),
+            max_seq_len=40, query_lens_host=q_lens, seq_lens_host=seq_lens)
+
+    q = torch.randn(18, 4, dim, generator=gen).to(device, torch.bfloat16)
+    k_new, v_new = (torch.randn(2, 2, dim, generator=gen).to(device, torch.bfloat16) for _ in range(2))
+    norm = HeadNormRope(q_weight=torch.ones(dim, device=device), k_weight=torch.ones(dim, device=device), eps=1e-6,
+                        positions=torch.tensor([39, 22], device=device),
+                        cos_sin=torch.ones(64, 16, device=device), rotary_dim=16)
+
+    def run():
+        return (tri.paged_attention_quant(q, kp, vp, kc, vc, batch([17, 1]), 0.3, num_splits=2),
+                tri.paged_attention_quant(q[:2], kp, vp, kc, vc, batch([1, 1]), 0.3, num_splits=1),
+                trd.decode_attention_quant(q[:2], k_new, v_new, norm, [p.clone() for p in kp], [p.clone() for p in vp],
+                                           kc, vc, batch([1, 1]), 0.3, num_splits=3))  # it writes: a copy
+
+    converted = run()
+    monkeypatch.setattr(tri, "FP8_BIT_UNPACK", unpack)
+    for got, want in zip(run(), converted):  # up to a bf16 rounding of the output (scaled probabilities
+        # that were fp16 subnormals keep more bits): a misplaced bit or scale is off by far more
+        assert torch.allclose(got.float(), want.float(), atol=1e-2, rtol=1e-2), (got - want).abs().max()
