@@ -20,8 +20,6 @@ their entries), written to ``--out-dir`` and, with ``--write``, into the source 
 
 A format written ``fp8@unfused`` is a same-run peer, never tabled: the decode built from the
 separate kernels (norm and RoPE, the quantized write, attention, the split merge).
-``fp8@bits1`` (keys), ``@bits2`` (values) and ``@bits3`` (both) move the fp8 codes' bits
-into fp16 instead of converting them (``kv_quant.FP8_BIT_UNPACK``).
 """
 
 from __future__ import annotations
@@ -128,7 +126,6 @@ def main() -> None:
                         q_rot, k_rot = qk_norm_rope(q, k, w, w, 1e-6, pos, table, ROT)
                         kq.write_kv_quant(kp, vp, kc, vc, k_rot, v, batch.slot_mapping)
                         return kq.paged_attention_quant(q_rot, kp, vp, kc, vc, batch, HEAD_D**-0.5, launch=launch)
-                    kq.FP8_BIT_UNPACK = int(variant[4:]) if variant.startswith("bits") else 0
                     return kqd.decode_attention_quant(q, k, v, norm, kp, vp, kc, vc, batch, HEAD_D**-0.5,
                                                       launch=launch)
             read = c * ctx * KV_HEADS * per_token  # bytes a layer reads

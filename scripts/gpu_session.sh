@@ -35,7 +35,6 @@
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
 #                                   batch-8 shape, then fp8 with each KV_AB shape (splits/block/warps/stages)
-#                                   and each KV_UNPACK mode (kv_quant.FP8_BIT_UNPACK)
 #   scripts/gpu_session.sh kvprof   27B step profiles at 8 x 128k (synthetic contexts) per KV_FORMATS
 #   scripts/gpu_session.sh acc      train the default model on the GPU, then the KV formats' accuracy there
 #                                   (and the weight formats' with ACC_WEIGHTS=1)
@@ -254,13 +253,6 @@ PY
         step8 fp8
     done
     cp /tmp/decode_table.json "$table"
-    cp kernels/triton/kv_quant.py /tmp/kv_quant.py
-    for mode in ${KV_UNPACK:-}; do  # kv_quant.FP8_BIT_UNPACK for the run
-        sed -i "s/^FP8_BIT_UNPACK = .*/FP8_BIT_UNPACK = $mode/" kernels/triton/kv_quant.py
-        echo "{\"fp8_bit_unpack\": $mode}" | tee -a "$OUT/bench.jsonl"
-        step8 fp8
-    done
-    cp /tmp/kv_quant.py kernels/triton/kv_quant.py
     ;;
 kvprof)
     # where a 27B decode step at 8 x 128k goes per KV format (synthetic contexts, per kernel kind)

@@ -181,54 +181,22 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 @triton.jit
 def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
                gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, KEYS: tl.constexpr,
-               HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BITS: tl.constexpr):
+               HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """A tile of dequantized values rounded to ``DT``. ``page``/``slot`` index the tokens and
     ``dims`` the head dims; they broadcast to the tile's shape (``KEYS``: [dims, tokens],
-    else [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims. ``BITS``
-    (fp8 codes into fp16 only): 0 converts, else :func:`_e4m3_bits_to_f16` (2: inline PTX)
-    gives the values times 2**-8."""
+    else [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims."""
     row = page * stride_db + slot * stride_ds
     srow = page * stride_sb + slot * stride_ss
     if FMT == 1:
         raw = tl.load(data_base + row + dims * stride_dd, mask=ok, other=0).to(tl.float32)
         return (raw * _group_scales(scale_base + srow, KEYS, GROUP, HEAD_D, BLOCK_D, BLOCK_N)).to(DT)
     elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
-        codes = tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0)
-        if BITS:
-            return _e4m3_bits_to_f16(codes.to(tl.uint8, bitcast=True), BITS == 2)
-        return codes.to(DT)
+        return tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0).to(DT)
     else:
         byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
         code = (byte >> ((dims % 2) * 4)) & 15
         block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N).to(tl.float32)
         return (_e2m1_value(code) * block * gscale).to(DT)
-
-
-@triton.jit
-def _e4m3_bits_to_f16(codes, ASM: tl.constexpr):
-    """e4m3 codes (as uint8) to fp16 holding 2**-8 times their value, by moving bits: the
-    sign to bit 15, exponent and mantissa to bits 13..7. fp16's exponent bias is 8 above
-    e4m3's, so normal and subnormal codes alike come out scaled by exactly 2**-8 (the caller
-    folds 256 into its per-key scales). Hopper issues its e4m3 -> fp16 conversions at a
-    fraction of the rate of integer logic; this runs on the integer units instead. ``ASM``:
-    four codes per PTX block (byte permutes, a shift and two masks per fp16 pair); else the
-    same bits per element (the interpreter's path)."""
-    if ASM:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 lo, hi, slo, shi;
-            prmt.b32 lo, $2, 0, 0x1404;
-            prmt.b32 hi, $2, 0, 0x3424;
-            shr.b32 slo, lo, 1;
-            shr.b32 shi, hi, 1;
-            lop3.b32 slo, slo, 0x3F803F80, 0, 0xc0;
-            lop3.b32 shi, shi, 0x3F803F80, 0, 0xc0;
-            lop3.b32 $0, lo, 0x80008000, slo, 0xea;
-            lop3.b32 $1, hi, 0x80008000, shi, 0xea;
-            }""",
-            "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
-    c = codes.to(tl.int32)
-    return (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.uint16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -264,12 +232,10 @@ def _key_scale(scale_base, page, slot, stride_sb, stride_ss, n_ok, FMT: tl.const
 def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok, dv_ok, k_gscale, v_gscale,
                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, KFMT: tl.constexpr,
                VFMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, HEAD_D: tl.constexpr,
-               BLOCK_D: tl.constexpr, UNPACK: tl.constexpr):
+               BLOCK_D: tl.constexpr):
     """Keys [BLOCK_D, BLOCK_N] and values [BLOCK_N, BLOCK_DV], dequantized (see
     :func:`ninfer_kernels.triton.paged_attention._load_kv_tile`), and the per-key key and
-    value scales still to apply (see :func:`_key_scale`). ``UNPACK`` (see
-    :func:`unpack_mode`): bit 0 moves the fp8 key codes' bits into fp16 instead of
-    converting them, bit 1 the value codes', bit 2 with inline PTX."""
+    value scales still to apply (see :func:`_key_scale`)."""
     s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss = strides
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
@@ -282,18 +248,12 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
         k_ok = d_ok[:, None] & (offs_n >= 0)[None, :]
         v_ok = (offs_n >= 0)[:, None] & dv_ok[None, :]
     slot = offs_n % PAGE
-    k_bits = (UNPACK & 1) * (1 + (UNPACK >> 2)) * (KFMT == 2)
-    v_bits = ((UNPACK >> 1) & 1) * (1 + (UNPACK >> 2)) * (VFMT == 2)
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
-                   k_gscale, KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N, k_bits)
+                   k_gscale, KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
-                   v_gscale, VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N, v_bits)
+                   v_gscale, VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N)
     k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, KFMT)
     v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, VFMT)
-    if k_bits:
-        k_scale = k_scale * 256.0
-    if v_bits:
-        v_scale = v_scale * 256.0
     return k, v, k_scale, v_scale
 
 
@@ -301,17 +261,17 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
 def _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides, offs_d, d_ok,
                   k_gscale, v_gscale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KFMT: tl.constexpr,
                   VFMT: tl.constexpr, QGROUP: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                  UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, UNPACK: tl.constexpr):
+                  UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`.paged_attention._attend_range` over quantized pages (``kd``/``ks``/``vd``/``vs``
     at the program's KV head): keys ``lo..hi``, unmasked tiles below ``mid``."""
     for start in range(lo, mid, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides,
                                      offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, False, KFMT, VFMT, QGROUP, DT,
-                                     IEEE, UPCAST, HEAD_D, BLOCK_D, UNPACK)
+                                     IEEE, UPCAST, HEAD_D, BLOCK_D)
     for start in range(mid, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides,
                                      offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, True, KFMT, VFMT, QGROUP, DT,
-                                     IEEE, UPCAST, HEAD_D, BLOCK_D, UNPACK)
+                                     IEEE, UPCAST, HEAD_D, BLOCK_D)
     return acc, m_i, l_i
 
 
@@ -319,12 +279,11 @@ def _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, v
 def _attend_tile(acc, m_i, l_i, q, qk_scale, start, hi, pos, table, kd, ks, vd, vs, strides, offs_d, d_ok,
                  k_gscale, v_gscale, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                  KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr, DT: tl.constexpr,
-                 IEEE: tl.constexpr, UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-                 UNPACK: tl.constexpr):
+                 IEEE: tl.constexpr, UPCAST: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr):
     """One tile of quantized pages loaded and folded in (``MASKED``: the bounds and causal masks)."""
     k, v, k_scale, v_scale = _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_d, d_ok, d_ok,
                                         k_gscale, v_gscale, PAGE, BLOCK_N, MASKED, KFMT, VFMT, QGROUP, DT,
-                                        HEAD_D, BLOCK_D, UNPACK)
+                                        HEAD_D, BLOCK_D)
     return _fold_kv_tile(acc, m_i, l_i, q, k, v, qk_scale * k_scale, v_scale, start, hi, pos, BLOCK_N, MASKED,
                          IEEE, UPCAST)
 
@@ -339,11 +298,10 @@ def _attend_quant_kernel(
     GROUP: tl.constexpr, TOKENS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr, HALF: tl.constexpr, UNPACK: tl.constexpr,
+    KFMT: tl.constexpr, VFMT: tl.constexpr, QGROUP: tl.constexpr, HALF: tl.constexpr,
 ):
     """:func:`ninfer_kernels.triton.paged_attention._attend_kernel` over quantized pages.
-    ``HALF``: bf16 queries, products in fp16 (see :data:`HALF_PRODUCTS`); ``UNPACK``: see
-    :func:`unpack_mode`."""
+    ``HALF``: bf16 queries, products in fp16 (see :data:`HALF_PRODUCTS`)."""
     block = tl.program_id(0)
     seq = tl.program_id(1)
     kv_head = tl.program_id(2) // num_splits
@@ -378,7 +336,7 @@ def _attend_quant_kernel(
     mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q, qk_scale, lo, mid, hi, pos, table, kd, ks, vd, vs, strides,
                                   offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP, dt, IEEE, UPCAST,
-                                  HEAD_D, BLOCK_D, UNPACK)
+                                  HEAD_D, BLOCK_D)
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
                 stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
 
@@ -395,18 +353,6 @@ HALF_PRODUCTS = True
 
 def _half_products(q: torch.Tensor) -> bool:
     return HALF_PRODUCTS and q.dtype == torch.bfloat16 and q.device.type == "cuda"
-
-
-#: With fp16 products, which fp8 tiles reach fp16 by moving bits rather than through the
-#: conversion instruction (:func:`_e4m3_bits_to_f16`): bit 0 the keys, bit 1 the values.
-#: ``scripts/gpu_kv_decode_sweep.py`` times each choice as a peer (``fp8@bits1`` ...).
-FP8_BIT_UNPACK = 0
-
-
-def unpack_mode(q: torch.Tensor, half: bool) -> int:
-    """The kernels' ``UNPACK``: :data:`FP8_BIT_UNPACK` when products are fp16, plus 4 (the
-    PTX form) on CUDA; the interpreter moves the same bits per element."""
-    return (FP8_BIT_UNPACK | (4 if q.device.type == "cuda" else 0)) if half else 0
 
 
 def kv_format_name(k_codec: ref.KVCodec, v_codec: ref.KVCodec) -> str:
@@ -460,7 +406,7 @@ def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_pa
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), QGROUP=ref.int8_group(head_dim),
-        HALF=half, UNPACK=unpack_mode(q, half),
+        HALF=half,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:

@@ -38,7 +38,7 @@ from ninfer_kernels.triton.decode_attention import (
 )
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import (
-    _attend_pages, _format_id, _half_products, _store_kv_head, kv_format_name, part_strides, unpack_mode,
+    _attend_pages, _format_id, _half_products, _store_kv_head, kv_format_name, part_strides,
 )
 from ninfer_kernels.triton.paged_attention import MIN_KEYS_PER_SPLIT, _merge_kernel, _num_splits, _tiles
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
@@ -63,10 +63,9 @@ def _decode_quant_kernel(
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, MERGE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
     KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr, QGROUP: tl.constexpr,
-    USE_PDL: tl.constexpr, UNPACK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """``F16``: bf16 queries, products in fp16 (:data:`.kv_quant.HALF_PRODUCTS`); ``UNPACK``:
-    :func:`.kv_quant.unpack_mode`. ``MERGE``:
+    """``F16``: bf16 queries, products in fp16 (:data:`.kv_quant.HALF_PRODUCTS`). ``MERGE``:
     the last split merges; else every split stores its partial (empty ones a log-sum-exp of
     -inf) for :func:`.paged_attention._merge_kernel`."""
     seq = tl.program_id(0).to(tl.int64)
@@ -109,7 +108,7 @@ def _decode_quant_kernel(
     mid = lo + tl.maximum(cached_hi - lo, 0) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = _attend_pages(acc, m_i, l_i, q_dot, qk_scale, lo, mid, cached_hi, pos, table, kd_h, ks_h, vd_h,
                                   vs_h, strides, offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP,
-                                  dt, IEEE, UPCAST, HEAD_D, BLOCK_D, UNPACK)
+                                  dt, IEEE, UPCAST, HEAD_D, BLOCK_D)
 
     if (lo <= new) & (new < hi):
         one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
@@ -188,7 +187,6 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half, F16=half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), KGROUP=k_codec.group(head_dim),
         VGROUP=v_codec.group(head_dim), QGROUP=ref.int8_group(head_dim), USE_PDL=use_pdl,
-        UNPACK=unpack_mode(q, half),
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     if splits > 1 and not merge_inside:
