@@ -14,7 +14,7 @@ from ninfer_kernels.attention import attend_pages, gather_pages
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest
 
 FORMATS = ["int8", "fp8", "nvfp4", "k8v4"]
-CODECS = {"int8": kq.INT8, "fp8": kq.FP8, "nvfp4": kq.nvfp4(1.0)}
+CODECS = {"int8": kq.INT8, "fp8": kq.FP8, "nvfp4": kq.nvfp4(0.5)}  # a global scale that is not 1
 
 
 # -- codecs ------------------------------------------------------------------------------------

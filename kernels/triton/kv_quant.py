@@ -180,11 +180,13 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 # -- attention -------------------------------------------------------------------------------------
 @triton.jit
 def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
-               gscale, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, KEYS: tl.constexpr,
+               tok_ok, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, KEYS: tl.constexpr,
                HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A tile of dequantized values rounded to ``DT``. ``page``/``slot`` index the tokens and
-    ``dims`` the head dims; they broadcast to the tile's shape (``KEYS``: [dims, tokens],
-    else [tokens, dims]). One-byte codes lie ``stride_dd`` apart along the dims."""
+    """A tile of dequantized values rounded to ``DT``, before any per-key or per-tensor scale
+    (:func:`_key_scale`). ``page``/``slot`` index the tokens and ``dims`` the head dims; they
+    broadcast to the tile's shape (``KEYS``: [dims, tokens], else [tokens, dims]); ``ok``
+    masks the tile, ``tok_ok`` its tokens alone. One-byte codes lie ``stride_dd`` apart along
+    the dims."""
     row = page * stride_db + slot * stride_ds
     srow = page * stride_sb + slot * stride_ss
     if FMT == 1:
@@ -193,10 +195,37 @@ def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_d
     elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
         return tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0).to(DT)
     else:
-        byte = tl.load(data_base + row + dims // 2, mask=ok, other=0).to(tl.int32)
-        code = (byte >> ((dims % 2) * 4)) & 15
-        block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N).to(tl.float32)
-        return (_e2m1_value(code) * block * gscale).to(DT)
+        codes = _nvfp4_codes(data_base + row, tok_ok, KEYS, HEAD_D, BLOCK_D)
+        block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N)
+        if DT == tl.float16:  # e2m1 x e4m3 has 6 significant bits: exact in fp16 (and in bf16)
+            return _e2m1_half(codes) * block.to(tl.float16)
+        return (_e2m1_half(codes).to(tl.float32) * block.to(tl.float32)).to(DT)
+
+
+@triton.jit
+def _nvfp4_codes(rows, tok_ok, KEYS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """int32 e2m1 codes of a tile ([dims, tokens] for ``KEYS``, else [tokens, dims]) from its
+    packed bytes, each token's read whole (two codes a byte, the even dim in the low nibble):
+    a byte loaded per code made every load a one-byte gather the pipeline could not copy."""
+    pairs = tl.arange(0, BLOCK_D // 2)
+    ok = pairs < HEAD_D // 2
+    if KEYS:
+        packed = tl.load(rows + pairs[:, None], mask=ok[:, None] & tok_ok, other=0).to(tl.int32)
+        both = tl.permute(tl.join(packed & 15, packed >> 4), (0, 2, 1))  # [pairs, 2, tokens]
+        codes = tl.reshape(both, [BLOCK_D, packed.shape[1]])
+    else:
+        packed = tl.load(rows + pairs[None, :], mask=tok_ok & ok[None, :], other=0).to(tl.int32)
+        codes = tl.interleave(packed & 15, packed >> 4)
+    return codes
+
+
+@triton.jit
+def _e2m1_half(code):
+    """fp16 value of int32 e2m1 ``code``: its sign, exponent and mantissa moved to fp16's
+    bits 15 and 11..9 make the value times 2**-14 (0.5 becomes a subnormal, exactly), and
+    the product with 2**14 is exact."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True) * 16384.0
 
 
 @triton.jit
@@ -219,11 +248,15 @@ def _group_scales(scale_rows, KEYS: tl.constexpr, GROUP: tl.constexpr, HEAD_D: t
 
 
 @triton.jit
-def _key_scale(scale_base, page, slot, stride_sb, stride_ss, n_ok, FMT: tl.constexpr):
-    """Per-key scales ``[1, BLOCK_N]`` of a format with one scale per key and head (fp8); 1.0
-    for the others, whose scales vary along the head dims and apply in :func:`_load_part`."""
+def _key_scale(scale_base, page, slot, stride_sb, stride_ss, n_ok, gscale, FMT: tl.constexpr):
+    """The scale a tile from :func:`_load_part` still needs, applied to the scores or the
+    probabilities rather than to every element: per key ``[1, BLOCK_N]`` for fp8 (one scale
+    per key and head), nvfp4's per-tensor ``gscale``, 1.0 for int8 (its scales vary along
+    the head dims and apply in :func:`_load_part`)."""
     if FMT == 2:
         return tl.load(scale_base + page * stride_sb + slot * stride_ss, mask=n_ok, other=0.0)[None, :]
+    elif FMT == 3:
+        return gscale
     else:
         return 1.0
 
@@ -241,19 +274,19 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
     n_ok = offs_n < hi
     if MASKED:
         page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        k_ok = n_ok[None, :] & d_ok[:, None]
-        v_ok = n_ok[:, None] & dv_ok[None, :]
+        tok_ok = n_ok
     else:
         page = tl.load(table + offs_n // PAGE).to(tl.int64)
-        k_ok = d_ok[:, None] & (offs_n >= 0)[None, :]
-        v_ok = (offs_n >= 0)[:, None] & dv_ok[None, :]
+        tok_ok = offs_n >= 0
+    k_ok = d_ok[:, None] & tok_ok[None, :]
+    v_ok = tok_ok[:, None] & dv_ok[None, :]
     slot = offs_n % PAGE
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
-                   k_gscale, KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
+                   tok_ok[None, :], KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
-                   v_gscale, VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N)
-    k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, KFMT)
-    v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, VFMT)
+                   tok_ok[:, None], VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N)
+    k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, k_gscale, KFMT)
+    v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, v_gscale, VFMT)
     return k, v, k_scale, v_scale
 
 
