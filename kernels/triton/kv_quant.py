@@ -27,7 +27,7 @@ from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.paged_attention import (
     MIN_KEYS_PER_SPLIT, _block_rows, _fold_kv_tile, _load_queries, _merge_kernel, _num_splits, _store_rows, _tiles,
 )
-from ninfer_kernels.triton.rounding import round_e4m3, round_half_even
+from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3, round_half_even
 
 #: compile-time format ids
 INT8, FP8, NVFP4 = 1, 2, 3
@@ -48,16 +48,6 @@ def _e2m1_code(y):
     idx = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
     return tl.where(y < 0, idx | 8, idx)
-
-
-@triton.jit
-def _e2m1_value(code):
-    """float32 value of int32 e2m1 ``code``."""
-    idx = code & 7
-    e = idx >> 1
-    m = (idx & 1).to(tl.float32)
-    mag = tl.where(e == 0, m * 0.5, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
-    return tl.where(code >= 8, -mag, mag)
 
 
 @triton.jit
@@ -105,7 +95,7 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
         tl.store(data_ptr + di, byte, mask=di < D // 2)
         bi = tl.arange(0, BLOCK_D // 16)
         tl.store(scale_ptr + bi, block.to(tl.float8e4nv), mask=bi < D // 16)
-        return _e2m1_value(code) * bf * (1.0 / inv_gscale)
+        return e2m1_half(code).to(tl.float32) * bf * (1.0 / inv_gscale)
 
 
 @triton.jit
@@ -198,8 +188,8 @@ def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_d
         codes = _nvfp4_codes(data_base + row, tok_ok, KEYS, HEAD_D, BLOCK_D)
         block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N)
         if DT == tl.float16:  # e2m1 x e4m3 has 6 significant bits: exact in fp16 (and in bf16)
-            return _e2m1_half(codes) * block.to(tl.float16)
-        return (_e2m1_half(codes).to(tl.float32) * block.to(tl.float32)).to(DT)
+            return e2m1_half(codes) * block.to(tl.float16)
+        return (e2m1_half(codes).to(tl.float32) * block.to(tl.float32)).to(DT)
 
 
 @triton.jit
@@ -217,15 +207,6 @@ def _nvfp4_codes(rows, tok_ok, KEYS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D
         packed = tl.load(rows + pairs[None, :], mask=tok_ok & ok[None, :], other=0).to(tl.int32)
         codes = tl.interleave(packed & 15, packed >> 4)
     return codes
-
-
-@triton.jit
-def _e2m1_half(code):
-    """fp16 value of int32 e2m1 ``code``: its sign, exponent and mantissa moved to fp16's
-    bits 15 and 11..9 make the value times 2**-14 (0.5 becomes a subnormal, exactly), and
-    the product with 2**14 is exact."""
-    bits = ((code & 8) << 12) | ((code & 7) << 9)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True) * 16384.0
 
 
 @triton.jit

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.rounding import round_e4m3
+from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3
 
 #: kernel format ids (constexpr)
 FP8, FP8_ACT, INT4, NVFP4, FP8_ACT_INLINE = 0, 1, 2, 3, 4
@@ -152,14 +152,6 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
 
 
 @triton.jit
-def _e2m1_value(code):
-    """float32 value of e2m1 ``code`` (int32, 0..15): as fp16 bits the magnitude's 3 bits
-    land on exponent 1..3 and the top mantissa bit, which is the value times 2**-14."""
-    half_bits = ((code & 7) << 9) | ((code & 8) << 12)
-    return half_bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-
-
-@triton.jit
 def _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                 stride_wn, stride_wk, stride_sn, stride_sk,
                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
@@ -174,8 +166,8 @@ def _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end
     s = s.to(tl.float32)
     a_even = _load_x(a_rows, row_ok, offs_b * 2, b_ok, stride_ak)
     a_odd = _load_x(a_rows, row_ok, offs_b * 2 + 1, b_ok, stride_ak)
-    lo = (_e2m1_value(packed & 0xF) * s).to(a_even.dtype)  # e2m1 x e4m3 fits bf16/fp16 exactly
-    hi = (_e2m1_value(packed >> 4) * s).to(a_even.dtype)
+    lo = (e2m1_half(packed & 0xF) * s).to(a_even.dtype)  # e2m1 x e4m3 fits bf16/fp16 exactly
+    hi = (e2m1_half(packed >> 4) * s).to(a_even.dtype)
     return _dot(a_even, lo, UPCAST) + _dot(a_odd, hi, UPCAST)
 
 

@@ -1,7 +1,10 @@
-"""Rounding done by hand, for kernels whose tests run in Triton's interpreter: the GPU's
-casts round to nearest even, but the interpreter truncates float32 -> bfloat16 and drops
-the carry of float32 -> float8 e4m3 into the next power of two, which would hide every
-rounding point of a kernel from its CPU tests (or move it)."""
+"""Number formats done by hand in Triton kernels.
+
+Rounding, for kernels whose tests run in Triton's interpreter: the GPU's casts round to
+nearest even, but the interpreter truncates float32 -> bfloat16 and drops the carry of
+float32 -> float8 e4m3 into the next power of two, which would hide every rounding point
+of a kernel from its CPU tests (or move it). And the e2m1 (fp4) decode the nvfp4 weight
+and KV kernels share."""
 
 from __future__ import annotations
 
@@ -48,3 +51,12 @@ def round_e4m3(x):
 def interpreted_bf16(t: torch.Tensor) -> bool:
     """Whether ``t`` is a bf16 tensor that Triton's interpreter (CPU tensors) will see."""
     return t.device.type != "cuda" and t.dtype == torch.bfloat16
+
+
+@triton.jit
+def e2m1_half(code):
+    """fp16 value of int32 e2m1 ``code`` (0..15), exactly: the sign and the magnitude's 3 bits
+    moved to fp16's bits 15 and 11..9 make the value times 2**-14 (0.5 a subnormal), and
+    the product with 2**14 is exact. Integer logic and one multiply, no exp2 or table."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True) * 16384.0
