@@ -27,7 +27,7 @@
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
-#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone (~8 min)
+#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone (~4-7 min)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
@@ -53,12 +53,15 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
     | tee -a "$OUT/gpu.txt"
 bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
 quant_tests() {
-    # 48 tests took 306 s on the H200 in session 15 (Triton compiles most of it); session 16
-    # added 16 one-launch decode tests (about 7 s each)
-    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_gpu.py -k "triton or gpu" \
-        > "$OUT/pytest_kv.txt" 2>&1; tail -3 "$OUT/pytest_kv.txt"
-    timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
-        > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
+    # three groups at once: Triton compiles most of the time away and compiling is CPU-bound
+    # (session 17: the kernel tests took 222 s and the weight tests 204 s side by side)
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py -k "triton or gpu" \
+        > "$OUT/pytest_kv.txt" 2>&1 &
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_gpu.py > "$OUT/pytest_kv_engine.txt" 2>&1 &
+    timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_weight_formats_gpu.py \
+        > "$OUT/pytest_quant.txt" 2>&1 &
+    wait
+    for f in pytest_kv pytest_kv_engine pytest_quant; do echo "$f: $(tail -1 "$OUT/$f.txt")"; done
 }
 for stage in "${@:-check}"; do
 echo "== stage $stage ($(date +%T))"
