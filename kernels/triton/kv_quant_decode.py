@@ -37,9 +37,8 @@ from ninfer_kernels.triton.decode_attention import (
     MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows, _split_keys,
 )
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
-from ninfer_kernels.triton.kv_quant import (
-    _attend_pages, _format_id, _half_products, _store_kv_head, kv_format_name, part_strides,
-)
+from ninfer_kernels.triton.kv_quant import _format_id, _half_products, _store_kv_head, kv_format_name, part_strides
+from ninfer_kernels.triton.kv_quant_tiles import _attend_pages
 from ninfer_kernels.triton.paged_attention import MIN_KEYS_PER_SPLIT, _merge_kernel, _num_splits, _tiles
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
