@@ -43,8 +43,28 @@
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 #
 # Several stages run in one command, in order: scripts/gpu_session.sh agent profile27
+#
+# Triton's compiled kernels travel between calls: a call unpacks .tcache/triton.tar.gz (carry
+# .tcache beside .whl) and leaves the cache it ended with in $OUT/triton.tar.gz; copy that
+# back to .tcache/ (git ignores it) before the next call. Every call starts on a fresh
+# machine, so without it each one compiles every kernel it touches again (most of a test
+# stage's minutes). Entries are keyed by source and Triton version, so stale ones only
+# take space; past 15 MiB the archive keeps this call's entries alone.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache
+export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache TRITON_CACHE_DIR=/tmp/triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .tcache/triton.tar.gz ] && tar -xzf .tcache/triton.tar.gz -C "$TRITON_CACHE_DIR"
+touch /tmp/triton-cache.start
+save_triton_cache() {
+    tar -czf "$OUT/triton.tar.gz" -C "$TRITON_CACHE_DIR" .
+    if [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+        (cd "$TRITON_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -newer /tmp/triton-cache.start -print0 \
+            | tar -czf "$OUT/triton.tar.gz" --null -T -)
+    fi
+    [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((16 * 1024 * 1024)) ] && rm -f "$OUT/triton.tar.gz"  # cannot travel
+    true
+}
+trap save_triton_cache EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
