@@ -193,6 +193,6 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
             part_o, part_lse, out, batch.query_start, num_seqs, splits,
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1), HEAD_DV=head_dim, BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_DV=head_dim,
+            BLOCK_DV=head_dim, USE_PDL=use_pdl, **pdl.launch_options(use_pdl),
         )
     return out

@@ -135,7 +135,10 @@ def _align_kernel(
     ids_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, next_row_ptr,
     pairs, rows, num_experts,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the ids come from the routing kernel just before
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     offs_c = tl.arange(0, CHUNK)
@@ -183,12 +186,14 @@ def _align_kernel(
 @triton.jit(do_not_specialize=["rows"])
 def _align_small_kernel(
     ids_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, pairs, rows,
-    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """All ``pairs`` (at most BLOCK_P) at once, everything from [BLOCK_P, BLOCK_P] comparisons
     in registers: no per-expert histogram, no scratch, one barrier. A pair's run starts
     after the runs of every lower expert present, each counted once through the first of
     its pairs."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the ids come from the routing kernel just before
     i = tl.arange(0, BLOCK_P)
     ok = i < pairs
     e = tl.load(ids_ptr + i, mask=ok, other=-1)
@@ -222,9 +227,11 @@ def _align_small_launch(ids: torch.Tensor, num_experts: int, block_m: int):
     block_experts = torch.empty(rows // block_m, dtype=torch.int32, device=ids.device)
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
     block_p = max(16, triton.next_power_of_2(pairs))
+    use_pdl = pdl.enabled(ids.device)
     _align_small_kernel[(1,)](
         flat, sorted_pairs, block_experts, num_padded, pairs, rows,
-        BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_B=min(64, block_p), num_warps=4 if block_p <= 64 else 8,
+        BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_B=min(64, block_p), USE_PDL=use_pdl,
+        num_warps=4 if block_p <= 64 else 8, **pdl.launch_options(use_pdl),
     )
     return sorted_pairs, block_experts, num_padded
 
@@ -243,10 +250,11 @@ def _align_kernel_launch(ids: torch.Tensor, num_experts: int, block_m: int, chun
     # a spare histogram bin for the padding lanes, and at least one bin per lane of a warp
     block_e = max(32, triton.next_power_of_2(num_experts + 1))
     next_row = torch.empty(block_e, dtype=torch.int32, device=ids.device)
+    use_pdl = pdl.enabled(ids.device)
     _align_kernel[(1,)](
         flat, sorted_pairs, block_experts, num_padded, next_row, pairs, rows, num_experts,
-        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=chunk, BLOCK_CHUNK=min(BLOCK_CHUNK, chunk),
-        num_warps=8 if chunk >= 128 else 4,
+        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=chunk, BLOCK_CHUNK=min(BLOCK_CHUNK, chunk), USE_PDL=use_pdl,
+        num_warps=8 if chunk >= 128 else 4, **pdl.launch_options(use_pdl),
     )
     return sorted_pairs, block_experts, num_padded
 

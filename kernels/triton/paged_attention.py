@@ -237,9 +237,12 @@ def _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, 
 def _merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-    HEAD_DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HEAD_DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """Weight each split's partial by its share of the row's total softmax mass."""
+    """Weight each split's partial by its share of the row's total softmax mass. ``USE_PDL``:
+    launched with PDL right behind the kernel that wrote the partials (:mod:`.pdl`)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_dv = tl.arange(0, BLOCK_DV)
