@@ -98,6 +98,27 @@ def test_int4_narrow_groups_read_no_scales_past_k():
     assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
 
 
+@pytest.mark.parametrize("rows", [1, 17])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_channel"])
+def test_fp8_weight_only_in_fp16_products_matches_and_saturates(fmt, rows, monkeypatch):
+    """bf16 x on the GPU multiplies FP8 weights in fp16 (``HALF_PRODUCTS``): forced on here,
+    the product matches the dequantized one, and x beyond fp16's range saturates at 65504
+    instead of turning every output it touches into inf."""
+    monkeypatch.setattr(qg, "_half_products", lambda x: x.dtype == torch.bfloat16)
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 80, 384
+    w = random_weight(fmt, n, k, gen=gen)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    assert qg.kernel_options(x, qg.operands(w), SMALL)["HALF"]
+    assert rel_err(qg.quant_matmul(x, w, None, SMALL), F.linear(x.float(), w.dequantize())) <= TOL
+    x[0, 5] = 1e6
+    got = qg.quant_matmul(x, w, None, SMALL)
+    assert torch.isfinite(got).all()
+    clamped = x.float()
+    clamped[0, 5] = 65504.0
+    assert rel_err(got, F.linear(clamped, w.dequantize())) <= TOL
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])
 def test_gemv_path_equals_dequantized_linear(fmt, rows):

@@ -49,6 +49,8 @@ from ninfer_kernels.triton.tuned_tables import device_name, read_table
 CONFIG_DIR = Path(__file__).parent / "quant_configs"
 #: most rows the decode heuristic treats as weight-streaming
 DECODE_ROWS = 64
+#: FP8 weight-only tiles multiply in fp16 when x is bf16 on CUDA (see quant_tile's ``HALF``)
+HALF_PRODUCTS = True
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ def _quant_gemm_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
-    ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr,
+    ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -217,11 +219,16 @@ def _quant_gemm_kernel(
         acc = quant_tile(x_ptr + offs_m * stride_xm, xs_ptr + offs_m * stride_xsm, m_ok, stride_xk,
                          w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                          stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND, SWAP)
+                         FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND, SWAP,
+                         HALF)
     if FORMAT == 3:  # NVFP4's one factor
         acc *= tl.load(alpha_ptr)
     _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om,
             pid_m * tl.cdiv(N, BLOCK_N) + pid_n, split, splits, SPLIT_K, HAS_BIAS, ROUND)
+
+
+def _half_products(x: torch.Tensor) -> bool:
+    return HALF_PRODUCTS and x.dtype == torch.bfloat16 and x.device.type == "cuda"
 
 
 def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> dict | None:
@@ -238,7 +245,7 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
     swap = config.swap and fmt in (FP8_ACT, FP8_ACT_INLINE)
     return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "SWAP": swap,
-            "MAGIC": magic, "OFFSET": offset,
+            "MAGIC": magic, "OFFSET": offset, "HALF": fmt == FP8 and _half_products(x),
             "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,
             "QROUND": x.device.type != "cuda"}
 

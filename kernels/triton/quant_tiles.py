@@ -61,14 +61,27 @@ def _load_x(a_rows, row_ok, cols, col_ok, stride_ak):
 @triton.jit
 def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
               stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
-              BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+              BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr = False):
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = offs_k < k_end
     a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
     w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
                 mask=k_ok[:, None] & n_ok[None, :], other=0.0)
     s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    if HALF:  # see quant_tile
+        a = _saturate_f16(a.to(tl.float32), not UPCAST)
     return _dot(a, w.to(a.dtype), UPCAST) * s[None, :]
+
+
+@triton.jit
+def _saturate_f16(x, ASM: tl.constexpr):
+    """float32 ``x`` to fp16, rounded to nearest, beyond the largest finite fp16 value
+    (65504) that value instead of inf. ``ASM``: two values per saturating conversion
+    instruction; else the clamp written out (Triton's interpreter runs no PTX)."""
+    if ASM:
+        return tl.inline_asm_elementwise("cvt.rn.satfinite.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=tl.float16, is_pure=True, pack=2)
+    return tl.minimum(tl.maximum(x, -65504.0), 65504.0).to(tl.float16)
 
 
 @triton.jit
@@ -176,7 +189,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
                stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
-               QROUND: tl.constexpr = False, SWAP: tl.constexpr = False):
+               QROUND: tl.constexpr = False, SWAP: tl.constexpr = False, HALF: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: rows ``a_rows`` of x (pointers to column 0; ``as_rows``
     to their activation scales for FP8_ACT) times weight rows ``offs_n`` over columns
     ``k_begin`` (a multiple of BLOCK_K) to ``k_end``. ``w_ptr``/``s_ptr``/``z_ptr`` are
@@ -187,7 +200,14 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     Hopper's warpgroup MMA wants 64 rows on the first operand; with a few x rows first, a
     decode product runs on the older 16-row MMA instead. Swapped, the weight tile is that
     first operand, fed from shared memory as loaded (both e4m3 operands K-major, as the
-    FP8 MMA requires), and the x rows fill the narrow side."""
+    FP8 MMA requires), and the x rows fill the narrow side.
+
+    ``HALF`` (FP8 weight-only with bf16 x): multiply in fp16. Hopper converts e4m3 to fp16
+    in one instruction per pair but to bf16 only through fp16 (a second conversion per
+    element), and at 16-row tiles Triton runs an e4m3 x e4m3 product as fp16 products too,
+    so quantizing x buys nothing there but its rounding error. bf16 x converts to fp16
+    exactly (8 bits of mantissa into 11) down to 2**-14, below which it loses bits as a
+    subnormal, and saturates at 65504."""
     if SWAP:
         return _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                                    stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT, BLOCK_M,
@@ -196,7 +216,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     for k0 in range(k_begin, k_end, BLOCK_K):
         if FORMAT == 0:
             acc += _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                             stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST)
+                             stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST, HALF)
         elif FORMAT == 1 or FORMAT == 4:
             acc += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                                  stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
