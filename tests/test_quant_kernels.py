@@ -104,7 +104,7 @@ def test_fp8_weight_only_in_fp16_products_matches_and_saturates(fmt, rows, monke
     """bf16 x on the GPU multiplies FP8 weights in fp16 (``HALF_PRODUCTS``): forced on here,
     the product matches the dequantized one, and x beyond fp16's range saturates at 65504
     instead of turning every output it touches into inf."""
-    monkeypatch.setattr(qg, "_half_products", lambda x: x.dtype == torch.bfloat16)
+    monkeypatch.setattr(qg, "half_products", lambda x: x.dtype == torch.bfloat16)
     gen = torch.Generator().manual_seed(rows)
     n, k = 80, 384
     w = random_weight(fmt, n, k, gen=gen)
@@ -247,6 +247,14 @@ def test_quant_fused_moe_equals_the_reference_on_dequantized_experts(fmt, tokens
     the shared expert in the experts' format, through the op's Triton entry point."""
     args, want = moe_case(fmt, tokens, torch.Generator().manual_seed(tokens))
     assert rel_err(t_fused.fused_moe(*args), want) <= TOL
+    assert rel_err(qm.quant_fused_moe(*args, config=MOE_SMALL), want) <= TOL
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_fp8_moe_experts_in_fp16_products(tokens, monkeypatch):
+    """The FP8 experts' weight-only tiles with fp16 products (on by default on CUDA), forced on."""
+    monkeypatch.setattr(qm, "half_products", lambda x: x.dtype == torch.bfloat16)
+    args, want = moe_case("fp8", tokens, torch.Generator().manual_seed(tokens))
     assert rel_err(qm.quant_fused_moe(*args, config=MOE_SMALL), want) <= TOL
 
 

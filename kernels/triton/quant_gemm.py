@@ -40,7 +40,7 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
 from ninfer_kernels.triton.quant_tiles import (
-    ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, quant_gemv_tile, quant_tile,
+    ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, half_products, quant_gemv_tile, quant_tile,
     quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
@@ -49,8 +49,6 @@ from ninfer_kernels.triton.tuned_tables import device_name, read_table
 CONFIG_DIR = Path(__file__).parent / "quant_configs"
 #: most rows the decode heuristic treats as weight-streaming
 DECODE_ROWS = 64
-#: FP8 weight-only tiles multiply in fp16 when x is bf16 on CUDA (see quant_tile's ``HALF``)
-HALF_PRODUCTS = True
 
 
 @dataclass(frozen=True)
@@ -227,10 +225,6 @@ def _quant_gemm_kernel(
             pid_m * tl.cdiv(N, BLOCK_N) + pid_n, split, splits, SPLIT_K, HAS_BIAS, ROUND)
 
 
-def _half_products(x: torch.Tensor) -> bool:
-    return HALF_PRODUCTS and x.dtype == torch.bfloat16 and x.device.type == "cuda"
-
-
 def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> dict | None:
     """Format-dependent constexprs for x's dtype, or None when no kernel fits. FP8 on the
     tensor cores quantizes decode rows inside the GEMM when its K step is one activation
@@ -245,7 +239,7 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
     swap = config.swap and fmt in (FP8_ACT, FP8_ACT_INLINE)
     return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "SWAP": swap,
-            "MAGIC": magic, "OFFSET": offset, "HALF": fmt == FP8 and _half_products(x),
+            "MAGIC": magic, "OFFSET": offset, "HALF": fmt == FP8 and half_products(x),
             "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,
             "QROUND": x.device.type != "cuda"}
 

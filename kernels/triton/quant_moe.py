@@ -34,7 +34,7 @@ from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
 from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands
-from ninfer_kernels.triton.quant_tiles import FP8, FP8_ACT, INT4_MAGIC, quant_tile, quantize_activations
+from ninfer_kernels.triton.quant_tiles import FP8, FP8_ACT, INT4_MAGIC, half_products, quant_tile, quantize_activations
 from ninfer_kernels.triton.rounding import round_to
 
 
@@ -81,7 +81,7 @@ def _quant_gate_up_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, HALF: tl.constexpr,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
         tl.extra.cuda.gdc_wait()
@@ -98,10 +98,10 @@ def _quant_gate_up_kernel(
     a_rows, as_rows = x_ptr + token * stride_xt, xs_ptr + token * stride_xst
     gate = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, 0, K,
                       stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
     up = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n + N, n_ok, 0, K,
                     stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
     if FORMAT == 3:  # NVFP4's one factor
         gate *= tl.load(alpha)
         up *= tl.load(alpha)
@@ -120,7 +120,7 @@ def _quant_down_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, HALF: tl.constexpr,
 ):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -135,7 +135,7 @@ def _quant_down_kernel(
     n_ok = offs_n < N
     acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n, n_ok,
                      0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                     FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+                     FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
     if FORMAT == 3:
         acc *= tl.load(alpha)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
@@ -170,6 +170,7 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
         FORMAT=fmt, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=fit[0], GROUP_M=cfg.GROUP_M,
         HAS_SHARED=shared is not None, PER_PAIR=align is None, MAGIC=magic, OFFSET=offset, SCALE_PER_ELEMENT=fit[1],
         UPCAST=on_cpu, ROUND=on_cpu and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
+        HALF=fmt == FP8 and half_products(out),  # out has x's dtype
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(use_pdl),
     )
 

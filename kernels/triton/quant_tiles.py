@@ -44,6 +44,14 @@ ACT_GROUP = 128
 _ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel may read
 #: int4 nibble -> x's dtype by OR-ing into this number's mantissa: (bits, value)
 INT4_MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+#: FP8 weight-only tiles multiply in fp16 when x is bf16 on CUDA (see quant_tile's ``HALF``)
+HALF_PRODUCTS = True
+
+
+def half_products(x: torch.Tensor) -> bool:
+    """Whether FP8 weight-only tiles over ``x`` (or a tensor of x's dtype and device) take
+    :func:`quant_tile`'s ``HALF``."""
+    return HALF_PRODUCTS and x.dtype == torch.bfloat16 and x.device.type == "cuda"
 
 
 @triton.jit
