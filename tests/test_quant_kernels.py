@@ -99,9 +99,9 @@ def test_int4_narrow_groups_read_no_scales_past_k():
 
 
 @pytest.mark.parametrize("rows", [1, 17])
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_channel"])
-def test_fp8_weight_only_in_fp16_products_matches_and_saturates(fmt, rows, monkeypatch):
-    """bf16 x on the GPU multiplies FP8 weights in fp16 (``HALF_PRODUCTS``): forced on here,
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_channel", "nvfp4"])
+def test_weight_only_tiles_in_fp16_products_match_and_saturate(fmt, rows, monkeypatch):
+    """bf16 x on the GPU multiplies FP8 and NVFP4 weights in fp16 (``HALF_PRODUCTS``): forced on here,
     the product matches the dequantized one, and x beyond fp16's range saturates at 65504
     instead of turning every output it touches into inf."""
     monkeypatch.setattr(qg, "half_products", lambda x: x.dtype == torch.bfloat16)
@@ -251,10 +251,11 @@ def test_quant_fused_moe_equals_the_reference_on_dequantized_experts(fmt, tokens
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_fp8_moe_experts_in_fp16_products(tokens, monkeypatch):
-    """The FP8 experts' weight-only tiles with fp16 products (on by default on CUDA), forced on."""
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_moe_experts_in_fp16_products(fmt, tokens, monkeypatch):
+    """FP8 (weight-only) and NVFP4 experts with fp16 products (on by default on CUDA), forced on."""
     monkeypatch.setattr(qm, "half_products", lambda x: x.dtype == torch.bfloat16)
-    args, want = moe_case("fp8", tokens, torch.Generator().manual_seed(tokens))
+    args, want = moe_case(fmt, tokens, torch.Generator().manual_seed(tokens))
     assert rel_err(qm.quant_fused_moe(*args, config=MOE_SMALL), want) <= TOL
 
 

@@ -239,7 +239,7 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
     swap = config.swap and fmt in (FP8_ACT, FP8_ACT_INLINE)
     return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "SWAP": swap,
-            "MAGIC": magic, "OFFSET": offset, "HALF": fmt == FP8 and half_products(x),
+            "MAGIC": magic, "OFFSET": offset, "HALF": fmt in (FP8, NVFP4) and half_products(x),
             "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,
             "QROUND": x.device.type != "cuda"}
 

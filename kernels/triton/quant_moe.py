@@ -34,7 +34,9 @@ from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
 from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands
-from ninfer_kernels.triton.quant_tiles import FP8, FP8_ACT, INT4_MAGIC, half_products, quant_tile, quantize_activations
+from ninfer_kernels.triton.quant_tiles import (
+    FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
+)
 from ninfer_kernels.triton.rounding import round_to
 
 
@@ -170,7 +172,7 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
         FORMAT=fmt, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=fit[0], GROUP_M=cfg.GROUP_M,
         HAS_SHARED=shared is not None, PER_PAIR=align is None, MAGIC=magic, OFFSET=offset, SCALE_PER_ELEMENT=fit[1],
         UPCAST=on_cpu, ROUND=on_cpu and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
-        HALF=fmt == FP8 and half_products(out),  # out has x's dtype
+        HALF=fmt in (FP8, NVFP4) and half_products(out),  # out has x's dtype
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(use_pdl),
     )
 

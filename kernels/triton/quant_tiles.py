@@ -21,9 +21,10 @@
   the group's scale. With groups narrower than a step (G < 128) each weight is
   dequantized in full instead (``SCALE_PER_ELEMENT``).
 * ``NVFP4``: a byte's low nibble is column ``2i``, its high one ``2i + 1``: two dots, on
-  x's even and odd columns. The e2m1 code becomes fp16 bits (the value times 2**-14,
-  subnormal for 0.5, which converts exactly) and each element takes its 16-group's e4m3
-  scale; ``alpha`` is the caller's.
+  x's even and odd columns (split from one contiguous load). The e2m1 code becomes its
+  exact value by moving bits (:func:`.rounding.e2m1_half`) and each element takes its
+  16-group's e4m3 scale, loaded once per group and spread in registers; ``alpha`` is the
+  caller's.
 
 In Triton's interpreter (CPU tensors) ``UPCAST`` multiplies in float32: it would take
 bf16 dot operands as raw bits.
@@ -44,13 +45,13 @@ ACT_GROUP = 128
 _ACT_GROUP = tl.constexpr(ACT_GROUP)  # what a kernel may read
 #: int4 nibble -> x's dtype by OR-ing into this number's mantissa: (bits, value)
 INT4_MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
-#: FP8 weight-only tiles multiply in fp16 when x is bf16 on CUDA (see quant_tile's ``HALF``)
+#: FP8 weight-only and NVFP4 tiles multiply in fp16 when x is bf16 on CUDA (quant_tile's ``HALF``)
 HALF_PRODUCTS = True
 
 
 def half_products(x: torch.Tensor) -> bool:
-    """Whether FP8 weight-only tiles over ``x`` (or a tensor of x's dtype and device) take
-    :func:`quant_tile`'s ``HALF``."""
+    """Whether FP8 weight-only and NVFP4 tiles over ``x`` (or a tensor of x's dtype and
+    device) take :func:`quant_tile`'s ``HALF``."""
     return HALF_PRODUCTS and x.dtype == torch.bfloat16 and x.device.type == "cuda"
 
 
@@ -175,20 +176,35 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
 @triton.jit
 def _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                 stride_wn, stride_wk, stride_sn, stride_sk,
-                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr = False):
     BYTES: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 16
     offs_b = k0 // 2 + tl.arange(0, BYTES)
     b_ok = offs_b < k_end // 2
-    mask = b_ok[:, None] & n_ok[None, :]
     packed = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_b[:, None] * stride_wk,
-                     mask=mask, other=0).to(tl.int32)
-    # each byte's 16-group scale, loaded per byte (the 8 repeats hit L1)
-    s = tl.load(s_ptr + offs_n[None, :] * stride_sn + (offs_b // 8)[:, None] * stride_sk, mask=mask, other=0.0)
-    s = s.to(tl.float32)
-    a_even = _load_x(a_rows, row_ok, offs_b * 2, b_ok, stride_ak)
-    a_odd = _load_x(a_rows, row_ok, offs_b * 2 + 1, b_ok, stride_ak)
-    lo = (e2m1_half(packed & 0xF) * s).to(a_even.dtype)  # e2m1 x e4m3 fits bf16/fp16 exactly
-    hi = (e2m1_half(packed >> 4) * s).to(a_even.dtype)
+                     mask=b_ok[:, None] & n_ok[None, :], other=0).to(tl.int32)
+    # the step's 16-group scales loaded compact, [groups, N], and spread over their 8 bytes
+    # in registers (a scale gathered per byte was a one-byte load the pipeline cannot copy)
+    offs_g = k0 // 16 + tl.arange(0, GROUPS)
+    g_ok = offs_g < tl.cdiv(k_end, 16)
+    sc = tl.load(s_ptr + offs_n[None, :] * stride_sn + offs_g[:, None] * stride_sk,
+                 mask=g_ok[:, None] & n_ok[None, :], other=0.0)
+    s = tl.reshape(tl.broadcast_to(sc[:, None, :], [GROUPS, 8, sc.shape[1]]), [BYTES, sc.shape[1]])
+    # x's even and odd columns from one contiguous load of the step's columns
+    cols = offs_b[:, None] * 2 + tl.arange(0, 2)[None, :]
+    pairs = tl.load(a_rows[:, None, None] + cols[None, :, :] * stride_ak,
+                    mask=row_ok[:, None, None] & b_ok[None, :, None], other=0.0)
+    a_even, a_odd = tl.split(pairs)
+    if HALF:  # see quant_tile; e2m1 x e4m3 has 6 significant bits, exact in fp16
+        s16 = s.to(tl.float16)
+        lo = e2m1_half(packed & 0xF) * s16
+        hi = e2m1_half(packed >> 4) * s16
+        a_even = _saturate_f16(a_even.to(tl.float32), not UPCAST)
+        a_odd = _saturate_f16(a_odd.to(tl.float32), not UPCAST)
+    else:
+        s = s.to(tl.float32)
+        lo = (e2m1_half(packed & 0xF) * s).to(a_even.dtype)  # exact in bf16 too
+        hi = (e2m1_half(packed >> 4) * s).to(a_even.dtype)
     return _dot(a_even, lo, UPCAST) + _dot(a_odd, hi, UPCAST)
 
 
@@ -210,7 +226,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     first operand, fed from shared memory as loaded (both e4m3 operands K-major, as the
     FP8 MMA requires), and the x rows fill the narrow side.
 
-    ``HALF`` (FP8 weight-only with bf16 x): multiply in fp16. Hopper converts e4m3 to fp16
+    ``HALF`` (FP8 weight-only or NVFP4, bf16 x): multiply in fp16. Hopper converts e4m3 to fp16
     in one instruction per pair but to bf16 only through fp16 (a second conversion per
     element), and at 16-row tiles Triton runs an e4m3 x e4m3 product as fp16 products too,
     so quantizing x buys nothing there but its rounding error. bf16 x converts to fp16
@@ -235,7 +251,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
                               BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
         else:
             acc += _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                               stride_wn, stride_wk, stride_sn, stride_sk, BLOCK_K, UPCAST)
+                               stride_wn, stride_wk, stride_sn, stride_sk, BLOCK_K, UPCAST, HALF)
     return acc
 
 
