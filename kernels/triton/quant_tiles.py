@@ -226,12 +226,13 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     first operand, fed from shared memory as loaded (both e4m3 operands K-major, as the
     FP8 MMA requires), and the x rows fill the narrow side.
 
-    ``HALF`` (FP8 weight-only or NVFP4, bf16 x): multiply in fp16. Hopper converts e4m3 to fp16
-    in one instruction per pair but to bf16 only through fp16 (a second conversion per
-    element), and at 16-row tiles Triton runs an e4m3 x e4m3 product as fp16 products too,
-    so quantizing x buys nothing there but its rounding error. bf16 x converts to fp16
-    exactly (8 bits of mantissa into 11) down to 2**-14, below which it loses bits as a
-    subnormal, and saturates at 65504."""
+    ``HALF`` (FP8 weight-only or NVFP4, bf16 x): multiply in fp16, where the weight tile
+    is cheaper to make than in bf16. Hopper converts e4m3 to fp16 in one instruction per
+    pair but to bf16 only through fp16 (a second conversion per element), and an e2m1 code
+    times its e4m3 scale is exact in fp16 without a float32 step. At 16-row tiles Triton
+    runs an e4m3 x e4m3 product as fp16 products too, so quantizing x would buy nothing
+    there but its rounding error. bf16 x converts to fp16 exactly (8 bits of mantissa into
+    11) down to 2**-14, below which it loses bits as a subnormal, and saturates at 65504."""
     if SWAP:
         return _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                                    stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT, BLOCK_M,
