@@ -84,7 +84,7 @@ def main() -> None:
             with open(path, "w") as f:
                 f.write(text)
     if args.sass:
-        Path(args.sass).write_text(sass(kernel.asm["cubin"]))
+        Path(args.sass).write_text(sass(kernel.asm["cubin"], args.arch))
     ops = Counter(re.findall(r"\b(tt\.dot|tt\.load|ttn?g\.[a-z_]+)\b", ir))
     mma = sorted(set(re.findall(r"versionMajor = (\d)", ir)))
     print(json.dumps({"kernel": name, "shared_bytes": kernel.metadata.shared, "mma_versions": mma,
@@ -106,7 +106,7 @@ def registers(ptx: str, arch: int) -> dict:
     return {"registers": int(used.group(1)) if used else None, "spill_bytes": int(spill.group(1)) if spill else None}
 
 
-def sass(cubin: bytes) -> str:
+def sass(cubin: bytes, arch: int) -> str:
     """The cubin disassembled by the ``nvdisasm`` shipped beside Triton's ptxas: the
     instructions a warp issues, where the PTX still hides conversions and spills."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -114,7 +114,7 @@ def sass(cubin: bytes) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "kernel.cubin")
         path.write_bytes(cubin)
-        nvdisasm = Path(get_ptxas(90).path).with_name("nvdisasm")
+        nvdisasm = Path(get_ptxas(arch).path).with_name("nvdisasm")
         return subprocess.run([str(nvdisasm), "-c", "-g", str(path)], capture_output=True, text=True).stdout
 
 
