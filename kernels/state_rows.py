@@ -14,6 +14,7 @@ import torch
 
 def copy_rows(pools: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
     """In every pool, row ``dst[i]`` takes row ``src[i]`` (int64 [N], same device as the
-    pools). The destinations are distinct and none is also a source."""
+    pools). The destinations are distinct and none is another pair's source; a pair may
+    copy a row onto itself (nothing moves: a device round's padding rows do)."""
     for pool in pools:
         pool.index_copy_(0, dst, pool.index_select(0, src))

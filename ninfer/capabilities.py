@@ -27,6 +27,10 @@ class SpeculativeBackend:
     #: the backend drafts through the target's LM head and can score a shortlist of it
     #: instead (``--lm-head-draft``)
     lm_head_draft: bool = False
+    #: the proposer drafts greedily from device tensors (``draft_after_round``), so greedy
+    #: rounds run whole on the device and ahead of their verdicts
+    #: (ninfer.engine.spec.device_rounds)
+    drafts_on_device: bool = False
 
 
 @attrs.frozen

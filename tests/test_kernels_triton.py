@@ -386,8 +386,8 @@ def test_copy_state_rows_matches_reference(odd):
     width = 7 if odd else 8
     pools = [torch.randn(6, 3, width, generator=gen).to(DEVICE, torch.bfloat16),
              torch.randn(6, 2, 5, 4, generator=gen).to(DEVICE), torch.randn(6, width, generator=gen).to(DEVICE)]
-    src = torch.tensor([1, 4], device=DEVICE)
-    dst = torch.tensor([5, 0], device=DEVICE)
+    src = torch.tensor([1, 4, 3], device=DEVICE)
+    dst = torch.tensor([5, 0, 3], device=DEVICE)  # a row onto itself: nothing moves
     want = [p.clone() for p in pools]
     state_rows.copy_rows(want, src, dst)
     t_state_rows.copy_rows(pools, src, dst)

@@ -8,6 +8,7 @@ import torch
 from ninfer import LLM, SamplingParams
 
 from test_spec_decode import PROMPTS, ReplayProposer, _run
+from test_spec_device_rounds import trained  # noqa: F401 (a fixture)
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -65,3 +66,30 @@ def test_guided_rows_speculate_through_graph_verify_steps(family):
     spec.engine.runner.verify_graphs.run = lambda *a, **k: replayed.append(1) or run_graph(*a, **k)
     check_greedy_guided(family, LLM(model, **settings), spec)
     assert replayed
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("reuse,block", [(False, 16), (True, 4)], ids=["no-reuse", "reuse-pages-of-4"])
+def test_captured_device_rounds_equal_plain_greedy_and_the_host_rounds(trained, monkeypatch, reuse, block):
+    """Greedy MTP rounds replayed whole from CUDA graphs, launched ahead of their verdicts
+    (with two scratch banks when prefix reuse takes snapshots), against plain decoding and
+    against the same rounds driven from the host."""
+    from test_spec_device_rounds import GREEDY, PROMPTS as ROUND_PROMPTS
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    settings = {**SETTINGS, "max_context": 256, "prefix_reuse": reuse, "block_size": block}
+    params = SamplingParams(max_tokens=40, ignore_eos=True, **GREEDY)
+    expected = _run(LLM(trained, **settings), ROUND_PROMPTS, params)
+    monkeypatch.setenv("NINFER_DEVICE_ROUNDS", "0")
+    host = LLM(trained, spec="mtp", draft_tokens=3, **settings)
+    monkeypatch.delenv("NINFER_DEVICE_ROUNDS")
+    device = LLM(trained, spec="mtp", draft_tokens=3, **settings)
+    rounds = device.engine.runner.rounds
+    assert host.engine.runner.rounds is None and rounds is not None and rounds._graphs
+    assert rounds.banked == reuse
+    assert _run(host, ROUND_PROMPTS, params) == expected
+    assert _run(device, ROUND_PROMPTS, params) == expected
+    h, d = host.engine.stats, device.engine.stats
+    assert (d.total_rounds, d.total_drafted, d.total_accepted) == (h.total_rounds, h.total_drafted, h.total_accepted)
+    assert d.total_accepted > 0 and d.total_steps_ahead > 5

@@ -32,9 +32,13 @@ def _copy_rows_kernel(base_ptr, words_ptr, stride_ptr, src_ptr, dst_ptr,
     base = tl.load(base_ptr + pool).to(tl.pointer_type(UNIT))
     words = tl.load(words_ptr + pool)
     stride = tl.load(stride_ptr + pool)
-    src = base + tl.load(src_ptr + pair) * stride
-    dst = base + tl.load(dst_ptr + pair) * stride
-    for start in range(part * BLOCK, words, PARTS * BLOCK):
+    src_row = tl.load(src_ptr + pair)
+    dst_row = tl.load(dst_ptr + pair)
+    src = base + src_row * stride
+    dst = base + dst_row * stride
+    # a row onto itself (a device round's padding rows) moves nothing
+    end = tl.where(src_row == dst_row, 0, words)
+    for start in range(part * BLOCK, end, PARTS * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < words
         tl.store(dst + offs, tl.load(src + offs, mask=ok), mask=ok)

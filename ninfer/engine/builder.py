@@ -3,6 +3,7 @@ engine's parts (:mod:`ninfer.engine.parts`), then the engine from them, then war
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from loguru import logger
 
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.context_cache import DescriptorLimits
-from ninfer.engine.cuda_graph import capture_decode_graphs
+from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.engine.guided_setup import GuidedDecoding, build_guided_decoding
@@ -23,6 +24,7 @@ from ninfer.engine.parts import (
     snapshot_rows, state_pool_bytes,
 )
 from ninfer.engine.spec.proposer import ProposerContext
+from ninfer.engine.spec.device_rounds import DeviceRounds
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
 from ninfer.engine.state_slots import RecurrentState
 from ninfer.engine.warmup import warm_up
@@ -171,14 +173,20 @@ def engine_parts(
     draft_specs = speculative.attention_specs(model) if speculative is not None and speculative.attention_specs else ()
     kv = allocate_kv_pool(model, kv_format, cfg, dtype, device, draft_specs)
     costs = context_costs(model, cfg, device, (family.name, profile.model_id or "", profile.model or ""))
-    state = allocate_recurrent_state(model, cfg, device, costs)
-    host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
-    _log_memory_ledger(model, kv, state, cfg, device)
-    graphs = None
     use_graphs = profile.engine.cuda_graph and device.type == "cuda"
     if use_graphs and not kv.capturable:
         logger.warning("decode runs eagerly: kv_dtype {} has no CUDA-graph-safe kernels yet", cfg.kv_dtype)
         use_graphs = False
+    launch_ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu)
+    # greedy rounds run whole on the device: captured on CUDA, eagerly on CPU where tests run
+    # them; NINFER_DEVICE_ROUNDS=0 keeps every round on the host (for comparisons)
+    device_rounds = (speculative is not None and speculative.drafts_on_device and cfg.draft_tokens > 0
+                     and os.environ.get("NINFER_DEVICE_ROUNDS", "1") != "0"
+                     and (use_graphs and can_capture(model) or device.type == "cpu" and decode_ahead_on_cpu))
+    state = allocate_recurrent_state(model, cfg, device, costs, device_rounds=device_rounds and launch_ahead)
+    host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
+    _log_memory_ledger(model, kv, state, cfg, device)
+    graphs = None
     if use_graphs:
         graphs = capture_decode_graphs(model, cfg.max_concurrency, cfg.max_context, cfg.block_size, device)
         if graphs is None:
@@ -193,10 +201,26 @@ def engine_parts(
         verify_graphs = VerifyGraphs(model, cfg.max_concurrency, cfg.draft_tokens + 1, cfg.max_context,
                                      cfg.block_size, device, state.scratch if state is not None else None)
         verify_graphs.capture()
+    rounds = None
+    if device_rounds and (verify_graphs is not None or device.type == "cpu"):
+        rounds = _device_rounds(model, cfg, device, proposer, verify_graphs, state)
     # queue each decode step behind the previous one (on CPU nothing would overlap); a
-    # speculative round needs its verdict on the host before the next one is proposed
-    ahead = profile.engine.decode_ahead and (device.type == "cuda" or decode_ahead_on_cpu) and proposer is None
-    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs, costs)
+    # speculative round needs its verdict on the host before the next one is proposed,
+    # unless it runs whole on the device
+    ahead = launch_ahead and (proposer is None or rounds is not None)
+    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs, costs, rounds)
+
+
+def _device_rounds(model, cfg: EngineConfig, device, proposer, verify_graphs, state) -> DeviceRounds:
+    """Greedy rounds run whole on the device, the proposer drafting there: captured over
+    the verify graphs' inputs on CUDA, run eagerly on CPU (tests)."""
+    scratch = state.scratch if state is not None else None
+    base = verify_graphs or VerifyGraphs(model, cfg.max_concurrency, cfg.draft_tokens + 1, cfg.max_context,
+                                         cfg.block_size, device, scratch)
+    rounds = DeviceRounds(model, base, proposer.draft_after_round, scratch)
+    if verify_graphs is not None:
+        rounds.capture()
+    return rounds
 
 
 def _size(nbytes: float) -> str:

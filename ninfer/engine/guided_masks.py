@@ -67,6 +67,10 @@ class GuidedMasks:
     def forget(self, seq_id: int) -> None:
         self._states.pop(seq_id, None)
 
+    def guides(self, seq_id: int) -> bool:
+        """Whether sequence ``seq_id`` is guided (its rows are masked)."""
+        return seq_id in self._states
+
     def __len__(self) -> int:
         return len(self._states)
 

@@ -28,6 +28,7 @@ from ninfer.engine.pending_step import InFlight, SampledRow
 from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.engine.sampling_metadata import to_device
 from ninfer.engine.scheduler import Scheduler, SchedulerOutput
+from ninfer.engine.spec.device_rounds import plan_round_ahead
 from ninfer.engine.spec.distribution import PROPOSAL_POLICIES
 from ninfer.engine.spec.rounds import SpeculativeRounds
 from ninfer.engine.sequence import Sequence
@@ -82,7 +83,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
                                   guided=self.guided_masks, graphs=parts.graphs,
                                   scratch=state.scratch if state is not None else None,
                                   keep_hidden=parts.proposer is not None and parts.proposer.needs_hidden,
-                                  verify_graphs=parts.verify_graphs)
+                                  verify_graphs=parts.verify_graphs, rounds=parts.rounds)
         #: the speculative proposer (None: plain decoding); its rounds are verified in the step
         self.proposer = parts.proposer
         self.stats = EngineStats()
@@ -291,15 +292,18 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
         self._last_step_done = done
         sched = current.sched
         starts = [c.seq.num_computed_tokens for c in sched.chunks]
-        events = self._process(sched, rows, prompt_rows)
+        pending = current.pending
+        events = self._process(sched, rows, prompt_rows, pending.round_bank if pending.is_device_round else None)
         if self.proposer is not None:
             self._tell_proposer(sched, starts, current.pending)
         return events
 
     def _process(
-        self, sched: SchedulerOutput, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]]
+        self, sched: SchedulerOutput, rows: list[SampledRow], prompt_rows: dict[int, list[SampledRow]],
+        device_round: Optional[int] = None,
     ) -> list[GenerationEvent]:
-        """Commit a finished step's results, request by request."""
+        """Commit a finished step's results, request by request (``device_round``: the
+        scratch bank of a step that settled its verify rows' state itself)."""
         events: list[GenerationEvent] = []
         rows_iter = iter(rows)
         now = time.monotonic()
@@ -310,7 +314,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
                 continue  # ended while this step was computed ahead: its row is dropped
             tracked = self._requests[seq.request_id]
             if isinstance(row, list):  # a verify row: the tokens its round commits
-                events.append(self._commit_round(tracked, chunk, row, now))
+                events.append(self._commit_round(tracked, chunk, row, now, device_round))
                 continue
             self.scheduler.mark_computed(chunk)
             try:
@@ -329,8 +333,11 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
 
     def _launch_ahead(self, current: InFlight) -> Optional[InFlight]:
         """Queue the decode step after ``current`` now, if it cannot depend on ``current``'s
-        tokens on the host (see :mod:`ninfer.engine.decode_ahead`)."""
-        if not self._decode_ahead or current.pending.token_ids is None:
+        tokens on the host (see :mod:`ninfer.engine.decode_ahead`), or the next device round
+        behind a device round (:mod:`ninfer.engine.spec.device_rounds`)."""
+        if self._decode_ahead and current.pending.is_device_round:
+            return self._launch_round_ahead(current)
+        if not self._decode_ahead or current.pending.token_ids is None or self.proposer is not None:
             return None
         sched, rows = plan_ahead(current.sched, self.scheduler, self._needs_host_tokens, self.config.max_context)
         if sched is None:
@@ -342,6 +349,19 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             following = InFlight(sched, self.runner.launch(sched, ahead_ids=ids), time.perf_counter())
         except Exception:  # launched in the ordinary way next step, where a failure is handled
             logger.opt(exception=True).warning("could not launch a decode step ahead")
+            return None
+        self.stats.total_steps_ahead += 1
+        return following
+
+    def _launch_round_ahead(self, current: InFlight) -> Optional[InFlight]:
+        rounds = self.runner.rounds
+        sched = plan_round_ahead(current.sched, self.scheduler, self.config.max_context, rounds.width, rounds.banked)
+        if sched is None:
+            return None
+        try:
+            following = InFlight(sched, self.runner.launch_round_ahead(sched), time.perf_counter())
+        except Exception:  # the next round is launched in the ordinary way, where a failure is handled
+            logger.opt(exception=True).warning("could not launch a speculative round ahead")
             return None
         self.stats.total_steps_ahead += 1
         return following

@@ -25,9 +25,12 @@ from ninfer.engine.pending_step import PendingStep, SampledRow
 from ninfer.engine.sampler import Sampler
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
+from ninfer.engine.spec.device_rounds import DeviceRounds
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
-from ninfer.engine.spec.verify_step import query_lens, sample_verify_rows, verify_rows_for, verify_width
+from ninfer.engine.spec.verify_step import (
+    plain_argmax, query_lens, sample_verify_rows, verify_rows_for, verify_width,
+)
 from ninfer.lora import LoraBatch, LoraRegistry
 from ninfer.model.forward_batch import ForwardBatch
 
@@ -53,12 +56,15 @@ class ModelRunner:
         scratch: Optional[VerifyScratch] = None,
         keep_hidden: bool = False,
         verify_graphs: Optional[VerifyGraphs] = None,
+        rounds: Optional[DeviceRounds] = None,
     ):
         self.model = model
         #: hand each step's hidden states to the pending step (a draft model reads them)
         self.keep_hidden = keep_hidden
         #: captured verify steps (speculative decoding on CUDA; None: verify runs eagerly)
         self.verify_graphs = verify_graphs
+        #: greedy speculative rounds run whole on the device (None: the host drives every round)
+        self.rounds = rounds
         #: per-position state rows of verify steps (hybrid families with speculation on)
         self.scratch = scratch
         self.loras = loras
@@ -179,6 +185,8 @@ class ModelRunner:
             # the graph's rows are the sampled rows already: no gather needed
             hidden = self._replay(sched, ahead_ids)
             return self._kept(self._sample(sched, hidden, ahead_ids is not None), hidden, 0)
+        if self._on_device_round(sched, prompt_logprobs, draft_probs):
+            return self._run_round(self.rounds.stage(sched), len(sched.chunks))
         if self._verify_replayable(sched, prompt_logprobs):
             width = self.verify_graphs.width
             hidden = self._replay_verify(sched, width)
@@ -196,7 +204,36 @@ class ModelRunner:
             return self._kept(verdict, hidden, width)
         return self._kept(self._sample(sched, hidden[batch.logits_indices], ahead_ids is not None, prompt), hidden, 0)
 
-    def _kept(self, pending: PendingStep, hidden: torch.Tensor, width: int) -> PendingStep:
+    @torch.inference_mode()
+    def launch_round_ahead(self, sched: SchedulerOutput) -> PendingStep:
+        """The device round after the last one of the same sequences, on the inputs that one
+        left behind (its verdict need not have reached the host)."""
+        return self._run_round(self.rounds.bucket_for(len(sched.chunks)), len(sched.chunks))
+
+    def _run_round(self, bucket: int, num: int) -> PendingStep:
+        packed, bank = self.rounds.run(bucket, num)
+        return self._kept(PendingStep(None, [], {}).with_round(packed, self.rounds.width, bank), None,
+                          self.rounds.width)
+
+    def _on_device_round(self, sched: SchedulerOutput, prompt_logprobs, draft_probs) -> bool:
+        """Whether ``sched`` runs as a device round (:mod:`ninfer.engine.spec.device_rounds`):
+        verify rows only, each greedy on the raw argmax and unguided, no LoRA."""
+        chunks = sched.chunks
+        return (
+            self.rounds is not None
+            and not prompt_logprobs
+            and not draft_probs
+            and sched.num_verify == len(chunks)
+            and 0 < verify_width(sched) <= self.rounds.width
+            and self.rounds.bucket_for(len(chunks)) is not None
+            and all(c.seq.num_computed_tokens + self.rounds.width <= len(c.seq.block_table) * self.block_size
+                    for c in chunks)
+            and all(plain_argmax(c.seq.sampling, c.seq.num_output_tokens) for c in chunks)
+            and (self.guided is None or not any(self.guided.guides(c.seq.seq_id) for c in chunks))
+            and (not self.loras or all(c.seq.lora_slot == 0 for c in chunks))
+        )
+
+    def _kept(self, pending: PendingStep, hidden: Optional[torch.Tensor], width: int) -> PendingStep:
         pending.hidden = hidden if self.keep_hidden else None
         pending.width = width
         return pending

@@ -78,6 +78,9 @@ class EngineParts:
     verify_graphs: Optional[Any] = None
     #: what recomputing and moving cached context costs (ninfer.engine.context_cost)
     costs: ContextCosts = DEFAULT_COSTS
+    #: greedy speculative rounds run whole on the device
+    #: (ninfer.engine.spec.device_rounds.DeviceRounds; None: the host drives every round)
+    rounds: Optional[Any] = None
 
 
 def allocate_kv_pool(model, kv_format, config: EngineConfig, dtype: torch.dtype, device: torch.device,
@@ -128,19 +131,22 @@ def context_costs(model, config: EngineConfig, device: torch.device, names: Sequ
 
 
 def allocate_recurrent_state(model, config: EngineConfig, device: torch.device,
-                             costs: ContextCosts = DEFAULT_COSTS) -> Optional[RecurrentState]:
+                             costs: ContextCosts = DEFAULT_COSTS, device_rounds: bool = False) -> Optional[RecurrentState]:
     """One state slot per concurrent sequence plus the snapshot rows, allocated in the
-    model's pools; None for a model without recurrent state."""
+    model's pools; None for a model without recurrent state. With ``device_rounds`` and
+    snapshots, the verify scratch rows come in two banks that rounds take in turn, so a
+    round launched ahead never overwrites the rows the previous one's snapshots copy."""
     if model.state_bytes_per_slot() == 0:
         return None
     working, snap = config.max_concurrency, snapshot_rows(config)
     width = config.draft_tokens + 1 if config.draft_tokens else 0
-    scratch_rows = VerifyScratch.rows_needed(working, width)
+    banks = 2 if device_rounds and snap and config.prefix_reuse else 1
+    scratch_rows = VerifyScratch.rows_needed(working, width, banks)
     nbytes = model.allocate_state(working + snap + scratch_rows, device)
     snapshots = None
     if snap:
         snapshots = StateSnapshots(model.state_tensors(), working, snap, config.host_state_slots or 0, costs=costs)
-    scratch = VerifyScratch(model.state_tensors(), working + snap, working, width) if width else None
+    scratch = VerifyScratch(model.state_tensors(), working + snap, working, width, banks) if width else None
     state = RecurrentState(StateSlots(working), snapshots, scratch)
     if config.prefix_reuse and not prefix_reuse_on(config, state):
         logger.info("prefix reuse is off: this model keeps recurrent state and has no snapshot slots")

@@ -32,6 +32,9 @@ class PendingStep:
 
     def __init__(self, out: Optional[SamplerOutput], wanted: list[Optional[int]], prompt_rows: dict):
         self._verdict: Optional[list[torch.Tensor]] = None
+        self._round_width = 0  # a device round: its packed results' width
+        self.round_bank = 0
+        self._next_drafts: Optional[list[list[int]]] = None
         #: the step's hidden states, flat (kept only for a draft model; see ModelRunner)
         self.hidden: Optional[torch.Tensor] = None
         #: rows per decode chunk in ``hidden`` (a verify step's width; 0: one row each)
@@ -55,15 +58,36 @@ class PendingStep:
 
     def with_verdict(self, verdict, width: int) -> "PendingStep":
         """Put a verify step's verdict (:class:`ninfer.engine.spec.acceptance.Verdict`) in front."""
-        parts = [verdict.accepted, verdict.token_ids]
-        if verdict.accepted.device.type == "cuda":
+        return self._verdict_from([verdict.accepted, verdict.token_ids])
+
+    def with_round(self, packed: torch.Tensor, width: int, bank: int) -> "PendingStep":
+        """A device round's results (:meth:`ninfer.engine.spec.device_rounds.DeviceRounds.run`):
+        per verify chunk, the drafts kept, ``width`` committed tokens and the next drafts;
+        ``bank``: the scratch bank holding its per-position states."""
+        self._round_width = width
+        self.round_bank = bank
+        return self._verdict_from([packed])
+
+    def _verdict_from(self, parts: list[torch.Tensor]) -> "PendingStep":
+        if parts[0].device.type == "cuda":
+            # queued before anything launched behind this step can overwrite a graph's outputs
             self._verdict = [p.to("cpu", non_blocking=True) for p in parts]
             self._event = torch.cuda.Event()  # recorded after the plain rows' copies too
             self._event.record()
         else:
             self._verdict = parts
-        self.token_ids = None  # nothing can be launched ahead of a verify step
+        self.token_ids = None  # no plain decode step is launched ahead of a verify step
         return self
+
+    @property
+    def is_device_round(self) -> bool:
+        """Whether this step is a device round (it settled its state and drafted on the device)."""
+        return self._round_width > 0
+
+    @property
+    def next_drafts(self) -> Optional[list[list[int]]]:
+        """After :meth:`result`, a device round's next drafts per chunk (None otherwise)."""
+        return self._next_drafts
 
     def result(self) -> tuple[list, dict[int, list[SampledRow]]]:
         """Block until the step's tokens are on the host: (one row per sampled chunk, prompt rows)."""
@@ -72,7 +96,13 @@ class PendingStep:
         rows, prompt = self._plain_rows()
         if self._verdict is None:
             return rows, prompt
-        accepted, tokens = (p.tolist() for p in self._verdict)
+        if self._round_width:  # one packed [B, 1 + width + k] block
+            w = self._round_width
+            rows_all = self._verdict[0].tolist()
+            accepted, tokens = [r[0] for r in rows_all], [r[1 : 1 + w] for r in rows_all]
+            self._next_drafts = [r[1 + w :] for r in rows_all]
+        else:
+            accepted, tokens = (p.tolist() for p in self._verdict)
         committed = [[SampledRow(t) for t in row[: a + 1]] for a, row in zip(accepted, tokens)]
         return committed + rows, prompt
 

@@ -154,18 +154,21 @@ class Scheduler:
         recurrent state. :meth:`commit` publishes what that completed."""
         chunk.seq.num_computed_tokens += chunk.num_tokens if num_tokens is None else num_tokens
 
-    def settle_verified(self, chunk: ScheduledChunk, kept: int) -> None:
+    def settle_verified(self, chunk: ScheduledChunk, kept: int, device_bank: Optional[int] = None) -> None:
         """Before a verify row's tokens are committed: its working state slot is to take
         the state after the first ``kept`` positions (the decode token and the accepted
-        drafts; copied for every row of the step at once when the next step is scheduled),
-        and the page frontiers those positions pass remember their scratch rows for
-        :meth:`commit`'s snapshots."""
+        drafts; copied for every row of the step at once when the next step is scheduled,
+        unless a device round did it itself, writing scratch bank ``device_bank``), and the
+        page frontiers those positions pass remember their scratch rows for :meth:`commit`'s
+        snapshots."""
         seq = chunk.seq
         if seq.state_slot is None or self.scratch is None:
             return
-        self._settling.append((seq.state_slot, kept - 1))
+        if device_bank is None:
+            self._settling.append((seq.state_slot, kept - 1))
+        bank = device_bank or 0
         start = seq.num_computed_tokens
-        self._round_rows[seq.seq_id] = {start + t + 1: self.scratch.row(seq.state_slot, t) for t in range(kept)}
+        self._round_rows[seq.seq_id] = {start + t + 1: self.scratch.row(seq.state_slot, t, bank) for t in range(kept)}
 
     def append_token(self, seq: Sequence, token_id: int) -> None:
         """Commit one output token of ``seq`` (sampled, or forced by a thinking budget or a
@@ -310,8 +313,10 @@ class Scheduler:
         must copy the state as of that step's last token."""
         if self.snapshots is None:
             return False
+        # a verify row may stop anywhere up to its width: each frontier it could reach counts
         return any(
-            self._snapshot_kind(c.seq, c.seq.num_computed_tokens + c.num_tokens) is not None for c in sched.chunks
+            self._snapshot_kind(c.seq, c.seq.num_computed_tokens + t) is not None
+            for c in sched.chunks for t in range(1 if c.drafts else c.num_tokens, c.num_tokens + 1)
         )
 
     def _snapshot_kind(self, seq: Sequence, frontier: int) -> Optional[str]:

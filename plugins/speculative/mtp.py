@@ -27,12 +27,13 @@ from loguru import logger
 
 from ninfer.capabilities import SpeculativeBackend
 from ninfer.engine.sampling_metadata import SamplingMetadata
+from ninfer.engine.spec.device_rounds import paged_slots
 from ninfer.engine.spec.distribution import propose
 from ninfer.engine.spec.shortlist import read_shortlist
 from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.interface import AttentionSpec
-from ninfer_plugins.speculative.mtp_graphs import MtpGraphs
+from ninfer_plugins.speculative.mtp_graphs import MtpGraphs, chain_drafts
 from ninfer_plugins.speculative.shortlist_head import ShortlistHead
 
 
@@ -129,9 +130,40 @@ class MtpProposer:
         """[drafts, vocab]: the q the proposed drafts were drawn from (None: greedy)."""
         return self._probs.pop(seq.seq_id, None)
 
+    def draft_after_round(self, hidden: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor,
+                          starts: torch.Tensor, tables: torch.Tensor, pages: torch.Tensor,
+                          host_lists: bool = False) -> torch.Tensor:
+        """Inside a device round (:mod:`ninfer.engine.spec.device_rounds`): extend the head
+        over each row's kept positions and chain the next greedy drafts, [B, k], from device
+        tensors only. Row ``b`` verified ``width`` positions from ``starts[b]`` (hidden rows
+        ``b * width ..``), kept ``accepted[b] + 1`` of them, the tokens after them being
+        ``tokens[b]``. ``host_lists``: also build the host lists the CPU kernels read."""
+        bs, w = tokens.shape
+        dev, bsz = tokens.device, self.block_size
+        t = torch.arange(w, device=dev)
+        positions = starts.unsqueeze(1) + t
+        slots = torch.where(t <= accepted.unsqueeze(1), paged_slots(positions, tables, pages, bsz), -1)
+        lens = starts + w  # row t sees the keys up to its own position
+        last = torch.arange(bs, device=dev) * w + accepted
+        chain_pos = (starts + accepted + 1).unsqueeze(0) + torch.arange(self.k - 1, device=dev).unsqueeze(1)
+        chain_slots = paged_slots(chain_pos.T, tables, pages, bsz).T
+        return chain_drafts(
+            self._head_forward, self._greedy, self.k, bsz, self.max_context, tokens.clamp_min(0).reshape(-1),
+            hidden, positions.reshape(-1), slots.reshape(-1), lens, last, chain_pos, chain_pos + 1, chain_slots,
+            tables, lens.tolist() if host_lists else None, (chain_pos + 1).tolist() if host_lists else None,
+        )
+
     @torch.inference_mode()
     def after_step(self, record) -> None:
-        """Extend the head's KV over every kept position, then chain drafts for decode-ready rows."""
+        """Extend the head's KV over every kept position, then chain drafts for decode-ready
+        rows (after a device round both happened on the device: only the drafts are kept)."""
+        if record.next_drafts is not None:
+            self._drafts.clear()
+            self._probs.clear()
+            for chunk, row in zip(record.chunks, record.next_drafts):
+                if not chunk.seq.is_finished:
+                    self._drafts[chunk.seq.seq_id] = row
+            return
         if record.hidden is None:
             return
         rows, ids, positions, groups = [], [], [], []
@@ -239,6 +271,7 @@ MTP = SpeculativeBackend(
     factory=MtpProposer,
     attention_specs=_attention_specs,
     lm_head_draft=True,
+    drafts_on_device=True,
 )
 
 

@@ -37,7 +37,6 @@ class MtpGraphs:
         self.max_blocks = -(-max_context // block_size)
         n, w = self.buckets[-1], self.width
         c = max(k - 1, 1)  # chained steps after the extend (one unused slot when k = 1)
-        i32 = dict(dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n * w, hidden_size, dtype=dtype, device=device)
         # the per-step inputs, then the rows to gather from the target's hidden states
         fields = [("ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n), ("last", n),
@@ -53,8 +52,6 @@ class MtpGraphs:
         self.chain_lens.fill_(1)
         self.chain_slots.fill_(-1)
         self.block_tables = self._inputs.block_tables
-        self.query_start = torch.arange(n + 1, **i32) * w
-        self.step_start = torch.arange(n + 1, **i32)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._drafts: dict[int, torch.Tensor] = {}
 
@@ -63,28 +60,12 @@ class MtpGraphs:
         """The captured work for bucket ``bs``: [bs, k] draft tokens. Host lists are only
         read by the CPU reference kernels (tests run this eagerly on staged inputs)."""
         w = self.width
-        lens = seq_lens_host or [w] * bs
-        extend = ForwardBatch(
-            query_start=self.query_start[: bs + 1], seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
-            slot_mapping=self.slot_mapping[: bs * w], logits_indices=self.last[:bs], block_size=self.block_size,
-            max_query_len=w, max_seq_len=self.max_context, query_lens_host=[w] * bs, seq_lens_host=lens,
+        return chain_drafts(
+            self.run_head, self.draft, self.k, self.block_size, self.max_context, self.ids[: bs * w],
+            self.hidden[: bs * w], self.positions[: bs * w], self.slot_mapping[: bs * w], self.seq_lens[:bs],
+            self.last[:bs], self.chain_pos[:, :bs], self.chain_lens[:, :bs], self.chain_slots[:, :bs],
+            self.block_tables[:bs], seq_lens_host, chain_lens_host,
         )
-        out = self.run_head(self.ids[: bs * w], self.hidden[: bs * w], self.positions[: bs * w], extend)
-        state = out.index_select(0, self.last[:bs])
-        tokens = self.draft(state)
-        chain = [tokens]
-        for j in range(self.k - 1):
-            step = ForwardBatch(
-                query_start=self.step_start[: bs + 1], seq_lens=self.chain_lens[j, :bs],
-                block_tables=self.block_tables[:bs], slot_mapping=self.chain_slots[j, :bs],
-                logits_indices=self.step_start[:bs].long(), block_size=self.block_size, max_query_len=1,
-                max_seq_len=self.max_context, query_lens_host=[1] * bs,
-                seq_lens_host=chain_lens_host[j] if chain_lens_host else [1] * bs,
-            )
-            state = self.run_head(tokens, state, self.chain_pos[j, :bs], step)
-            tokens = self.draft(state)
-            chain.append(tokens)
-        return torch.stack(chain, dim=1)
 
     def capture(self) -> None:
         self._graphs, self._drafts = capture_buckets(self.buckets, self._forward, self.device,
@@ -161,3 +142,38 @@ class MtpGraphs:
     def forward_staged(self, bucket: int, num: int) -> torch.Tensor:
         """The captured work run eagerly on the staged inputs (tests check staging on CPU)."""
         return self._forward(bucket, *self._staged)[:num]
+
+
+def chain_drafts(run_head: Callable, draft: Callable, k: int, block_size: int, max_context: int, ids: torch.Tensor,
+                 hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor,
+                 last: torch.Tensor, chain_pos: torch.Tensor, chain_lens: torch.Tensor, chain_slots: torch.Tensor,
+                 tables: torch.Tensor, seq_lens_host: Optional[list[int]] = None,
+                 chain_lens_host: Optional[list[list[int]]] = None) -> torch.Tensor:
+    """The head extended over ``width`` rows per sequence (``ids``/``hidden``/``positions``/
+    ``slots`` flat, sequence-major; a row with slot -1 writes no KV), then chained ``k - 1``
+    times from row ``last[i]`` of each: [bs, k] greedy drafts. Chained step ``j`` sits at
+    ``chain_pos[j]`` with ``chain_lens[j]`` keys and writes ``chain_slots[j]``. Every input is
+    a device tensor (CUDA-graph safe); the host lists serve the CPU reference kernels only."""
+    bs = last.shape[0]
+    w = ids.shape[0] // bs
+    i32 = dict(dtype=torch.int32, device=ids.device)
+    extend = ForwardBatch(
+        query_start=torch.arange(bs + 1, **i32) * w, seq_lens=seq_lens, block_tables=tables,
+        slot_mapping=slots, logits_indices=last, block_size=block_size, max_query_len=w,
+        max_seq_len=max_context, query_lens_host=[w] * bs, seq_lens_host=seq_lens_host or [w] * bs,
+    )
+    out = run_head(ids, hidden, positions, extend)
+    state = out.index_select(0, last)
+    tokens = draft(state)
+    chain = [tokens]
+    one = torch.arange(bs + 1, **i32)
+    for j in range(k - 1):
+        step = ForwardBatch(
+            query_start=one, seq_lens=chain_lens[j], block_tables=tables, slot_mapping=chain_slots[j],
+            logits_indices=one[:bs].long(), block_size=block_size, max_query_len=1, max_seq_len=max_context,
+            query_lens_host=[1] * bs, seq_lens_host=chain_lens_host[j] if chain_lens_host else [1] * bs,
+        )
+        state = run_head(tokens, state, chain_pos[j], step)
+        tokens = draft(state)
+        chain.append(tokens)
+    return torch.stack(chain, dim=1)

@@ -50,6 +50,9 @@ class StepRecord:
     row_starts: list[int]
     kept: list[int]
     hidden: Optional[torch.Tensor]
+    #: after a device round (:mod:`ninfer.engine.spec.device_rounds`): per chunk, the drafts
+    #: the proposer's ``draft_after_round`` computed on the device (its KV is extended too)
+    next_drafts: Optional[list[list[int]]] = None
 
 
 class Proposer(Protocol):
@@ -62,3 +65,8 @@ class Proposer(Protocol):
     @property
     def needs_hidden(self) -> bool:
         """Whether :meth:`after_step` reads the target's hidden states."""
+
+    # Optional: ``draft_after_round(hidden, tokens, accepted, starts, tables, pages, host_lists)``
+    # drafts greedily inside a device round from device tensors only (CUDA-graph safe); a
+    # proposer that has it lets greedy rounds run on the device end to end and ahead of
+    # their verdicts (see ninfer.engine.spec.device_rounds and MtpProposer for the contract).

@@ -66,12 +66,14 @@ class SpeculativeRounds:
             and seq.seq_id not in self._prompt_logprobs
         )
 
-    def _commit_round(self, tracked, chunk, rows: list, now: float) -> GenerationEvent:
+    def _commit_round(self, tracked, chunk, rows: list, now: float, device_round: Optional[int] = None
+                      ) -> GenerationEvent:
         """Commit a verify row's accepted drafts and the target's token, in order; a stop
-        among them ends the request there and drops the rest."""
+        among them ends the request there and drops the rest. A device round (its scratch
+        bank given) settled the row's recurrent state already."""
         seq, out = tracked.seq, tracked.out
         try:
-            self.scheduler.settle_verified(chunk, len(rows))
+            self.scheduler.settle_verified(chunk, len(rows), device_round)
             tracked.timings.last_token = now
             tracked.timings.record_round(len(chunk.drafts), len(rows) - 1)
             if chunk.drafts:  # a row padded into another row's verify step proposed nothing
@@ -104,6 +106,6 @@ class SpeculativeRounds:
         row_starts = [0, *itertools.accumulate(q_lens)][:-1]
         kept = [c.seq.num_computed_tokens - s for c, s in zip(sched.chunks, starts)]
         try:
-            self.proposer.after_step(StepRecord(sched.chunks, starts, row_starts, kept, hidden))
+            self.proposer.after_step(StepRecord(sched.chunks, starts, row_starts, kept, hidden, pending.next_drafts))
         except Exception:
             logger.opt(exception=True).warning("the speculative proposer failed; this step proposes nothing")

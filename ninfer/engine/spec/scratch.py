@@ -29,24 +29,38 @@ from ninfer.engine.sampling_metadata import to_device
 
 
 class VerifyScratch:
-    def __init__(self, state_tensors: list[torch.Tensor], first_row: int, num_slots: int, width: int):
+    """``banks`` sets of rows (two when device rounds run ahead while state snapshots are
+    taken: see :mod:`ninfer.engine.spec.device_rounds`); host-driven rounds use bank 0."""
+
+    def __init__(self, state_tensors: list[torch.Tensor], first_row: int, num_slots: int, width: int,
+                 banks: int = 1):
         self._pools = state_tensors
-        self.first_row, self.num_slots, self.width = first_row, num_slots, width
+        self.first_row, self.num_slots, self.width, self.banks = first_row, num_slots, width, banks
+
+    @property
+    def pools(self) -> list[torch.Tensor]:
+        """The model's state pools these rows live in."""
+        return self._pools
 
     @staticmethod
-    def rows_needed(num_slots: int, width: int) -> int:
-        return num_slots * width + 1
+    def rows_needed(num_slots: int, width: int, banks: int = 1) -> int:
+        return banks * num_slots * width + 1
+
+    @property
+    def bank_rows(self) -> int:
+        """Rows from one bank's row to the same row of the next."""
+        return self.num_slots * self.width
 
     @property
     def trash_row(self) -> int:
         """A row nobody reads: graph padding copies and advances its state here."""
-        return self.first_row + self.num_slots * self.width
+        return self.first_row + self.banks * self.bank_rows
 
-    def row(self, slot: int, position: int) -> int:
+    def row(self, slot: int, position: int, bank: int = 0) -> int:
         """The scratch row holding ``slot``'s state after verify position ``position``."""
         if not 0 <= position < self.width:
             raise IndexError(f"verify position {position} outside 0..{self.width - 1}")
-        return self.first_row + slot * self.width + position
+        return self.first_row + bank * self.bank_rows + slot * self.width + position
 
     def row_array(self, slots: np.ndarray, width: int) -> np.ndarray:
         """int64 [len(slots), width]: :meth:`row` of every slot and position below ``width``."""

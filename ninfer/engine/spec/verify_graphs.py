@@ -36,12 +36,15 @@ class VerifyGraphs:
         self.max_blocks = -(-max_context // block_size)
         n, w = self.buckets[-1], width
         i32 = dict(dtype=torch.int32, device=device)
-        fields = [("input_ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n)]
+        # num_drafts and pages are read only by device rounds (:mod:`.device_rounds`)
+        fields = [("input_ids", n * w), ("positions", n * w), ("slot_mapping", n * w), ("seq_lens", n),
+                  ("num_drafts", n), ("pages", n)]
         if scratch is not None:
             fields += [("state_slots", n), ("position_rows", n * w)]
         self._staged = StagedInputs(fields, n, self.max_blocks, device)
         self.input_ids, self.positions, self.slot_mapping, self.seq_lens = (
             self._staged.device(f) for f in ("input_ids", "positions", "slot_mapping", "seq_lens"))
+        self.num_drafts, self.pages = self._staged.device("num_drafts"), self._staged.device("pages")
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(w)
         if scratch is not None:
@@ -53,7 +56,7 @@ class VerifyGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
 
-    def _batch(self, bs: int, seq_lens_host: Optional[list[int]] = None) -> ForwardBatch:
+    def batch(self, bs: int, seq_lens_host: Optional[list[int]] = None) -> ForwardBatch:
         """Views of the static buffers for bucket ``bs``. CUDA kernels read only device
         tensors; the CPU reference reads ``seq_lens_host`` (given by :meth:`forward_staged`)."""
         w = self.width
@@ -72,7 +75,7 @@ class VerifyGraphs:
     def capture(self) -> None:
         def forward(bs: int) -> torch.Tensor:
             w = self.width
-            return self.model(self.input_ids[: bs * w], self.positions[: bs * w], self._batch(bs))
+            return self.model(self.input_ids[: bs * w], self.positions[: bs * w], self.batch(bs))
 
         self._graphs, self._hidden = capture_buckets(self.buckets, forward, self.device,
                                                      f"verify (width {self.width})")
@@ -100,11 +103,13 @@ class VerifyGraphs:
         """The captured forward run eagerly on the staged inputs (tests check staging on CPU)."""
         w = self.width
         return self.model(self.input_ids[: bucket * w], self.positions[: bucket * w],
-                          self._batch(bucket, self.seq_lens[:bucket].tolist()))
+                          self.batch(bucket, self.seq_lens[:bucket].tolist()))
 
     def stage_inputs(self, token_ids: Sequence[int], starts: Sequence[int], block_tables: Sequence[Sequence[int]],
-                     state_slots: Optional[Sequence[int]] = None) -> int:
-        """Fill the static inputs for this step; returns the bucket to replay."""
+                     state_slots: Optional[Sequence[int]] = None,
+                     num_drafts: Optional[Sequence[int]] = None) -> int:
+        """Fill the static inputs for this step; returns the bucket to replay. ``num_drafts``:
+        the valid drafts of each row (default: all ``width - 1``; padding rows get 0)."""
         num, w, bsz = len(starts), self.width, self.block_size
         bs = self.bucket_for(num)
         assert bs is not None, "batch larger than the largest captured bucket"
@@ -132,6 +137,12 @@ class VerifyGraphs:
         lens = staged.host("seq_lens", bs)
         lens[:] = w
         lens[:num] = pos[:, -1] + 1
+        valid = staged.host("num_drafts", bs)
+        valid[:] = 0
+        valid[:num] = w - 1 if num_drafts is None else np.fromiter(num_drafts, dtype=np.int64, count=num)
+        held_pages = staged.host("pages", bs)
+        held_pages[:] = 0
+        held_pages[:num] = pages
         if self.scratch is not None:
             trash = self.scratch.trash_row
             working = np.fromiter(state_slots, dtype=np.int64, count=num)

@@ -88,7 +88,7 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
     drafts_t = to_device(drafts, torch.int64, device)
     num_drafts = to_device([len(c.drafts) for c in chunks], torch.int64, device)
     settings = [c.seq.sampling for c in chunks]
-    if token_mask is None and all(_plain_argmax(c.seq.sampling, c.seq.num_output_tokens) for c in chunks):
+    if token_mask is None and all(plain_argmax(c.seq.sampling, c.seq.num_output_tokens) for c in chunks):
         # p is the point mass on the raw argmax at every row: no sampling metadata needed
         return accept_greedy(drafts_t, num_drafts, logits.argmax(dim=-1).view(len(chunks), width))
     history = any(r.uses_penalties for r in settings)
@@ -104,7 +104,7 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
     return verify(drafts_t, num_drafts, target, q)
 
 
-def _plain_argmax(row: ResolvedSampling, position: int) -> bool:
+def plain_argmax(row: ResolvedSampling, position: int) -> bool:
     """Whether the plain sampler takes the raw logits' argmax for ``row`` at output
     ``position`` and every later one: greedy, no bias or penalties, no stop ban left."""
     return (
