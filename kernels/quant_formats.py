@@ -53,7 +53,8 @@ class Int4Group:
     ``qweight`` int32 ``[.., N, K // 8]``: nibble ``j`` (bits ``4j..4j+3``) of word ``w`` is
     column ``8 * w + j``, unsigned 0..15. ``scales`` and ``zeros`` ``[.., N, K // group_size]``
     in the activation dtype; real weight = ``(q - zero) * scale`` (a symmetric format has
-    zero 8).
+    zero 8). Zero points are whole numbers in every layout loaded (the packed one-row CUDA
+    kernel, ``triton/int4_gemv.py``, relies on it).
     """
 
     qweight: torch.Tensor

@@ -15,7 +15,8 @@
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec2    the spec GPU tests, a TRAIN_PRESET (gpu) model trained on the GPU, then MTP
-#                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts
+#                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
+#                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0)
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
 #   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
 #   scripts/gpu_session.sh kvsyn    27B decode per KV_FORMATS at c=1 and 8 over 32k and 128k synthetic contexts
@@ -31,6 +32,8 @@
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
+#   scripts/gpu_session.sh int4         the packed one-row int4 step: GPU tests, its table tuned at one row, then
+#                                   27B GPTQ decode at c=1 packed and value by value, beside bf16 (TUNE_S)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -153,6 +156,10 @@ open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
     bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
         --no-transformers
+    # the peer: the same k=3 rounds driven from the host (no device rounds, none launched ahead)
+    NINFER_DEVICE_ROUNDS=0 bench 120 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
+        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
+        --no-transformers
     ;;
 agent)
     bench 330 random:qwen3.6-27b --dtype bf16 --workload agent --agents 4 --turns 10 --agent-over-capacity 8 \
@@ -232,6 +239,20 @@ quant-tune)
             --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
+    ;;
+int4)
+    # the packed one-row int4 step: its tile shapes tuned at one row, then 27B decode at c=1 with
+    # GPTQ int4 packed, value by value (NINFER_INT4_PACKED=0) and bf16, in one command
+    timeout 150 python3 -m pytest -q -m gpu tests/test_int4_gemv.py 2>&1 | tail -2
+    timeout "$(( ${TUNE_S:-120} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
+        --budget-s "${TUNE_S:-120}" --jobs int4:1 --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
+        2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
+    for packed in 1 0; do
+        NINFER_INT4_PACKED=$packed bench 110 random:qwen3.6-27b@gptq --dtype bf16 --only bandwidth,decode \
+            --concurrency 1 --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
+    bench 90 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1 --decode-prompt-len 512 \
+        --decode-output-len 64 --no-transformers
     ;;
 kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)

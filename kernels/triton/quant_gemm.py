@@ -28,6 +28,7 @@ by scripts/gpu_quant_gemm_sweep.py: format and shape -> row count -> config), el
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
+from ninfer_kernels.triton.int4_gemv import int4_gemv_row
 from ninfer_kernels.triton.quant_tiles import (
     ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, half_products, quant_gemv_tile, quant_tile,
     quantize_activations,
@@ -198,6 +200,8 @@ def _quant_gemm_kernel(
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
+    PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
+    EMULATE: tl.constexpr = False,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -209,7 +213,11 @@ def _quant_gemm_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     if USE_PDL:  # x comes from the kernel before
         tl.extra.cuda.gdc_wait()
-    if GEMV:
+    if PACKED:  # int4, one row a program: packed fp16 pairs (.int4_gemv)
+        acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
+                            stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
+    elif GEMV:
         acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
                               k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
                               group_n, group_k, FORMAT, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -244,6 +252,20 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
             "QROUND": x.device.type != "cuda"}
 
 
+def packed_int4() -> bool:
+    """``NINFER_INT4_PACKED=0`` keeps one-row int4 on the value-by-value gemv tile (read per
+    call, for comparisons)."""
+    return os.environ.get("NINFER_INT4_PACKED", "1") != "0"
+
+
+def packed_options(x: torch.Tensor, options: dict, block_m: int, even_k: bool) -> dict:
+    """int4 gemv programs of one row take :func:`.int4_gemv.int4_gemv_row` when x's rows
+    are contiguous and 4-byte aligned (it reads x two columns a word)."""
+    packed = (options["GEMV"] and options["FORMAT"] == INT4 and block_m == 1 and packed_int4()
+              and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))
+    return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": even_k, "EMULATE": x.device.type != "cuda"}
+
+
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
                  config: QuantGemmConfig | None = None) -> torch.Tensor:
     """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
@@ -264,6 +286,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     block_m = min(config.BLOCK_M, max(floor, triton.next_power_of_2(rows)))
     block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
     block_k = options.pop("BLOCK_K")
+    options.update(packed_options(x, options, block_m, op.k % block_k == 0))
     x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
     k_per_split = triton.cdiv(triton.cdiv(op.k, config.SPLITS), block_k) * block_k  # whole K steps

@@ -1,0 +1,184 @@
+"""The int4 matrix-vector step for one row of x: nibbles turned into fp16 pairs by bit
+operations and multiplied two at a time.
+
+At one row an int4 GEMM only has to stream its weight, half a byte a value, so it is
+bound by how many instructions each value costs. The value-by-value gemv tile
+(:func:`.quant_tiles.quant_gemv_tile`: extract a nibble, make it a float32, multiply)
+compiles to about ten sm_90 instructions a value, with x reshuffled through shared
+memory eight times a K step; the 27B shape's int4 projections read at 16-24% of copy
+bandwidth with it. This step works on 32-bit words and fp16 pairs, two values an
+instruction, the way FasterTransformer's and Marlin's int4 kernels do:
+
+* ``lop3(word, 0x000f000f, 0x64006400)`` puts nibbles ``j`` and ``j + 4`` into the
+  mantissas of a pair of fp16 1024s: (1024 + q_j, 1024 + q_{j+4}) exactly; the mask
+  ``0x00f000f0`` takes the next two nibbles in place, as 1024 + 16 q.
+* One fp16 fused multiply-add per pair (by 1/64 or 1/1024, minus (1024 + z) / 64 or
+  (64 + z) / 64) leaves (q - z) / 64 exactly: zero points are whole numbers in every
+  int4 layout we load. Keeping the weights 64 times smaller keeps a word's eight fp16
+  products and their sums (at most 1.9 |x|) far from fp16's limit.
+* x's eight columns of the word, paired the same way ((x_0, x_4), (x_1, x_5), ...), are
+  converted to fp16 (saturating) once per thread and word, whatever the number of
+  weight rows the thread holds.
+* Four fp16-pair multiply-adds give the word's two half-sums; they leave as one float32,
+  and the group's scale (times 64) applies there.
+
+The fp16 sum of a word's eight products keeps 11 bits, more than a bf16 weight has.
+
+The interpreter cannot run PTX: with ``EMULATE`` the same arithmetic runs as Triton
+operations (the same pairs and fp16 roundings), so CPU tests check this step's
+indexing, pairing and scaling; ptxas checks the assembly when Triton compiles it for
+sm_90 (``scripts/triton_ir.py``), and the GPU tests its results.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: the weights are taken as (q - z) / WEIGHT_DIVISOR in fp16 (exact; the scale makes up for it)
+WEIGHT_DIVISOR = 64.0
+_WEIGHT_DIVISOR = tl.constexpr(WEIGHT_DIVISOR)
+
+# One word of eight nibbles against x's four fp16 pairs: $1 the word, $2..$5 the pairs
+# (x_j, x_{j+4}) for j = 0..3, $6 -(1024 + z) / 64 twice, $7 -(64 + z) / 64 twice; $0 the
+# float32 sum of the word's products with (q - z) / 64 (as bits). 0x2400 is 1/64 in fp16,
+# 0x1400 1/1024.
+_WORD_DOT = tl.constexpr("""
+{
+.reg .b32 t, h0, h1, h2, h3, acc, lo_mul, hi_mul;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi, sum;
+mov.b32 lo_mul, 0x24002400;
+mov.b32 hi_mul, 0x14001400;
+shr.u32 t, $1, 8;
+lop3.b32 h0, $1, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h1, $1, 0x00f000f0, 0x64006400, 0xea;
+lop3.b32 h2, t, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h3, t, 0x00f000f0, 0x64006400, 0xea;
+fma.rn.f16x2 h0, h0, lo_mul, $6;
+fma.rn.f16x2 h1, h1, hi_mul, $7;
+fma.rn.f16x2 h2, h2, lo_mul, $6;
+fma.rn.f16x2 h3, h3, hi_mul, $7;
+mul.rn.f16x2 acc, h0, $2;
+fma.rn.f16x2 acc, h1, $3, acc;
+fma.rn.f16x2 acc, h2, $4, acc;
+fma.rn.f16x2 acc, h3, $5, acc;
+mov.b32 {lo, hi}, acc;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 sum, flo, fhi;
+mov.b32 $0, sum;
+}
+""")
+
+# Two float32 values into one fp16 pair ($1 the high half, $2 the low), saturating.
+_PAIR = tl.constexpr("cvt.rn.satfinite.f16x2.f32 $0, $1, $2;")
+
+
+@triton.jit
+def _pair(high, low, EMULATE: tl.constexpr):
+    """int32 bits of the fp16 pair (low, high), saturated to fp16's range."""
+    if EMULATE:
+        lo = tl.clamp(low, -65504.0, 65504.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi = tl.clamp(high, -65504.0, 65504.0).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        return lo | (hi << 16)
+    return tl.inline_asm_elementwise(_PAIR, "=r,r,r", [high, low], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _x_pair(first, second, ODD: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.constexpr):
+    """The fp16 pair (x_j, x_{j+4}) from the raw pairs holding x_j (``first``) and
+    x_{j+4} (``second``): their low halves for even j, high halves for odd j."""
+    if X_BF16:  # a bf16's bits are a float32's high half
+        if ODD:
+            a = (first & -65536).to(tl.float32, bitcast=True)
+            b = (second & -65536).to(tl.float32, bitcast=True)
+        else:
+            a = (first << 16).to(tl.float32, bitcast=True)
+            b = (second << 16).to(tl.float32, bitcast=True)
+    else:
+        a = _half(first, ODD)
+        b = _half(second, ODD)
+    return _pair(b, a, EMULATE)
+
+
+@triton.jit
+def _half(bits, HIGH: tl.constexpr):
+    """The fp16 in the low or high half of int32 ``bits``, as float32 (emulation only)."""
+    if HIGH:
+        return ((bits >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _f16(x):
+    """float32 rounded to fp16 and back (emulation of an fp16 result)."""
+    return x.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
+    """:data:`_WORD_DOT` in Triton operations: the same pairs and fp16 roundings."""
+    t = (word >> 8) & 0xFFFFFF
+    pairs_x = (xa, xb, xc, xd)
+    half_sums_lo = tl.zeros(word.shape, dtype=tl.float32)
+    half_sums_hi = tl.zeros(word.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        src = word if j < 2 else t
+        mask = 0x000F000F if j % 2 == 0 else 0x00F000F0
+        h = (src & mask) | 0x64006400
+        xs = pairs_x[j]
+        for high in tl.static_range(2):
+            v = _half(h, high)
+            if j % 2 == 0:
+                q = _f16(v * (1.0 / 64.0) + _half(z_lo, high))
+            else:
+                q = _f16(v * (1.0 / 1024.0) + _half(z_hi, high))
+            prod = q * _half(xs, high)
+            if high:
+                half_sums_hi = _f16(half_sums_hi + prod) if j else _f16(prod)
+            else:
+                half_sums_lo = _f16(half_sums_lo + prod) if j else _f16(prod)
+    return half_sums_lo + half_sums_hi
+
+
+@triton.jit
+def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
+                  stride_sn, stride_sk, stride_zn, stride_zk, group_k,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
+                  EMULATE: tl.constexpr):
+    """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
+    for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
+    row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
+    is whole (K a multiple of ``BLOCK_K``), so only rows are masked."""
+    WORDS: tl.constexpr = BLOCK_K // 8
+    x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
+    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
+        offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
+        w_ok = (offs_w < k_end // 8) | EVEN_K
+        words = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :] * stride_wk,
+                        mask=n_ok[:, None] & w_ok[None, :], other=0)
+        # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
+        r0 = tl.load(x_pairs + offs_w[None, :] * 4, mask=w_ok[None, :], other=0)
+        r1 = tl.load(x_pairs + offs_w[None, :] * 4 + 1, mask=w_ok[None, :], other=0)
+        r2 = tl.load(x_pairs + offs_w[None, :] * 4 + 2, mask=w_ok[None, :], other=0)
+        r3 = tl.load(x_pairs + offs_w[None, :] * 4 + 3, mask=w_ok[None, :], other=0)
+        x0 = _x_pair(r0, r2, False, X_BF16, EMULATE)
+        x1 = _x_pair(r0, r2, True, X_BF16, EMULATE)
+        x2 = _x_pair(r1, r3, False, X_BF16, EMULATE)
+        x3 = _x_pair(r1, r3, True, X_BF16, EMULATE)
+        g = k0 // group_k
+        s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+        z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
+        z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
+        if EMULATE:
+            part = _word_dot_emulated(words, x0, x1, x2, x3, z_lo, z_hi)
+        else:
+            part = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [words, x0, x1, x2, x3, z_lo, z_hi],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+            part = part.to(tl.float32, bitcast=True)
+        acc += part * (s * _WEIGHT_DIVISOR)[:, None]
+    return tl.sum(acc, 1)[None, :]

@@ -1,0 +1,115 @@
+"""The packed int4 matrix-vector step (``kernels/triton/int4_gemv.py``): one row of x
+against int4 words, two values an fp16 instruction.
+
+On CPU Triton's interpreter runs the step's emulation (the same pairs and fp16 roundings
+as its PTX); under ``-m gpu`` the PTX itself runs, against the reference and against the
+emulation compiled for the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_kernels import quant_formats as qf
+
+pytest.importorskip("triton")
+
+from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+
+from test_quant_kernels import SHAPES_27B, TOL, random_weight, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+#: one row a program, 16 rows a tile, K in two parts
+ONE_ROW = qg.QuantGemmConfig(BLOCK_M=1, BLOCK_N=16, BLOCK_K=128, SPLITS=2, num_stages=2, gemv=True)
+
+
+def _matmul(x, w, config=ONE_ROW, packed=True, emulate=None, monkeypatch=None, bias=None):
+    """``quant_matmul`` with the packed step on or off; ``emulate`` forces its emulation
+    (the GPU tests run both)."""
+    monkeypatch.setenv("NINFER_INT4_PACKED", "1" if packed else "0")
+    if emulate is not None:
+        real = qg.packed_options
+        monkeypatch.setattr(qg, "packed_options", lambda *a: {**real(*a), "EMULATE": emulate})
+    try:
+        return qg.quant_matmul(x, w, bias, config)
+    finally:
+        monkeypatch.undo()
+
+
+def _spy_packed(monkeypatch) -> list[bool]:
+    seen: list[bool] = []
+    real = qg.packed_options
+    monkeypatch.setattr(qg, "packed_options", lambda *a: seen.append(real(*a)["PACKED"]) or real(*a))
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k,group", [(40, 384, 128), (33, 256, 128), (24, 200, 200)],
+                         ids=["split-k", "ragged-n", "uneven-k"])
+def test_packed_step_equals_the_dequantized_linear(monkeypatch, dtype, n, k, group):
+    """Zero points other than 8, a ragged last row tile, K not a multiple of the step."""
+    gen = torch.Generator().manual_seed(n)
+    if group == 128:
+        w = random_weight("int4", n, k, gen=gen, dtype=dtype)
+    else:  # one group over all of K
+        words = torch.randint(-2**31, 2**31 - 1, (n, k // 8), generator=gen, dtype=torch.int64).to(torch.int32)
+        scales = ((torch.rand(n, 1, generator=gen) + 0.5) / (4.6 * k**0.5)).to(dtype)
+        w = qf.Int4Group(words, scales, torch.randint(0, 16, (n, 1), generator=gen).to(dtype), group)
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    seen = _spy_packed(monkeypatch)
+    got = qg.quant_matmul(x, w, bias, ONE_ROW)
+    assert seen == [True]
+    monkeypatch.undo()
+    want = F.linear(x.float(), w.dequantize(), bias.float())
+    assert rel_err(got, want) <= TOL
+    # no further from the reference than the value-by-value tile
+    assert rel_err(got, want) <= 2 * rel_err(_matmul(x, w, packed=False, monkeypatch=monkeypatch, bias=bias), want) + 1e-3
+
+
+def test_large_activations_do_not_overflow_the_fp16_sums(monkeypatch):
+    """The weights enter the fp16 products as (q - z) / 64, so columns of x in the tens of
+    thousands (massive activations) still sum without reaching fp16's limit."""
+    gen = torch.Generator().manual_seed(3)
+    n, k = 32, 256
+    w = random_weight("int4", n, k, gen=gen)
+    x = torch.randn(1, k, generator=gen)
+    x[0, 3], x[0, 130], x[0, 131] = 30000.0, -20000.0, 25000.0
+    x = x.to(torch.bfloat16)
+    got = _matmul(x, w, monkeypatch=monkeypatch)
+    assert torch.isfinite(got).all()
+    assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
+
+
+def test_only_one_row_programs_over_contiguous_x_take_the_packed_step(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    w = random_weight("int4", 32, 256, gen=gen)
+    x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
+    seen = _spy_packed(monkeypatch)
+    qg.quant_matmul(x[:1, :256], w, None, ONE_ROW)  # a row of a wider tensor: contiguous along K
+    qg.quant_matmul(x[:1, ::2], w, None, ONE_ROW)  # strided along K: not
+    qg.quant_matmul(x[:2, :256], w, None, qg.QuantGemmConfig(BLOCK_M=2, BLOCK_N=16, BLOCK_K=128, gemv=True))
+    qg.quant_matmul(x[:1, 1:257], w, None, ONE_ROW)  # starts 2 bytes into a word: not
+    assert seen == [True, False, False, False]
+
+
+# -- on the GPU ------------------------------------------------------------------------------
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_ptx_equals_its_emulation_and_the_reference_at_27b_shapes(monkeypatch, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k in SHAPES_27B:
+        w = random_weight("int4", n, k, gen=gen, device="cuda", dtype=dtype)
+        x = torch.randn(1, k, generator=gen, device="cuda").to(dtype)
+        want = x.float() @ w.dequantize().T
+        config = qg.QuantGemmConfig(1, 64, 128, 4, 1, 8, 4, gemv=True)
+        asm = _matmul(x, w, config, monkeypatch=monkeypatch)
+        emulated = _matmul(x, w, config, emulate=True, monkeypatch=monkeypatch)
+        assert rel_err(asm, want) <= TOL, (n, k)
+        # the same fp16 pairs and roundings (the emulation may round an fp16 sum twice)
+        assert rel_err(asm, emulated) <= 1e-3, (n, k)
+        assert rel_err(qg.quant_linear(x, w), want) <= TOL, (n, k)  # whatever the table picks
