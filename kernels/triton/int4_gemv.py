@@ -143,6 +143,17 @@ def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
 
 
 @triton.jit
+def _step_words(w_rows, n_ok, k0, k_end, stride_wk, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """int32 [BLOCK_N, WORDS]: the words of the K step at ``k0`` (zeros from ``k_end`` on)."""
+    offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
+    if EVEN_K:  # whole steps: one test for the step
+        w_ok = tl.zeros([WORDS], dtype=tl.int32) + k0 < k_end
+    else:
+        w_ok = offs_w < k_end // 8
+    return tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None] & w_ok[None, :], other=0)
+
+
+@triton.jit
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
@@ -153,13 +164,20 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     is whole (K a multiple of ``BLOCK_K``), so only rows are masked."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    # the weight stream is loaded two steps ahead, so a step's words are in flight while
+    # the step before computes (Triton pipelines only loads that feed tl.dot, and the
+    # compiler issues a loop-carried load at the end of the loop body)
+    following = _step_words(w_rows, n_ok, k_begin, k_end, stride_wk, WORDS, EVEN_K)
+    after = _step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, WORDS, EVEN_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
+        words = following
+        following = after
+        after = _step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, WORDS, EVEN_K)
         # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
         offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
         w_ok = (offs_w < k_end // 8) | EVEN_K
-        words = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :] * stride_wk,
-                        mask=n_ok[:, None] & w_ok[None, :], other=0)
         # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
         r0 = tl.load(x_pairs + offs_w[None, :] * 4, mask=w_ok[None, :], other=0)
         r1 = tl.load(x_pairs + offs_w[None, :] * 4 + 1, mask=w_ok[None, :], other=0)
