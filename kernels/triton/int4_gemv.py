@@ -35,6 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton.gemv_words import half_of, step_words, x_of
+
 #: the weights are taken as (q - z) / WEIGHT_DIVISOR in fp16 (exact; the scale makes up for it)
 WEIGHT_DIVISOR = 64.0
 _WEIGHT_DIVISOR = tl.constexpr(WEIGHT_DIVISOR)
@@ -89,25 +91,7 @@ def _pair(high, low, EMULATE: tl.constexpr):
 def _x_pair(first, second, ODD: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.constexpr):
     """The fp16 pair (x_j, x_{j+4}) from the raw pairs holding x_j (``first``) and
     x_{j+4} (``second``): their low halves for even j, high halves for odd j."""
-    if X_BF16:  # a bf16's bits are a float32's high half
-        if ODD:
-            a = (first & -65536).to(tl.float32, bitcast=True)
-            b = (second & -65536).to(tl.float32, bitcast=True)
-        else:
-            a = (first << 16).to(tl.float32, bitcast=True)
-            b = (second << 16).to(tl.float32, bitcast=True)
-    else:
-        a = _half(first, ODD)
-        b = _half(second, ODD)
-    return _pair(b, a, EMULATE)
-
-
-@triton.jit
-def _half(bits, HIGH: tl.constexpr):
-    """The fp16 in the low or high half of int32 ``bits``, as float32 (emulation only)."""
-    if HIGH:
-        return ((bits >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return _pair(x_of(second, ODD, X_BF16), x_of(first, ODD, X_BF16), EMULATE)
 
 
 @triton.jit
@@ -129,28 +113,17 @@ def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
         h = (src & mask) | 0x64006400
         xs = pairs_x[j]
         for high in tl.static_range(2):
-            v = _half(h, high)
+            v = half_of(h, high)
             if j % 2 == 0:
-                q = _f16(v * (1.0 / 64.0) + _half(z_lo, high))
+                q = _f16(v * (1.0 / 64.0) + half_of(z_lo, high))
             else:
-                q = _f16(v * (1.0 / 1024.0) + _half(z_hi, high))
-            prod = q * _half(xs, high)
+                q = _f16(v * (1.0 / 1024.0) + half_of(z_hi, high))
+            prod = q * half_of(xs, high)
             if high:
                 half_sums_hi = _f16(half_sums_hi + prod) if j else _f16(prod)
             else:
                 half_sums_lo = _f16(half_sums_lo + prod) if j else _f16(prod)
     return half_sums_lo + half_sums_hi
-
-
-@triton.jit
-def _step_words(w_rows, n_ok, k0, k_end, stride_wk, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
-    """int32 [BLOCK_N, WORDS]: the words of the K step at ``k0`` (zeros from ``k_end`` on)."""
-    offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
-    if EVEN_K:  # whole steps: one test for the step
-        w_ok = tl.zeros([WORDS], dtype=tl.int32) + k0 < k_end
-    else:
-        w_ok = offs_w < k_end // 8
-    return tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None] & w_ok[None, :], other=0)
 
 
 @triton.jit
@@ -166,15 +139,13 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    # the weight stream is loaded two steps ahead, so a step's words are in flight while
-    # the step before computes (Triton pipelines only loads that feed tl.dot, and the
-    # compiler issues a loop-carried load at the end of the loop body)
-    following = _step_words(w_rows, n_ok, k_begin, k_end, stride_wk, WORDS, EVEN_K)
-    after = _step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, WORDS, EVEN_K)
+    # the weight words two steps ahead (see .gemv_words)
+    following = step_words(w_rows, n_ok, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
+    after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
-        after = _step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, WORDS, EVEN_K)
+        after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
         # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
         offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
         w_ok = (offs_w < k_end // 8) | EVEN_K

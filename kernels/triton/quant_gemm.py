@@ -13,8 +13,9 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   cores with x quantized inside each K step, optionally with the operands swapped
   (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
-  layout shuffles), float32 products summed elementwise. The table picks what measured
-  fastest per shape and row count.
+  layout shuffles), float32 products summed elementwise; at one row a program reads
+  the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_gemv`). The table
+  picks what measured fastest per shape and row count.
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
@@ -40,6 +41,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
+from ninfer_kernels.triton.fp8_gemv import fp8_gemv_row, uniform_scale
 from ninfer_kernels.triton.int4_gemv import int4_gemv_row
 from ninfer_kernels.triton.quant_tiles import (
     ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, half_products, quant_gemv_tile, quant_tile,
@@ -201,6 +203,7 @@ def _quant_gemm_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
+    FP8_SCALE: tl.constexpr = 0,
     EMULATE: tl.constexpr = False,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -213,7 +216,11 @@ def _quant_gemm_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     if USE_PDL:  # x comes from the kernel before
         tl.extra.cuda.gdc_wait()
-    if PACKED:  # int4, one row a program: packed fp16 pairs (.int4_gemv)
+    if PACKED and FORMAT == 0:  # FP8, one row a program: whole words (.fp8_gemv)
+        acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
+                           stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,
+                           X_BF16, EVEN_K, EMULATE)
+    elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_gemv)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                             BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
@@ -252,18 +259,24 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
             "QROUND": x.device.type != "cuda"}
 
 
-def packed_int4() -> bool:
-    """``NINFER_INT4_PACKED=0`` keeps one-row int4 on the value-by-value gemv tile (read per
-    call, for comparisons)."""
-    return os.environ.get("NINFER_INT4_PACKED", "1") != "0"
+def packed_gemv() -> bool:
+    """``NINFER_PACKED_GEMV=0`` keeps one-row FP8 and int4 on the value-by-value gemv tile
+    (read per call, for comparisons)."""
+    return os.environ.get("NINFER_PACKED_GEMV", "1") != "0"
 
 
-def packed_options(x: torch.Tensor, options: dict, block_m: int, even_k: bool) -> dict:
-    """int4 gemv programs of one row take :func:`.int4_gemv.int4_gemv_row` when x's rows
-    are contiguous and 4-byte aligned (it reads x two columns a word)."""
-    packed = (options["GEMV"] and options["FORMAT"] == INT4 and block_m == 1 and packed_int4()
+def packed_options(x: torch.Tensor, op: Operands, options: dict, block_m: int, block_n: int, block_k: int) -> dict:
+    """One-row gemv programs of int4 (:mod:`.int4_gemv`) and FP8 (:mod:`.fp8_gemv`) read x
+    two columns a word and the weight as words: x's rows contiguous and 4-byte aligned, an
+    FP8 weight's rows too, and its scale uniform where the step applies it."""
+    fmt = options["FORMAT"]
+    fp8_scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
+    packed = (options["GEMV"] and block_m == 1 and packed_gemv() and (fmt == INT4 or fp8_scale > 0)
               and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))
-    return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": even_k, "EMULATE": x.device.type != "cuda"}
+    if fmt == FP8:
+        packed = packed and op.data.stride(-1) == 1 and op.data.stride(-2) % 4 == 0 and op.data.data_ptr() % 16 == 0
+    return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": op.k % block_k == 0,
+            "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda"}
 
 
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
@@ -286,7 +299,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     block_m = min(config.BLOCK_M, max(floor, triton.next_power_of_2(rows)))
     block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
     block_k = options.pop("BLOCK_K")
-    options.update(packed_options(x, options, block_m, op.k % block_k == 0))
+    options.update(packed_options(x, op, options, block_m, block_n, block_k))
     x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
     k_per_split = triton.cdiv(triton.cdiv(op.k, config.SPLITS), block_k) * block_k  # whole K steps

@@ -1,8 +1,8 @@
-"""The packed int4 matrix-vector step (``kernels/triton/int4_gemv.py``): one row of x
-against int4 words, two values an fp16 instruction.
+"""The packed one-row GEMV steps: int4 words in fp16 pairs (``kernels/triton/int4_gemv.py``)
+and e4m3 words converted two at a time (``kernels/triton/fp8_gemv.py``).
 
-On CPU Triton's interpreter runs the step's emulation (the same pairs and fp16 roundings
-as its PTX); under ``-m gpu`` the PTX itself runs, against the reference and against the
+On CPU Triton's interpreter runs each step's emulation (the same values and roundings as
+its PTX); under ``-m gpu`` the PTX itself runs, against the reference and against the
 emulation compiled for the GPU."""
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ ONE_ROW = qg.QuantGemmConfig(BLOCK_M=1, BLOCK_N=16, BLOCK_K=128, SPLITS=2, num_s
 
 
 def _matmul(x, w, config=ONE_ROW, packed=True, emulate=None, monkeypatch=None, bias=None):
-    """``quant_matmul`` with the packed step on or off; ``emulate`` forces its emulation
+    """``quant_matmul`` with the packed steps on or off; ``emulate`` forces their emulation
     (the GPU tests run both)."""
-    monkeypatch.setenv("NINFER_INT4_PACKED", "1" if packed else "0")
+    monkeypatch.setenv("NINFER_PACKED_GEMV", "1" if packed else "0")
     if emulate is not None:
         real = qg.packed_options
         monkeypatch.setattr(qg, "packed_options", lambda *a: {**real(*a), "EMULATE": emulate})
@@ -49,7 +49,7 @@ def _spy_packed(monkeypatch) -> list[bool]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,k,group", [(40, 384, 128), (33, 256, 128), (24, 200, 200)],
                          ids=["split-k", "ragged-n", "uneven-k"])
-def test_packed_step_equals_the_dequantized_linear(monkeypatch, dtype, n, k, group):
+def test_packed_int4_step_equals_the_dequantized_linear(monkeypatch, dtype, n, k, group):
     """Zero points other than 8, a ragged last row tile, K not a multiple of the step."""
     gen = torch.Generator().manual_seed(n)
     if group == 128:
@@ -84,7 +84,7 @@ def test_large_activations_do_not_overflow_the_fp16_sums(monkeypatch):
     assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
 
 
-def test_only_one_row_programs_over_contiguous_x_take_the_packed_step(monkeypatch):
+def test_only_one_row_int4_programs_over_contiguous_x_take_the_packed_step(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     w = random_weight("int4", 32, 256, gen=gen)
     x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
@@ -96,20 +96,52 @@ def test_only_one_row_programs_over_contiguous_x_take_the_packed_step(monkeypatc
     assert seen == [True, False, False, False]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt,n,k", [("fp8", 160, 384), ("fp8_channel", 40, 384), ("fp8_channel", 24, 200)],
+                         ids=["blocks-folded-into-x", "rows-scaled-at-the-end", "uneven-k"])
+def test_packed_fp8_step_equals_the_dequantized_linear(monkeypatch, fmt, dtype, n, k):
+    """128x128 blocks (a scale a step, the same for the tile's rows; two row blocks, the
+    second ragged), per-row scales over all of K, and K not a multiple of the step."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = random_weight(fmt, n, k, gen=gen, dtype=dtype)
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    seen = _spy_packed(monkeypatch)
+    got = qg.quant_matmul(x, w, bias, ONE_ROW)
+    assert seen == [True]
+    monkeypatch.undo()
+    want = F.linear(x.float(), w.dequantize(), bias.float())
+    assert rel_err(got, want) <= TOL
+    assert rel_err(got, want) <= 2 * rel_err(_matmul(x, w, packed=False, monkeypatch=monkeypatch, bias=bias), want) + 1e-3
+
+
+def test_fp8_scales_that_vary_inside_a_tile_keep_the_value_by_value_step(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    w = random_weight("fp8", 64, 256, gen=gen)
+    w = qf.Fp8Block(w.weight, w.scale.repeat_interleave(16, dim=0)[:64 // 8], (8, 128))  # 8-row blocks
+    x = torch.randn(1, 256, generator=gen).to(torch.bfloat16)
+    seen = _spy_packed(monkeypatch)
+    got = qg.quant_matmul(x, w, None, ONE_ROW)  # 16-row tiles over 8-row blocks
+    assert seen == [False]
+    monkeypatch.undo()
+    assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
+
+
 # -- on the GPU ------------------------------------------------------------------------------
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("fmt", ["int4", "fp8", "fp8_channel"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_ptx_equals_its_emulation_and_the_reference_at_27b_shapes(monkeypatch, dtype):
+def test_packed_ptx_equals_its_emulation_and_the_reference_at_27b_shapes(monkeypatch, fmt, dtype):
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, k in SHAPES_27B:
-        w = random_weight("int4", n, k, gen=gen, device="cuda", dtype=dtype)
+        w = random_weight(fmt, n, k, gen=gen, device="cuda", dtype=dtype)
         x = torch.randn(1, k, generator=gen, device="cuda").to(dtype)
         want = x.float() @ w.dequantize().T
         config = qg.QuantGemmConfig(1, 64, 128, 4, 1, 8, 4, gemv=True)
         asm = _matmul(x, w, config, monkeypatch=monkeypatch)
         emulated = _matmul(x, w, config, emulate=True, monkeypatch=monkeypatch)
         assert rel_err(asm, want) <= TOL, (n, k)
-        # the same fp16 pairs and roundings (the emulation may round an fp16 sum twice)
+        # the same values and roundings (the int4 emulation may round an fp16 sum twice)
         assert rel_err(asm, emulated) <= 1e-3, (n, k)
         assert rel_err(qg.quant_linear(x, w), want) <= TOL, (n, k)  # whatever the table picks

@@ -1,0 +1,132 @@
+"""The FP8 (e4m3) matrix-vector step for one row of x: four weights a 32-bit word,
+converted two at a time by the hardware, multiplied in float32.
+
+At one row an FP8 GEMM has to stream a byte a weight. The value-by-value gemv tile
+(:func:`.quant_tiles.quant_gemv_tile`) compiles to about 7.4 sm_90 instructions a weight
+with x's tile reshuffled through shared memory each step, near the 8 a weight that the
+copy bandwidth leaves; the tensor-core tiles the table picks at one row read at 51-74% of
+copy bandwidth (docs/weight-formats.md). This step:
+
+* reads the weight as words, 16 bytes a thread, two K steps ahead (:mod:`.gemv_words`);
+* turns each half of a word into an fp16 pair with one ``cvt.rn.f16x2.e4m3x2`` (exact:
+  every e4m3 value is an fp16 value) and the pairs into float32;
+* multiplies in float32 against x's columns, which each thread converts (and, for
+  128x128 blocks, multiplies by the step's block scale) once for all the rows it holds.
+
+No fp16 arithmetic, so no overflow for any x: about 2.5 instructions a weight in the
+loop. Scales apply where they are uniform: a block scale over the tile's rows is one
+number a K step, folded into x; a per-row scale over the whole of K multiplies the sums
+once at the end (:func:`uniform_scale` says which; other groupings keep the value-by-value
+tile).
+
+The interpreter cannot run PTX: with ``EMULATE`` an e4m3 byte is decoded by arithmetic
+on its sign, exponent and mantissa, the same values in the same order of products, so
+CPU tests check the indexing and scaling and the GPU tests compare the two.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.gemv_words import step_words, x_of
+
+# One word of four e4m3 weights against their four float32 x values: $1 the word, $2..$5
+# x, $6 the running sum; $0 the new sum (float32 bits throughout).
+_WORD_DOT = tl.constexpr("""
+{
+.reg .b16 lo, hi, h0, h1, h2, h3;
+.reg .b32 p01, p23;
+.reg .f32 f0, f1, f2, f3, sum;
+mov.b32 {lo, hi}, $1;
+cvt.rn.f16x2.e4m3x2 p01, lo;
+cvt.rn.f16x2.e4m3x2 p23, hi;
+mov.b32 {h0, h1}, p01;
+mov.b32 {h2, h3}, p23;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+cvt.f32.f16 f2, h2;
+cvt.f32.f16 f3, h3;
+mov.b32 sum, $6;
+fma.rn.f32 sum, f0, $2, sum;
+fma.rn.f32 sum, f1, $3, sum;
+fma.rn.f32 sum, f2, $4, sum;
+fma.rn.f32 sum, f3, $5, sum;
+mov.b32 $0, sum;
+}
+""")
+
+#: the scale is one number a K step for the tile (folded into x) ...
+STEP_SCALE = 1
+#: ... or one number a row for all of K (applied to the sums at the end)
+ROW_SCALE = 2
+
+
+def uniform_scale(block: tuple[int, int], block_n: int, k: int) -> int:
+    """How :func:`fp8_gemv_row` applies an ``(bn, bk)`` block scale to ``block_n``-row
+    tiles: :data:`STEP_SCALE`, :data:`ROW_SCALE`, or 0 when neither holds (the caller
+    takes another tile). K steps never straddle a scale group (the caller's BLOCK_K
+    divides ``bk``)."""
+    bn, bk = block
+    if bn % block_n == 0:
+        return STEP_SCALE
+    if bn == 1 and bk >= k:
+        return ROW_SCALE
+    return 0
+
+
+@triton.jit
+def _e4m3(byte):
+    """float32 of the e4m3 code in the low 8 bits of ``byte`` (emulation: no NaN codes)."""
+    exponent = (byte >> 3) & 0xF
+    mantissa = (byte & 7).to(tl.float32)
+    value = tl.where(exponent == 0, mantissa * 0.001953125,  # subnormal: m * 2**-9
+                     (8.0 + mantissa) * tl.exp2((exponent - 10).to(tl.float32)))
+    return tl.where((byte & 0x80) != 0, -value, value)
+
+
+@triton.jit
+def _word_dot(word, x0, x1, x2, x3, acc, EMULATE: tl.constexpr):
+    if EMULATE:
+        acc = acc + _e4m3(word) * x0
+        acc = acc + _e4m3(word >> 8) * x1
+        acc = acc + _e4m3(word >> 16) * x2
+        return acc + _e4m3(word >> 24) * x3
+    out = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r", [word, x0, x1, x2, x3, acc],
+                                    dtype=tl.int32, is_pure=True, pack=1)
+    return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
+                 group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr):
+    """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
+    for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
+    group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`)."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
+    w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)
+    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
+    following = step_words(w_rows, n_ok, k_begin, k_end, 1, 4, WORDS, EVEN_K)
+    after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        words = following
+        following = after
+        after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+        offs_w = tl.multiple_of(k0 // 4, WORDS) + tl.arange(0, WORDS)
+        w_ok = (offs_w < k_end // 4) | EVEN_K
+        # x's columns 4w .. 4w + 3 as two raw pairs, then as float32 (times the step's scale)
+        r0 = tl.load(x_pairs + offs_w[None, :] * 2, mask=w_ok[None, :], other=0)
+        r1 = tl.load(x_pairs + offs_w[None, :] * 2 + 1, mask=w_ok[None, :], other=0)
+        x0, x1 = x_of(r0, False, X_BF16), x_of(r0, True, X_BF16)
+        x2, x3 = x_of(r1, False, X_BF16), x_of(r1, True, X_BF16)
+        if SCALE == 1:
+            s = tl.load(s_ptr + row_block * stride_sn + (k0 // group_k) * stride_sk)
+            x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
+        acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
+    total = tl.sum(acc, 1)
+    if SCALE == 2:
+        total = total * tl.load(s_ptr + offs_n * stride_sn, mask=n_ok, other=0.0)
+    return total[None, :]
