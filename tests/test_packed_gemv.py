@@ -16,8 +16,9 @@ from ninfer_kernels import quant_formats as qf
 pytest.importorskip("triton")
 
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+from ninfer_kernels.triton import quant_moe as qm  # noqa: E402
 
-from test_quant_kernels import SHAPES_27B, TOL, random_weight, rel_err  # noqa: E402
+from test_quant_kernels import MOE_SMALL, SHAPES_27B, TOL, moe_case, random_weight, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 gpu = pytest.mark.gpu
@@ -127,6 +128,23 @@ def test_fp8_scales_that_vary_inside_a_tile_keep_the_value_by_value_step(monkeyp
     assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
+    """A single token's expert pairs (the shared expert among them) through the packed
+    gate_up and down steps, against the reference on dequantized experts."""
+    args, want = moe_case(fmt, 1, torch.Generator().manual_seed(7))
+    seen: list[bool] = []
+    real = qm._packed
+    monkeypatch.setattr(qm, "_packed", lambda *a: seen.append(real(*a)["PACKED"]) or real(*a))
+    got = qm.quant_fused_moe(*args, config=MOE_SMALL)
+    assert seen == [True, True]  # gate_up, then down
+    assert rel_err(got, want) <= TOL
+    several, want5 = moe_case(fmt, 5, torch.Generator().manual_seed(8))
+    seen.clear()
+    assert rel_err(qm.quant_fused_moe(*several, config=MOE_SMALL), want5) <= TOL
+    assert seen == [False, False]  # sorted runs of several tokens keep the tiles
+
+
 # -- on the GPU ------------------------------------------------------------------------------
 @gpu
 @needs_cuda
@@ -145,3 +163,16 @@ def test_packed_ptx_equals_its_emulation_and_the_reference_at_27b_shapes(monkeyp
         # the same values and roundings (the int4 emulation may round an fp16 sum twice)
         assert rel_err(asm, emulated) <= 1e-3, (n, k)
         assert rel_err(qg.quant_linear(x, w), want) <= TOL, (n, k)  # whatever the table picks
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_one_token_moe_ptx_equals_its_emulation_at_the_35b_shape(monkeypatch, fmt):
+    args, want = moe_case(fmt, 1, torch.Generator(device="cuda").manual_seed(1), e=256, h=2048, i=512, top_k=8,
+                          device="cuda")
+    asm = qm.quant_fused_moe(*args)
+    real = qm._packed
+    monkeypatch.setattr(qm, "_packed", lambda *a: {**real(*a), "EMULATE": True})
+    emulated = qm.quant_fused_moe(*args)
+    assert rel_err(asm, want) <= TOL and rel_err(asm, emulated) <= 1e-3

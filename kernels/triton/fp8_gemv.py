@@ -115,7 +115,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
-        offs_w = tl.multiple_of(k0 // 4, WORDS) + tl.arange(0, WORDS)
+        offs_w = tl.multiple_of(k0 // 4 + tl.arange(0, WORDS), WORDS)
         w_ok = (offs_w < k_end // 4) | EVEN_K
         # x's columns 4w .. 4w + 3 as two raw pairs, then as float32 (times the step's scale)
         r0 = tl.load(x_pairs + offs_w[None, :] * 2, mask=w_ok[None, :], other=0)

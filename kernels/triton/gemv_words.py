@@ -18,7 +18,7 @@ import triton.language as tl
 def step_words(w_rows, n_ok, k0, k_end, stride_wk, VALUES: tl.constexpr, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
     """int32 [BLOCK_N, WORDS]: the words of the K step at ``k0``, ``VALUES`` weights a word
     (zeros from ``k_end`` on; ``EVEN_K``: every step is whole)."""
-    offs_w = tl.multiple_of(k0 // VALUES, WORDS) + tl.arange(0, WORDS)
+    offs_w = tl.multiple_of(k0 // VALUES + tl.arange(0, WORDS), WORDS)
     if EVEN_K:  # whole steps: one test for the step
         w_ok = tl.zeros([WORDS], dtype=tl.int32) + k0 < k_end
     else:

@@ -147,7 +147,7 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
         # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
-        offs_w = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
+        offs_w = tl.multiple_of(k0 // 8 + tl.arange(0, WORDS), WORDS)
         w_ok = (offs_w < k_end // 8) | EVEN_K
         # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
         r0 = tl.load(x_pairs + offs_w[None, :] * 4, mask=w_ok[None, :], other=0)

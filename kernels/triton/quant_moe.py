@@ -11,7 +11,9 @@ component (data, scales, zeros; NVFP4's ``alpha`` is [E] or one for all).
 
 FP8 at prefill sizes quantizes the activations per token per 128 columns and multiplies
 on the FP8 tensor cores (the intermediate is quantized again before the down GEMM);
-fewer rows per expert run weight-only, as does every int4 / NVFP4 call.
+fewer rows per expert run weight-only, as does every int4 / NVFP4 call. A single token's
+FP8 and int4 pairs take the one-row steps of :mod:`.fp8_gemv` and :mod:`.int4_gemv` (one
+pair a program) where their conditions hold (:func:`_packed`).
 
 The shared expert (id E) in the experts' format takes the same kernels through its own
 pointers; one left in bf16 beside quantized experts runs through :mod:`.fused_moe` as a
@@ -30,12 +32,14 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import fused_moe as bf16_moe
 from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, uniform_scale
 from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
+from ninfer_kernels.triton.int4_gemv import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
-from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands
+from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_gemv
 from ninfer_kernels.triton.quant_tiles import (
-    FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
+    FP8, FP8_ACT, INT4, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
 
@@ -83,7 +87,8 @@ def _quant_gate_up_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, HALF: tl.constexpr,
+    USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
+    EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
         tl.extra.cuda.gdc_wait()
@@ -98,18 +103,53 @@ def _quant_gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     a_rows, as_rows = x_ptr + token * stride_xt, xs_ptr + token * stride_xst
-    gate = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, 0, K,
-                      stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
-    up = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n + N, n_ok, 0, K,
-                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+    if PACKED:  # one token, one pair a program: the one-row steps
+        x_row = x_ptr + tl.max(token, 0) * stride_xt
+        gate = _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
+                           stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K, X_BF16, EVEN_K,
+                           FP8_SCALE, EMULATE)
+        up = _packed_row(x_row, w, s, z, offs_n + N, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
+                         stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K, X_BF16, EVEN_K,
+                         FP8_SCALE, EMULATE)
+    else:
+        gate, up = _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N, K,
+                                  stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                                  FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF)
     if FORMAT == 3:  # NVFP4's one factor
         gate *= tl.load(alpha)
         up *= tl.load(alpha)
     h = gate / (1.0 + tl.exp(-gate)) * up
     dest = out_ptr + pair[:, None] * stride_ot + offs_n[None, :]
     tl.store(dest, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N, K,
+                   stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                   FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr,
+                   UPCAST: tl.constexpr, HALF: tl.constexpr):
+    gate = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, 0, K,
+                      stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+    up = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n + N, n_ok, 0, K,
+                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
+                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+    return gate, up
+
+
+@triton.jit
+def _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
+                group_n, group_k, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                X_BF16: tl.constexpr, EVEN_K: tl.constexpr, FP8_SCALE: tl.constexpr, EMULATE: tl.constexpr):
+    """[1, BLOCK_N] of one row of x against rows ``offs_n`` of an FP8 or int4 expert."""
+    if FORMAT == 0:
+        out = fp8_gemv_row(x_row, w, s, offs_n, n_ok, 0, K, stride_wn, stride_sn, stride_sk, group_n, group_k,
+                           BLOCK_N, BLOCK_K, FP8_SCALE, X_BF16, EVEN_K, EMULATE)
+    else:
+        out = int4_gemv_row(x_row, w, s, z, offs_n, n_ok, 0, K, stride_wn, stride_wk, stride_sn, stride_sk,
+                            stride_zn, stride_zk, group_k, BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
+    return out
 
 
 @triton.jit(do_not_specialize=["pairs", "max_rows"])
@@ -122,7 +162,8 @@ def _quant_down_kernel(
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HAS_SHARED: tl.constexpr, PER_PAIR: tl.constexpr, MAGIC: tl.constexpr,
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, HALF: tl.constexpr,
+    USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
+    EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
 ):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -135,9 +176,15 @@ def _quant_down_kernel(
                                       salpha_ptr, stride_we, stride_se, stride_ze, stride_ae, HAS_SHARED)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n, n_ok,
-                     0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                     FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+    if PACKED:
+        acc = _packed_row(a_ptr + tl.max(pair, 0) * stride_at, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk,
+                          stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K,
+                          X_BF16, EVEN_K, FP8_SCALE, EMULATE)
+    else:
+        acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n,
+                         n_ok, 0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n,
+                         group_k, FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST,
+                         HALF=HALF)
     if FORMAT == 3:
         acc *= tl.load(alpha)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
@@ -160,6 +207,9 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
             pairs: int, width: int, block_m: int, cfg: GemmConfig, fmt: int, fit, scalars: tuple, row_strides: tuple):
     """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``."""
     block_n = min(cfg.BLOCK_N, max(16, triton.next_power_of_2(width)))
+    packed = _packed(a, op, shared, align, fmt, fit, block_n, width)
+    if packed["PACKED"]:
+        block_m = 1  # one pair a program
     grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, width, block_n)
     s = shared if shared is not None else op
     magic, offset = INT4_MAGIC[out.dtype]  # x's dtype (``a`` is e4m3 on the FP8 tensor-core path)
@@ -173,8 +223,25 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
         HAS_SHARED=shared is not None, PER_PAIR=align is None, MAGIC=magic, OFFSET=offset, SCALE_PER_ELEMENT=fit[1],
         UPCAST=on_cpu, ROUND=on_cpu and out.dtype == torch.bfloat16, USE_PDL=use_pdl,
         HALF=fmt in (FP8, NVFP4) and half_products(out),  # out has x's dtype
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(use_pdl),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch_options(use_pdl), **packed,
     )
+
+
+def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, block_n: int, width: int) -> dict:
+    """A single token's pairs take the one-row steps (:mod:`.fp8_gemv`, :mod:`.int4_gemv`)
+    when the format has one (FP8 weight-only with a scale uniform over each tile, gate and
+    up halves alike; int4 whenever its groups hold whole steps), x's rows are contiguous
+    and 4-byte aligned, and FP8 experts' rows are whole words."""
+    ops = [op] + ([shared] if shared is not None else [])
+    scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
+    if scale == STEP_SCALE and width % op.group_n:  # the up half's rows start inside a scale block
+        scale = 0
+    packed = (align is None and packed_gemv() and not fit[1] and (fmt == INT4 or scale > 0)
+              and a.stride(1) == 1 and a.data_ptr() % 4 == 0 and a.stride(0) % 2 == 0
+              and (fmt == INT4 or all(o.data.stride(-1) == 1 and o.data.stride(-2) % 4 == 0
+                                      and o.data.data_ptr() % 16 == 0 for o in ops)))
+    return {"PACKED": packed, "X_BF16": a.dtype == torch.bfloat16, "EVEN_K": op.k % fit[0] == 0,
+            "FP8_SCALE": scale, "EMULATE": a.device.type != "cuda"}
 
 
 def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, weights: torch.Tensor,
