@@ -54,7 +54,7 @@ class Int4Group:
     column ``8 * w + j``, unsigned 0..15. ``scales`` and ``zeros`` ``[.., N, K // group_size]``
     in the activation dtype; real weight = ``(q - zero) * scale`` (a symmetric format has
     zero 8). Zero points are whole numbers in every layout loaded (the packed one-row CUDA
-    kernel, ``triton/int4_gemv.py``, relies on it).
+    kernel, ``triton/int4_fp16.py``, relies on it).
     """
 
     qweight: torch.Tensor

@@ -222,7 +222,7 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
 
 def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
     """The no-tl.dot kernel's shapes: exactly ``rows`` rows, K parts to fill the SMs. At one
-    row int4 takes the packed step (kernels/triton/int4_gemv.py), which shares x's
+    row int4 takes the packed step (kernels/triton/int4_fp16.py), which shares x's
     conversion among the rows a thread holds: wider tiles too."""
     found = []
     shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4)) if rows == 1 else ())

@@ -1,5 +1,6 @@
-"""The packed one-row GEMV steps: int4 words in fp16 pairs (``kernels/triton/int4_gemv.py``)
-and e4m3 words converted two at a time (``kernels/triton/fp8_gemv.py``).
+"""The packed steps: int4 words in fp16 pairs (``kernels/triton/int4_fp16.py``: one row,
+and the weight tiles of tl.dot) and e4m3 words converted two at a time
+(``kernels/triton/fp8_gemv.py``).
 
 On CPU Triton's interpreter runs each step's emulation (the same values and roundings as
 its PTX); under ``-m gpu`` the PTX itself runs, against the reference and against the
@@ -30,7 +31,7 @@ ONE_ROW = qg.QuantGemmConfig(BLOCK_M=1, BLOCK_N=16, BLOCK_K=128, SPLITS=2, num_s
 def _matmul(x, w, config=ONE_ROW, packed=True, emulate=None, monkeypatch=None, bias=None):
     """``quant_matmul`` with the packed steps on or off; ``emulate`` forces their emulation
     (the GPU tests run both)."""
-    monkeypatch.setenv("NINFER_PACKED_GEMV", "1" if packed else "0")
+    monkeypatch.setenv("NINFER_PACKED_STEPS", "1" if packed else "0")
     if emulate is not None:
         real = qg.packed_options
         monkeypatch.setattr(qg, "packed_options", lambda *a: {**real(*a), "EMULATE": emulate})
@@ -143,6 +144,25 @@ def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
     seen.clear()
     assert rel_err(qm.quant_fused_moe(*several, config=MOE_SMALL), want5) <= TOL
     assert seen == [False, False]  # sorted runs of several tokens keep the tiles
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [5, 17])
+def test_int4_tiles_in_fp16_pairs_equal_the_dequantized_linear(monkeypatch, dtype, rows):
+    """Several rows of x take tl.dot tiles whose int4 weights are made in fp16 pairs; the
+    value-by-value tiles (NINFER_PACKED_STEPS=0) stay beside them."""
+    gen = torch.Generator().manual_seed(rows)
+    w = random_weight("int4", 48, 384, gen=gen, dtype=dtype)
+    x = torch.randn(rows, 384, generator=gen).to(dtype)
+    want = F.linear(x.float(), w.dequantize())
+    config = qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SPLITS=3, GROUP_M=2, num_stages=2)
+    seen: list[bool] = []
+    real = qg.packed_options
+    monkeypatch.setattr(qg, "packed_options", lambda *a: seen.append(real(*a)["PAIRS"]) or real(*a))
+    assert rel_err(qg.quant_matmul(x, w, None, config), want) <= TOL
+    monkeypatch.setenv("NINFER_PACKED_STEPS", "0")
+    assert rel_err(qg.quant_matmul(x, w, None, config), want) <= TOL
+    assert seen == [True, False]
 
 
 # -- on the GPU ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""What the packed one-row GEMV steps share (:mod:`.int4_gemv`, :mod:`.fp8_gemv`).
+"""What the packed one-row GEMV steps share (:mod:`.int4_fp16`, :mod:`.fp8_gemv`).
 
 Both read a row-major weight as 32-bit words (eight int4 or four e4m3 values each), a
 ``[BLOCK_N, WORDS]`` tile a K step, and keep the words of the next two steps in flight

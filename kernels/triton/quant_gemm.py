@@ -14,7 +14,7 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
   layout shuffles), float32 products summed elementwise; at one row a program reads
-  the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_gemv`). The table
+  the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_fp16`). The table
   picks what measured fastest per shape and row count.
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
@@ -42,7 +42,7 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
 from ninfer_kernels.triton.fp8_gemv import fp8_gemv_row, uniform_scale
-from ninfer_kernels.triton.int4_gemv import int4_gemv_row
+from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.quant_tiles import (
     ACT_GROUP, FP8, FP8_ACT, FP8_ACT_INLINE, INT4, INT4_MAGIC, NVFP4, half_products, quant_gemv_tile, quant_tile,
     quantize_activations,
@@ -203,7 +203,7 @@ def _quant_gemm_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, GEMV: tl.constexpr, UPCAST: tl.constexpr,
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
-    FP8_SCALE: tl.constexpr = 0,
+    FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
     EMULATE: tl.constexpr = False,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -220,7 +220,7 @@ def _quant_gemm_kernel(
         acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                            stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,
                            X_BF16, EVEN_K, EMULATE)
-    elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_gemv)
+    elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                             BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
@@ -233,7 +233,7 @@ def _quant_gemm_kernel(
                          w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                          stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                          FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, QROUND, SWAP,
-                         HALF)
+                         HALF, PAIRS)
     if FORMAT == 3:  # NVFP4's one factor
         acc *= tl.load(alpha_ptr)
     _finish(acc, b_ptr, out_ptr, part_ptr, count_ptr, offs_m, m_ok, offs_n, n_ok, M, N, stride_om,
@@ -259,24 +259,26 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
             "QROUND": x.device.type != "cuda"}
 
 
-def packed_gemv() -> bool:
-    """``NINFER_PACKED_GEMV=0`` keeps one-row FP8 and int4 on the value-by-value gemv tile
-    (read per call, for comparisons)."""
-    return os.environ.get("NINFER_PACKED_GEMV", "1") != "0"
+def packed_steps() -> bool:
+    """``NINFER_PACKED_STEPS=0`` keeps FP8 and int4 on the value-by-value steps: one row on
+    the gemv tile, int4 tiles without fp16 pairs (read per call, for comparisons)."""
+    return os.environ.get("NINFER_PACKED_STEPS", "1") != "0"
 
 
 def packed_options(x: torch.Tensor, op: Operands, options: dict, block_m: int, block_n: int, block_k: int) -> dict:
-    """One-row gemv programs of int4 (:mod:`.int4_gemv`) and FP8 (:mod:`.fp8_gemv`) read x
+    """One-row gemv programs of int4 (:mod:`.int4_fp16`) and FP8 (:mod:`.fp8_gemv`) read x
     two columns a word and the weight as words: x's rows contiguous and 4-byte aligned, an
-    FP8 weight's rows too, and its scale uniform where the step applies it."""
+    FP8 weight's rows too, and its scale uniform where the step applies it. int4 tiles for
+    ``tl.dot`` make their weights in fp16 pairs when every step is one scale group."""
     fmt = options["FORMAT"]
     fp8_scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
-    packed = (options["GEMV"] and block_m == 1 and packed_gemv() and (fmt == INT4 or fp8_scale > 0)
+    packed = (options["GEMV"] and block_m == 1 and packed_steps() and (fmt == INT4 or fp8_scale > 0)
               and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))
     if fmt == FP8:
         packed = packed and op.data.stride(-1) == 1 and op.data.stride(-2) % 4 == 0 and op.data.data_ptr() % 16 == 0
+    pairs = fmt == INT4 and not options["GEMV"] and not options["SCALE_PER_ELEMENT"] and packed_steps()
     return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": op.k % block_k == 0,
-            "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda"}
+            "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda", "PAIRS": pairs}
 
 
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,

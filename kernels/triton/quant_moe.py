@@ -12,7 +12,7 @@ component (data, scales, zeros; NVFP4's ``alpha`` is [E] or one for all).
 FP8 at prefill sizes quantizes the activations per token per 128 columns and multiplies
 on the FP8 tensor cores (the intermediate is quantized again before the down GEMM);
 fewer rows per expert run weight-only, as does every int4 / NVFP4 call. A single token's
-FP8 and int4 pairs take the one-row steps of :mod:`.fp8_gemv` and :mod:`.int4_gemv` (one
+FP8 and int4 pairs take the one-row steps of :mod:`.fp8_gemv` and :mod:`.int4_fp16` (one
 pair a program) where their conditions hold (:func:`_packed`).
 
 The shared expert (id E) in the experts' format takes the same kernels through its own
@@ -34,10 +34,10 @@ from ninfer_kernels.triton import fused_moe as bf16_moe
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, uniform_scale
 from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
-from ninfer_kernels.triton.int4_gemv import int4_gemv_row
+from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
-from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_gemv
+from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_steps
 from ninfer_kernels.triton.quant_tiles import (
     FP8, FP8_ACT, INT4, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
@@ -89,6 +89,7 @@ def _quant_gate_up_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
     USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
     EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
+    PAIRS: tl.constexpr = False,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
         tl.extra.cuda.gdc_wait()
@@ -114,7 +115,8 @@ def _quant_gate_up_kernel(
     else:
         gate, up = _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N, K,
                                   stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                                  FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF)
+                                  FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF,
+                                  PAIRS)
     if FORMAT == 3:  # NVFP4's one factor
         gate *= tl.load(alpha)
         up *= tl.load(alpha)
@@ -128,13 +130,15 @@ def _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N,
                    stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                    FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr,
-                   UPCAST: tl.constexpr, HALF: tl.constexpr):
+                   UPCAST: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr):
     gate = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, 0, K,
                       stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+                      FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF,
+                    PAIRS=PAIRS)
     up = quant_tile(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n + N, n_ok, 0, K,
                     stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
-                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF)
+                    FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, HALF=HALF,
+                    PAIRS=PAIRS)
     return gate, up
 
 
@@ -164,6 +168,7 @@ def _quant_down_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
     USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
     EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
+    PAIRS: tl.constexpr = False,
 ):
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -184,7 +189,7 @@ def _quant_down_kernel(
         acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n,
                          n_ok, 0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n,
                          group_k, FORMAT, BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST,
-                         HALF=HALF)
+                         HALF=HALF, PAIRS=PAIRS)
     if FORMAT == 3:
         acc *= tl.load(alpha)
     acc *= tl.load(weights_ptr + pair, mask=row_ok, other=0.0)[:, None]
@@ -228,7 +233,7 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
 
 
 def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, block_n: int, width: int) -> dict:
-    """A single token's pairs take the one-row steps (:mod:`.fp8_gemv`, :mod:`.int4_gemv`)
+    """A single token's pairs take the one-row steps (:mod:`.fp8_gemv`, :mod:`.int4_fp16`)
     when the format has one (FP8 weight-only with a scale uniform over each tile, gate and
     up halves alike; int4 whenever its groups hold whole steps), x's rows are contiguous
     and 4-byte aligned, and FP8 experts' rows are whole words."""
@@ -236,12 +241,13 @@ def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, bloc
     scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
     if scale == STEP_SCALE and width % op.group_n:  # the up half's rows start inside a scale block
         scale = 0
-    packed = (align is None and packed_gemv() and not fit[1] and (fmt == INT4 or scale > 0)
+    packed = (align is None and packed_steps() and not fit[1] and (fmt == INT4 or scale > 0)
               and a.stride(1) == 1 and a.data_ptr() % 4 == 0 and a.stride(0) % 2 == 0
               and (fmt == INT4 or all(o.data.stride(-1) == 1 and o.data.stride(-2) % 4 == 0
                                       and o.data.data_ptr() % 16 == 0 for o in ops)))
+    pairs = fmt == INT4 and not packed and not fit[1] and packed_steps()  # int4 tiles in fp16 pairs
     return {"PACKED": packed, "X_BF16": a.dtype == torch.bfloat16, "EVEN_K": op.k % fit[0] == 0,
-            "FP8_SCALE": scale, "EMULATE": a.device.type != "cuda"}
+            "FP8_SCALE": scale, "EMULATE": a.device.type != "cuda", "PAIRS": pairs}
 
 
 def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, weights: torch.Tensor,

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton.int4_fp16 import int4_fp16_tile
 from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3
 
 #: kernel format ids (constexpr)
@@ -135,7 +136,21 @@ def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok
 def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
                stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr):
+               MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
+               PAIRS: tl.constexpr = False):
+    if PAIRS:  # the words in fp16 pairs (.int4_fp16), x in fp16: one dot, the scale after
+        WORDS_: tl.constexpr = BLOCK_K // 8
+        offs_w = k0 // 8 + tl.arange(0, WORDS_)
+        w_ok = offs_w < k_end // 8
+        words = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :] * stride_wk,
+                        mask=n_ok[:, None] & w_ok[None, :], other=0)
+        g = k0 // group_k
+        s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+        w = int4_fp16_tile(words, z[:, None], BLOCK_N, BLOCK_K, UPCAST)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = _saturate_f16(_load_x(a_rows, row_ok, offs_k, offs_k < k_end, stride_ak).to(tl.float32), not UPCAST)
+        return _dot(a, tl.trans(w), UPCAST) * s[None, :]
     if SCALE_PER_ELEMENT:  # groups narrower than the step: dequantize each weight
         WORDS: tl.constexpr = BLOCK_K // 8
         offs_w = k0 // 8 + tl.arange(0, WORDS)
@@ -213,7 +228,8 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
                stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
                FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
-               QROUND: tl.constexpr = False, SWAP: tl.constexpr = False, HALF: tl.constexpr = False):
+               QROUND: tl.constexpr = False, SWAP: tl.constexpr = False, HALF: tl.constexpr = False,
+               PAIRS: tl.constexpr = False):
     """float32 [BLOCK_M, BLOCK_N]: rows ``a_rows`` of x (pointers to column 0; ``as_rows``
     to their activation scales for FP8_ACT) times weight rows ``offs_n`` over columns
     ``k_begin`` (a multiple of BLOCK_K) to ``k_end``. ``w_ptr``/``s_ptr``/``z_ptr`` are
@@ -232,7 +248,10 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     times its e4m3 scale is exact in fp16 without a float32 step. At 16-row tiles Triton
     runs an e4m3 x e4m3 product as fp16 products too, so quantizing x would buy nothing
     there but its rounding error. bf16 x converts to fp16 exactly (8 bits of mantissa into
-    11) down to 2**-14, below which it loses bits as a subnormal, and saturates at 65504."""
+    11) down to 2**-14, below which it loses bits as a subnormal, and saturates at 65504.
+
+    ``PAIRS`` (int4 with groups of whole steps): the weight tile is made in fp16 pairs by
+    :func:`.int4_fp16.int4_fp16_tile` and x converted to fp16 as for ``HALF``."""
     if SWAP:
         return _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                                    stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT, BLOCK_M,
@@ -249,7 +268,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
         elif FORMAT == 2:
             acc += _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0, k_end,
                               stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
-                              BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST)
+                              BLOCK_M, BLOCK_N, BLOCK_K, MAGIC, OFFSET, SCALE_PER_ELEMENT, UPCAST, PAIRS)
         else:
             acc += _nvfp4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
                                stride_wn, stride_wk, stride_sn, stride_sk, BLOCK_K, UPCAST, HALF)

@@ -1,5 +1,6 @@
-"""The int4 matrix-vector step for one row of x: nibbles turned into fp16 pairs by bit
-operations and multiplied two at a time.
+"""int4 weights turned into fp16 by bit operations, two values an instruction: the
+matrix-vector step for one row of x (:func:`int4_gemv_row`), and the weight tile of the
+``tl.dot`` steps for more rows (:func:`int4_fp16_tile`).
 
 At one row an int4 GEMM only has to stream its weight, half a byte a value, so it is
 bound by how many instructions each value costs. The value-by-value gemv tile
@@ -23,6 +24,12 @@ instruction, the way FasterTransformer's and Marlin's int4 kernels do:
   and the group's scale (times 64) applies there.
 
 The fp16 sum of a word's eight products keeps 11 bits, more than a bf16 weight has.
+
+For ``tl.dot`` (several rows of x) the same ``lop3`` pairs become a word's eight values
+(q - z) in fp16, exact, and x is converted to fp16 (saturating) for the product, which
+the tensor cores sum in float32; the group's scale multiplies each K step's partial
+product. The value-by-value tile took a nibble at a time from a word loaded once per
+nibble (about four instructions a value before the product); this takes nine a word.
 
 The interpreter cannot run PTX: with ``EMULATE`` the same arithmetic runs as Triton
 operations (the same pairs and fp16 roundings), so CPU tests check this step's
@@ -70,6 +77,28 @@ cvt.f32.f16 flo, lo;
 cvt.f32.f16 fhi, hi;
 add.f32 sum, flo, fhi;
 mov.b32 $0, sum;
+}
+""")
+
+# One word's eight values (q - z) as fp16, nibble j in $j: $8 the word, $9 (1024 + z) twice,
+# $10 -(64 + z) twice.
+_WORD_VALUES = tl.constexpr("""
+{
+.reg .b32 t, h0, h1, h2, h3, sixteenth;
+mov.b32 sixteenth, 0x2c002c00;
+shr.u32 t, $8, 8;
+lop3.b32 h0, $8, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h1, $8, 0x00f000f0, 0x64006400, 0xea;
+lop3.b32 h2, t, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h3, t, 0x00f000f0, 0x64006400, 0xea;
+sub.f16x2 h0, h0, $9;
+fma.rn.f16x2 h1, h1, sixteenth, $10;
+sub.f16x2 h2, h2, $9;
+fma.rn.f16x2 h3, h3, sixteenth, $10;
+mov.b32 {$0, $4}, h0;
+mov.b32 {$1, $5}, h1;
+mov.b32 {$2, $6}, h2;
+mov.b32 {$3, $7}, h3;
 }
 """)
 
@@ -124,6 +153,31 @@ def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
             else:
                 half_sums_lo = _f16(half_sums_lo + prod) if j else _f16(prod)
     return half_sums_lo + half_sums_hi
+
+
+@triton.jit
+def int4_fp16_tile(words, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
+    """fp16 [BLOCK_N, BLOCK_K]: the values (q - z) of int32 ``words`` [BLOCK_N, BLOCK_K // 8]
+    (column ``8w + j`` in nibble ``j``) with float32 zero points ``z`` [BLOCK_N, 1]."""
+    if EMULATE:
+        v0 = (((words >> 0) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v1 = (((words >> 4) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v2 = (((words >> 8) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v3 = (((words >> 12) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v4 = (((words >> 16) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v5 = (((words >> 20) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v6 = (((words >> 24) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v7 = (((words >> 28) & 0xF).to(tl.float32) - z).to(tl.float16)
+    else:
+        z_lo = _pair(1024.0 + z, 1024.0 + z, EMULATE)
+        z_hi = _pair(-64.0 - z, -64.0 - z, EMULATE)
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _WORD_VALUES, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, z_lo, z_hi],
+            dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    # each join adds a last dimension, so the first join picks bit 2 of j and the last bit 0:
+    # [BLOCK_N, words, 2, 2, 2] holds nibble j = 4a + 2b + c at [.., a, b, c], column 8w + j
+    values = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+    return tl.reshape(values, [BLOCK_N, BLOCK_K])
 
 
 @triton.jit
