@@ -33,8 +33,8 @@
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
 #   scripts/gpu_session.sh gemv         the packed FP8/int4 steps for GEMV_WEIGHTS (@fp8-block or @gptq): the
-#                                   table tuned at one row, then 27B decode at BENCH_C (1) packed and value
-#                                   by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
+#                                   table tuned at one row, then GEMV_MODEL (qwen3.6-27b) decode at BENCH_C (1)
+#                                   packed and value by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -252,10 +252,10 @@ gemv)
         --budget-s "${TUNE_S:-120}" --jobs "$job" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for packed in 1 0; do
-        NINFER_PACKED_STEPS=$packed bench 110 "random:qwen3.6-27b$weights" --dtype bf16 --only bandwidth,decode \
+        NINFER_PACKED_STEPS=$packed bench 110 "random:${GEMV_MODEL:-qwen3.6-27b}$weights" --dtype bf16 --only bandwidth,decode \
             --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
-    bench 90 random:qwen3.6-27b --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 \
+    bench 90 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 \
         --decode-output-len 64 --no-transformers
     ;;
 kv-sweep)
