@@ -48,6 +48,21 @@ def _spy_packed(monkeypatch) -> list[bool]:
     return seen
 
 
+def _check_one_row(monkeypatch, w, gen, dtype):
+    """One row of x with a bias through the packed step: near the reference, and no
+    further from it than the value-by-value tile."""
+    n, k = w.shape
+    x = torch.randn(1, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    seen = _spy_packed(monkeypatch)
+    got = qg.quant_matmul(x, w, bias, ONE_ROW)
+    assert seen == [True]
+    monkeypatch.undo()
+    want = F.linear(x.float(), w.dequantize(), bias.float())
+    assert rel_err(got, want) <= TOL
+    assert rel_err(got, want) <= 2 * rel_err(_matmul(x, w, packed=False, monkeypatch=monkeypatch, bias=bias), want) + 1e-3
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,k,group", [(40, 384, 128), (33, 256, 128), (24, 200, 200)],
                          ids=["split-k", "ragged-n", "uneven-k"])
@@ -60,16 +75,7 @@ def test_packed_int4_step_equals_the_dequantized_linear(monkeypatch, dtype, n, k
         words = torch.randint(-2**31, 2**31 - 1, (n, k // 8), generator=gen, dtype=torch.int64).to(torch.int32)
         scales = ((torch.rand(n, 1, generator=gen) + 0.5) / (4.6 * k**0.5)).to(dtype)
         w = qf.Int4Group(words, scales, torch.randint(0, 16, (n, 1), generator=gen).to(dtype), group)
-    x = torch.randn(1, k, generator=gen).to(dtype)
-    bias = torch.randn(n, generator=gen).to(dtype)
-    seen = _spy_packed(monkeypatch)
-    got = qg.quant_matmul(x, w, bias, ONE_ROW)
-    assert seen == [True]
-    monkeypatch.undo()
-    want = F.linear(x.float(), w.dequantize(), bias.float())
-    assert rel_err(got, want) <= TOL
-    # no further from the reference than the value-by-value tile
-    assert rel_err(got, want) <= 2 * rel_err(_matmul(x, w, packed=False, monkeypatch=monkeypatch, bias=bias), want) + 1e-3
+    _check_one_row(monkeypatch, w, gen, dtype)
 
 
 def test_large_activations_do_not_overflow_the_fp16_sums(monkeypatch):
@@ -106,15 +112,7 @@ def test_packed_fp8_step_equals_the_dequantized_linear(monkeypatch, fmt, dtype, 
     second ragged), per-row scales over all of K, and K not a multiple of the step."""
     gen = torch.Generator().manual_seed(n + k)
     w = random_weight(fmt, n, k, gen=gen, dtype=dtype)
-    x = torch.randn(1, k, generator=gen).to(dtype)
-    bias = torch.randn(n, generator=gen).to(dtype)
-    seen = _spy_packed(monkeypatch)
-    got = qg.quant_matmul(x, w, bias, ONE_ROW)
-    assert seen == [True]
-    monkeypatch.undo()
-    want = F.linear(x.float(), w.dequantize(), bias.float())
-    assert rel_err(got, want) <= TOL
-    assert rel_err(got, want) <= 2 * rel_err(_matmul(x, w, packed=False, monkeypatch=monkeypatch, bias=bias), want) + 1e-3
+    _check_one_row(monkeypatch, w, gen, dtype)
 
 
 def test_fp8_scales_that_vary_inside_a_tile_keep_the_value_by_value_step(monkeypatch):

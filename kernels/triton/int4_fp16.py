@@ -52,6 +52,18 @@ _WEIGHT_DIVISOR = tl.constexpr(WEIGHT_DIVISOR)
 # (x_j, x_{j+4}) for j = 0..3, $6 -(1024 + z) / 64 twice, $7 -(64 + z) / 64 twice; $0 the
 # float32 sum of the word's products with (q - z) / 64 (as bits). 0x2400 is 1/64 in fp16,
 # 0x1400 1/1024.
+def _nibble_pairs(word: str) -> str:
+    """PTX putting the nibbles of ``word`` into fp16 pairs h0..h3 (registers t, h0..h3):
+    h0 = (1024 + q_0, 1024 + q_4), h1 = (1024 + 16 q_1, 1024 + 16 q_5), h2 and h3 likewise
+    for nibbles 2, 6 and 3, 7."""
+    return f"""shr.u32 t, {word}, 8;
+lop3.b32 h0, {word}, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h1, {word}, 0x00f000f0, 0x64006400, 0xea;
+lop3.b32 h2, t, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 h3, t, 0x00f000f0, 0x64006400, 0xea;
+"""
+
+
 _WORD_DOT = tl.constexpr("""
 {
 .reg .b32 t, h0, h1, h2, h3, acc, lo_mul, hi_mul;
@@ -59,12 +71,7 @@ _WORD_DOT = tl.constexpr("""
 .reg .f32 flo, fhi, sum;
 mov.b32 lo_mul, 0x24002400;
 mov.b32 hi_mul, 0x14001400;
-shr.u32 t, $1, 8;
-lop3.b32 h0, $1, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 h1, $1, 0x00f000f0, 0x64006400, 0xea;
-lop3.b32 h2, t, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 h3, t, 0x00f000f0, 0x64006400, 0xea;
-fma.rn.f16x2 h0, h0, lo_mul, $6;
+""" + _nibble_pairs("$1") + """fma.rn.f16x2 h0, h0, lo_mul, $6;
 fma.rn.f16x2 h1, h1, hi_mul, $7;
 fma.rn.f16x2 h2, h2, lo_mul, $6;
 fma.rn.f16x2 h3, h3, hi_mul, $7;
@@ -86,12 +93,7 @@ _WORD_VALUES = tl.constexpr("""
 {
 .reg .b32 t, h0, h1, h2, h3, sixteenth;
 mov.b32 sixteenth, 0x2c002c00;
-shr.u32 t, $8, 8;
-lop3.b32 h0, $8, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 h1, $8, 0x00f000f0, 0x64006400, 0xea;
-lop3.b32 h2, t, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 h3, t, 0x00f000f0, 0x64006400, 0xea;
-sub.f16x2 h0, h0, $9;
+""" + _nibble_pairs("$8") + """sub.f16x2 h0, h0, $9;
 fma.rn.f16x2 h1, h1, sixteenth, $10;
 sub.f16x2 h2, h2, $9;
 fma.rn.f16x2 h3, h3, sixteenth, $10;
