@@ -104,6 +104,7 @@ def fused_moe(
     ids: torch.Tensor,
     shared13: torch.Tensor | None = None,
     shared2: torch.Tensor | None = None,
+    summed: bool = True,
 ) -> torch.Tensor:
     """``out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``, e = ``ids[t, j]``.
 
@@ -118,7 +119,9 @@ def fused_moe(
     Rounding: each pair's ``silu(gate) * up`` is computed in float32 from float32 matmul
     results and rounded to ``x``'s dtype; its down projection is accumulated in float32,
     scaled by the weight and rounded to ``x``'s dtype; the sum over a token's pairs runs
-    in float32 and is rounded once. Returns [T, H] in ``x``'s dtype.
+    in float32 and is rounded once. Returns [T, H] in ``x``'s dtype; with ``summed`` false,
+    the pairs' rows [T, k', H] before that sum (a residual-add norm can sum them:
+    :func:`ninfer_kernels.norm.rms_norm`'s ``expert_rows``).
     """
     num_tokens, k = ids.shape
     num_experts = w13.shape[0]
@@ -139,7 +142,8 @@ def fused_moe(
         hidden = (F.silu(gate) * up).to(x.dtype)
         rows = (hidden.float() @ down.float().T) * flat_weights[pairs, None]
         out_pairs[pairs] = rows.to(x.dtype)
-    return out_pairs.view(num_tokens, k, x.shape[1]).float().sum(dim=1).to(x.dtype)
+    rows = out_pairs.view(num_tokens, k, x.shape[1])
+    return rows.float().sum(dim=1).to(x.dtype) if summed else rows
 
 
 def _expert_weight(stacked: torch.Tensor | QuantWeight, expert: int) -> torch.Tensor:

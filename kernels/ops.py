@@ -73,9 +73,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    expert_rows: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    return choose("rms_norm", x.device.type)(x, weight, eps, residual)
+    """RMSNorm (:func:`ninfer_kernels.norm.rms_norm`), with the residual add before it and,
+    with ``expert_rows``, the sum of a mixture-of-experts layer's rows before that."""
+    return choose("rms_norm", x.device.type)(x, weight, eps, residual, expert_rows)
 
 
 def apply_rope(
@@ -211,11 +214,13 @@ def fused_moe(
     ids: torch.Tensor,
     shared13: torch.Tensor | None = None,
     shared2: torch.Tensor | None = None,
+    summed: bool = True,
 ) -> torch.Tensor:
     """The routed experts' MLPs (:func:`ninfer_kernels.moe.fused_moe`). ``w13`` / ``w2`` are
     stacked tensors, or quantized weights of :mod:`ninfer_kernels.quant_formats` with a
-    leading expert dimension; every implementation takes both."""
-    return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2)
+    leading expert dimension; every implementation takes both. ``summed`` false: each
+    token's weighted rows [T, k', H], for :func:`rms_norm`'s ``expert_rows``."""
+    return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2, summed=summed)
 
 
 def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,

@@ -178,6 +178,31 @@ def test_rms_norm_matches_reference(dtype, with_residual):
     torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_sums_expert_rows_first(dtype, with_residual):
+    """A MoE layer's unsummed rows [T, P, H] (ragged last program of rows): the norm sums
+    them in float32, rounds, adds the residual, normalises, as summing first would."""
+    gen = torch.Generator().manual_seed(13)
+    t, p, h = 70, 9, 96
+    rows = (torch.randn(t, p, h, generator=gen)).to(dtype).to(DEVICE)
+    w = (torch.rand(h, generator=gen) + 0.5).to(dtype).to(DEVICE)
+    res = torch.randn(t, h, generator=gen).to(dtype).to(DEVICE) if with_residual else None
+    summed = rows.float().sum(dim=1).to(dtype)
+    want = norm.rms_norm(summed, w, 1e-6, res)
+    assert all(torch.equal(a, b) for a, b in zip(_as_tuple(norm.rms_norm(rows, w, 1e-6, res, expert_rows=True)),
+                                                 _as_tuple(want)))
+    got = t_norm.rms_norm(rows, w, 1e-6, res, expert_rows=True)
+    for g, e in zip(_as_tuple(got), _as_tuple(want)):
+        assert g.shape == (t, h) and g.dtype == dtype
+        # the interpreter truncates float32 -> bfloat16 where CUDA rounds (see above)
+        torch.testing.assert_close(g, e, atol=TOL[dtype], rtol=TOL[dtype] if dtype == torch.float32 else 1e-2)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
 def test_rms_norm_per_head_on_strided_view():
     gen = torch.Generator().manual_seed(12)
     fused = torch.randn(5, 3 * 64, generator=gen).to(DEVICE)

@@ -206,6 +206,22 @@ def test_triton_fused_moe_equals_reference(t, shared, dtype):
     assert rel_err(got, want) <= TOL[dtype]
 
 
+@pytest.mark.parametrize("t", [1, 12, 0])
+def test_unsummed_expert_rows_sum_to_the_layer_output(t):
+    """``summed=False`` hands back each token's weighted rows (one token's kernels, the
+    grouped GEMMs, no tokens), in the reference and in Triton; their float32 sum rounded
+    is the summed output exactly."""
+    gen = torch.Generator().manual_seed(20 + t)
+    e, h, i, k = 8, 64, 32, 3
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    w13, w2, s13, s2 = moe_weights(e, h, i, gen, torch.bfloat16, True)
+    weights, ids = moe.moe_route(torch.randn(t, e, generator=gen), k, True, x, torch.randn(h, generator=gen))
+    for fn in (moe.fused_moe, t_fused.fused_moe):
+        rows = fn(x, w13, w2, weights, ids, s13, s2, summed=False)
+        assert rows.shape == (t, k + 1, h) and rows.dtype == x.dtype
+        assert torch.equal(rows.float().sum(dim=1).to(x.dtype), fn(x, w13, w2, weights, ids, s13, s2))
+
+
 @pytest.mark.parametrize("config", [None, t_fused.MoeConfig(32, t_fused.GemmConfig(32, 32, 1, 4, 2),
                                                             t_fused.GemmConfig(16, 32, 4, 2, 3))])
 def test_triton_fused_moe_ragged_shapes(config):

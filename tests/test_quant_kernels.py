@@ -251,6 +251,21 @@ def test_quant_fused_moe_equals_the_reference_on_dequantized_experts(fmt, tokens
 
 
 @pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("fmt", ["fp8", "int4"])
+def test_quant_fused_moe_rows_left_unsummed(fmt, tokens):
+    """``summed=False``: the pairs' rows (a quantized shared expert among them, or a bf16
+    one beside quantized routed experts) whose float32 sum is the layer's output."""
+    args, want = moe_case(fmt, tokens, torch.Generator().manual_seed(30 + tokens))
+    rows = qm.quant_fused_moe(*args, config=MOE_SMALL, summed=False)
+    assert rows.shape == (tokens, 3, 128)
+    assert torch.equal(rows.float().sum(dim=1).to(rows.dtype), qm.quant_fused_moe(*args, config=MOE_SMALL))
+    x, w13, w2, weights, ids, s13, s2 = args
+    plain = (s13.dequantize(torch.bfloat16), s2.dequantize(torch.bfloat16))
+    rows = qm.quant_fused_moe(x, w13, w2, weights, ids, *plain, config=MOE_SMALL, summed=False)
+    assert rows.shape == (tokens, 3, 128) and rel_err(rows.float().sum(dim=1), want) <= TOL
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_moe_experts_in_fp16_products(fmt, tokens, monkeypatch):
     """FP8 (weight-only) and NVFP4 experts with fp16 products (on by default on CUDA), forced on."""

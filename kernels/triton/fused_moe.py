@@ -302,6 +302,12 @@ def down(inter, w2, shared2, weights, align, block_m: int, cfg: GemmConfig,
     return out
 
 
+def finish_pairs(rows: torch.Tensor, num_tokens: int, top_k: int, summed: bool) -> torch.Tensor:
+    """[T * top_k, H] pair rows: summed per token (:func:`sum_pairs`), or as [T, top_k, H]
+    for the norm after the layer to sum (``summed`` false)."""
+    return sum_pairs(rows, num_tokens, top_k) if summed else rows.view(num_tokens, top_k, rows.shape[1])
+
+
 def sum_pairs(rows: torch.Tensor, num_tokens: int, top_k: int) -> torch.Tensor:
     """[T * top_k, H] -> [T, H]: each token's rows summed in float32, rounded once."""
     width = rows.shape[1]
@@ -322,13 +328,14 @@ def fused_moe(
     shared13: torch.Tensor | None = None,
     shared2: torch.Tensor | None = None,
     config: MoeConfig | None = None,
+    summed: bool = True,
 ) -> torch.Tensor:
     """Same contract as :func:`ninfer_kernels.moe.fused_moe`; ``config`` overrides the
     tuned/heuristic block shapes (tests and the tuning script force small ones).
     Quantized expert weights (:mod:`ninfer_kernels.quant_formats`) go to :mod:`.quant_moe`."""
     if not isinstance(w13, torch.Tensor):
         from ninfer_kernels.triton.quant_moe import quant_fused_moe  # imports this module
-        return quant_fused_moe(x, w13, w2, weights, ids, shared13, shared2)
+        return quant_fused_moe(x, w13, w2, weights, ids, shared13, shared2, summed=summed)
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     top_k = ids.shape[1]
@@ -339,7 +346,7 @@ def fused_moe(
         raise ValueError(f"shared expert weights {tuple(shared13.shape)}, {tuple(shared2.shape)} do not match "
                          f"the experts' {tuple(w13.shape[1:])}, {tuple(w2.shape[1:])}")
     if num_tokens == 0:
-        return torch.empty_like(x)
+        return torch.empty_like(x) if summed else x.new_empty(0, top_k, hidden)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     weights = weights.float().contiguous()
     chosen = config is None
@@ -350,9 +357,9 @@ def fused_moe(
         s13 = _row_major(shared13, w13[0]) if has_shared else None
         s2 = _row_major(shared2, w2[0]) if has_shared else None
         rows = expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, config.one_token or DEFAULT_CONFIG)
-        return sum_pairs(rows, 1, top_k)
+        return finish_pairs(rows, 1, top_k, summed)
     # one token's pairs name distinct experts: each pair is its own block, no sorting
     align = moe_align(ids, num_experts + has_shared, config.block_m) if num_tokens > 1 else None
     inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up, pair_ids=ids)
     rows = down(inter, w2, shared2, weights, align, config.block_m, config.down, pair_ids=ids)
-    return sum_pairs(rows, num_tokens, top_k)
+    return finish_pairs(rows, num_tokens, top_k, summed)

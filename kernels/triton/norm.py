@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: elements one program aims to hold (rows x row width): short rows are batched up
 TILE_ELEMENTS = 4096
@@ -24,7 +25,7 @@ def _rms_norm_kernel(
     num_rows, inner, eps,
     stride_x0, stride_x1, stride_r0, stride_r1,
     N: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, PARTS: tl.constexpr = 1, ROUND: tl.constexpr = False,
 ):
     # Row r is element (r // inner, r % inner) of the input's two leading dimensions.
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -38,7 +39,14 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()  # x (and maybe the residual) comes from the kernel before
-    x = tl.load(x_ptr + (r0 * stride_x0 + r1 * stride_x1)[:, None] + cols[None, :], mask=mask, other=0.0)
+    if PARTS > 1:  # a MoE layer's rows, PARTS a token: summed in float32 and rounded, as sum_pairs does
+        parts = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for p in tl.static_range(PARTS):
+            parts += tl.load(x_ptr + ((r0 * PARTS + p) * stride_x0)[:, None] + cols[None, :], mask=mask,
+                             other=0.0).to(tl.float32)
+        x = round_to(parts, x_ptr.dtype.element_ty, ROUND)
+    else:
+        x = tl.load(x_ptr + (r0 * stride_x0 + r1 * stride_x1)[:, None] + cols[None, :], mask=mask, other=0.0)
     # Outputs are contiguous [num_rows, N].
     dest = r.to(tl.int64)[:, None] * N + cols[None, :]
     if HAS_RESIDUAL:
@@ -68,8 +76,11 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    expert_rows: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`ninfer_kernels.norm.rms_norm`; results are new contiguous tensors."""
+    if expert_rows:
+        return _rms_norm_expert_rows(x, weight, eps, residual)
     n = x.shape[-1]
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
@@ -87,6 +98,33 @@ def rms_norm(
         num_rows, x3.shape[1], eps,
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
         N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
+        num_warps=min(16, max(1, rows * block_n // 512)), **pdl.launch_options(use_pdl),
+    )
+    return out if residual is None else (out, new_residual)
+
+
+def _rms_norm_expert_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
+    """``x`` [T, P, H]: each token's P rows summed inside the norm's load (one launch and
+    one [T, H] round trip fewer than summing them first)."""
+    tokens, parts, n = x.shape
+    rows2d = x.reshape(tokens * parts, n) if x.is_contiguous() else x.contiguous().view(tokens * parts, n)
+    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    out = torch.empty(tokens, n, dtype=dtype, device=x.device)
+    new_residual = torch.empty_like(out) if residual is not None else out
+    if tokens == 0:
+        return out if residual is None else (out, new_residual)
+    r2 = residual.expand(tokens, n) if residual is not None else rows2d
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    block_n = triton.next_power_of_2(n)
+    rows = max(1, min(64, TILE_ELEMENTS // block_n))
+    use_pdl = pdl.enabled(x.device)
+    _rms_norm_kernel[(triton.cdiv(tokens, rows),)](
+        rows2d, r2, weight.contiguous(), out, new_residual,
+        tokens, 1, eps,
+        rows2d.stride(0), 0, r2.stride(0), 0,
+        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
+        PARTS=parts, ROUND=interpreted_bf16(x),
         num_warps=min(16, max(1, rows * block_n // 512)), **pdl.launch_options(use_pdl),
     )
     return out if residual is None else (out, new_residual)

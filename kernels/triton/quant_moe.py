@@ -33,7 +33,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import fused_moe as bf16_moe
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, uniform_scale
-from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, sum_pairs
+from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, finish_pairs
 from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
@@ -251,14 +251,14 @@ def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, bloc
 
 
 def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, weights: torch.Tensor,
-                    ids: torch.Tensor, shared13=None, shared2=None, config: QuantMoeConfig | None = None
-                    ) -> torch.Tensor:
+                    ids: torch.Tensor, shared13=None, shared2=None, config: QuantMoeConfig | None = None,
+                    summed: bool = True) -> torch.Tensor:
     """:func:`ninfer_kernels.moe.fused_moe`'s contract for quantized ``w13``/``w2`` (and
     shared expert weights, quantized alike or plain tensors)."""
     if (shared2 is None) != (shared13 is None):
         raise ValueError("give both shared13 and shared2, or neither")
     if shared13 is not None and isinstance(shared13, torch.Tensor):
-        return _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config)
+        return _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config, summed)
     op13, op2 = _contiguous(operands(w13)), _contiguous(operands(w2))
     num_experts = op13.data.shape[0]
     top_k = ids.shape[1]
@@ -266,16 +266,16 @@ def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, we
     s13 = _contiguous(operands(shared13)) if has_shared else None
     s2 = _contiguous(operands(shared2)) if has_shared else None
     if op13.fmt != op2.fmt or x.dtype not in INT4_MAGIC or (has_shared and s13.fmt != op13.fmt):
-        return _dequantized(x, w13, w2, weights, ids, shared13, shared2)
+        return _dequantized(x, w13, w2, weights, ids, shared13, shared2, summed)
     num_tokens = x.shape[0]
     if num_tokens == 0:
-        return torch.empty_like(x)
+        return torch.empty_like(x) if summed else x.new_empty(0, top_k, op2.n)
     config = config or quant_moe_config(op13.fmt, num_experts + has_shared, top_k, num_tokens)
     fmt = FP8_ACT if op13.fmt == FP8 and config.act_quant else op13.fmt
     fit13 = block_k_for(op13, fmt, config.gate_up.BLOCK_K)
     fit2 = block_k_for(op2, fmt, config.down.BLOCK_K)
     if fit13 is None or fit2 is None:
-        return _dequantized(x, w13, w2, weights, ids, shared13, shared2)
+        return _dequantized(x, w13, w2, weights, ids, shared13, shared2, summed)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     weights = weights.float().contiguous()
     pairs, inter, hidden = num_tokens * top_k, op13.n // 2, op2.n
@@ -290,21 +290,25 @@ def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, we
     _launch(_quant_down_kernel, hq, hq_scales, op2, s2, rows, (weights,), align, ids, pairs, hidden,
             config.block_m, config.down, fmt, fit2, (num_experts, hidden, op2.k),
             (hq.stride(0), hq.stride(1), hq_scales.stride(0)))
-    return sum_pairs(rows, num_tokens, top_k)
+    return finish_pairs(rows, num_tokens, top_k, summed)
 
 
-def _dequantized(x, w13, w2, weights, ids, shared13, shared2) -> torch.Tensor:
+def _dequantized(x, w13, w2, weights, ids, shared13, shared2, summed=True) -> torch.Tensor:
     """What no kernel here covers (float32 x, mixed formats, odd groupings): the bf16 path
     on dequantized copies. Slow and memory-hungry; correct."""
     def plain(w):
         return w if w is None or isinstance(w, torch.Tensor) else w.dequantize(x.dtype)
-    return bf16_moe.fused_moe(x, plain(w13), plain(w2), weights, ids, plain(shared13), plain(shared2))
+    return bf16_moe.fused_moe(x, plain(w13), plain(w2), weights, ids, plain(shared13), plain(shared2), summed=summed)
 
 
-def _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config) -> torch.Tensor:
+def _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config, summed=True) -> torch.Tensor:
     """Quantized routed experts beside a bf16 shared expert (the last id column): each
-    through its own kernels, the two sums added in float32."""
-    routed = quant_fused_moe(x, w13, w2, weights[:, :-1], ids[:, :-1].contiguous(), None, None, config)
+    through its own kernels, the two sums added in float32 (or, not ``summed``, the
+    routed pairs' rows and the shared expert's row side by side)."""
+    routed = quant_fused_moe(x, w13, w2, weights[:, :-1], ids[:, :-1].contiguous(), None, None, config,
+                             summed=summed)
     one = torch.zeros_like(ids[:, -1:], dtype=torch.int32)
-    shared = bf16_moe.fused_moe(x, shared13[None], shared2[None], weights[:, -1:], one)
+    shared = bf16_moe.fused_moe(x, shared13[None], shared2[None], weights[:, -1:], one, summed=summed)
+    if not summed:
+        return torch.cat([routed, shared], dim=1)
     return (routed.float() + shared.float()).to(x.dtype)

@@ -10,7 +10,7 @@ tensors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -89,14 +89,25 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
+class ExpertRows(NamedTuple):
+    """A mixture-of-experts layer's output left unsummed: each token's weighted expert
+    rows [T, k', H]. The residual-stream norm after the layer sums them as it adds the
+    residual (one launch fewer a layer); nothing else takes this type."""
+
+    rows: torch.Tensor
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = empty_param(dim)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Normalised ``x``, or ``(normalised x + residual, x + residual)`` with a residual."""
+    def forward(self, x: torch.Tensor | ExpertRows, residual: torch.Tensor | None = None):
+        """Normalised ``x``, or ``(normalised x + residual, x + residual)`` with a residual
+        (``x`` may be :class:`ExpertRows`, summed first)."""
+        if isinstance(x, ExpertRows):
+            return ops.rms_norm(x.rows, self.weight, self.eps, residual, expert_rows=True)
         return ops.rms_norm(x, self.weight, self.eps, residual)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ninfer_kernels import ops, quant_rows
 from ninfer_kernels.quant_formats import QuantWeight
-from ninfer_plugins.models.layers import Linear, empty_param
+from ninfer_plugins.models.layers import ExpertRows, Linear, empty_param
 
 
 class Experts(nn.Module):
@@ -76,6 +76,10 @@ class SparseMoE(nn.Module):
         per_expert = self.experts.bytes_per_expert()
         return round(self.gate.weight.nbytes + distinct * per_expert)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> ExpertRows:
+        """The experts' weighted rows, summed by the norm after the layer (:class:`ExpertRows`)."""
+        return ExpertRows(self.routed(x, summed=False))
+
+    def routed(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob)
-        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, summed=summed)

@@ -17,7 +17,7 @@ import torch
 
 from ninfer_kernels import ops
 from ninfer_kernels import quant_rows
-from ninfer_plugins.models.layers import GatedMLP, Linear
+from ninfer_plugins.models.layers import ExpertRows, GatedMLP, Linear
 from ninfer_plugins.models.moe import SparseMoE
 from ninfer_plugins.models.quant_linear import QuantLinear
 
@@ -60,14 +60,15 @@ class SharedExpertMoE(SparseMoE):
             return None
         return tuple(found)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | ExpertRows:
         in_kernel = self._shared_in_kernel()
         if in_kernel is None:
             shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-            return super().forward(x) + shared
+            return self.routed(x) + shared
         weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob, x,
                                      self.shared_expert_gate.weight[0])
-        return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, *in_kernel)
+        return ExpertRows(ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
+                                        *in_kernel, summed=False))
 
 
 def _kernel_weight(layer) -> object | None:
