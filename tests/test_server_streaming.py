@@ -74,6 +74,24 @@ def _sse_app(make_frames, keepalive_s: float, **kw) -> Litestar:
     return Litestar([stream], exception_handlers=EXCEPTION_HANDLERS)
 
 
+def test_sse_frames_escape_the_line_breaks_splitlines_sees():
+    """U+2028, U+2029 and U+0085 inside a JSON string: valid raw, but readers that split
+    with str.splitlines (httpx's iter_lines) would cut the event in two."""
+    text = "one\u2028two\u2029three\x85four"
+
+    async def frames():
+        yield "data: " + json.dumps({"text": text}, ensure_ascii=False) + "\n\n"
+
+    async def main():
+        client = Client(_sse_app(frames, 5.0), "GET", "/stream")
+        await asyncio.wait_for(client.task, 10)
+        body = b"".join(client.body_parts).decode()
+        lines = [line for line in body.splitlines() if line]
+        assert len(lines) == 1 and json.loads(lines[0][6:]) == {"text": text}
+
+    asyncio.run(main())
+
+
 def test_sse_keeps_alive_while_idle_and_not_while_busy():
     async def slow():
         await asyncio.sleep(0.25)  # waiting for admission / prefill

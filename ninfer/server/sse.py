@@ -10,7 +10,8 @@ A handler returns ``sse_response(frames)`` where ``frames`` yields complete SSE 
   raise before that becomes an ordinary HTTP error (429, 400, ...) through the route's
   exception handlers; one raised later is turned into a last frame by ``on_error``;
 - always closes ``frames`` (aborting the engine request) when the client disconnects,
-  the stream fails or the server cancels the request, so KV pages never leak.
+  the stream fails or the server cancels the request, so KV pages never leak;
+- escapes the Unicode line separators JSON may leave raw (:func:`escape_line_breaks`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,27 @@ from ninfer.server.errors import INTERNAL_MESSAGE, error_code, ninfer_error_body
 Frame = Union[str, bytes]
 ErrorRenderer = Callable[[NinferError], Frame]
 
+#: characters a JSON encoder leaves raw that ``str.splitlines()`` takes for line breaks
+#: (U+2028, U+2029, U+0085). SSE ends lines at CR and LF only, but readers built on
+#: splitlines (httpx's ``iter_lines``, for one) cut such an event in two; written as
+#: escapes the JSON is the same and every reader sees one line.
+_SPLITLINES_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
 KEEPALIVE_S = 5.0
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 MEDIA_TYPE = "text/event-stream"
 #: no caching, and no buffering by nginx-style proxies
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def escape_line_breaks(body: bytes) -> bytes:
+    """``body`` with :data:`_SPLITLINES_BREAKS` escaped (they only occur inside JSON strings;
+    in UTF-8 none of these byte runs can be part of another character)."""
+    if b"\xe2\x80" not in body and b"\xc2\x85" not in body:
+        return body
+    for raw, escaped in _SPLITLINES_BREAKS:
+        body = body.replace(raw, escaped)
+    return body
 
 
 def openai_error_frame(exc: NinferError) -> Frame:
@@ -143,7 +160,7 @@ class _SSEStream(ASGIResponse):
                 if not started:
                     await self.start_response(send)
                     started = True
-                body = frame if isinstance(frame, bytes) else frame.encode()
+                body = escape_line_breaks(frame if isinstance(frame, bytes) else frame.encode())
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if last:
                     break
