@@ -138,7 +138,7 @@ def test_reference_handles_no_tokens():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("t,e,top_k,renorm,shared", [(1, 8, 2, True, False), (7, 6, 3, False, True),
-                                                     (5, 37, 8, True, True)])
+                                                     (5, 37, 8, True, True), (2, 256, 8, True, True)])
 def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
     gen = torch.Generator().manual_seed(e)
     logits = distinct_logits(t, e, gen).to(dtype)
@@ -152,9 +152,9 @@ def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
 
 
 def test_triton_route_ties_go_to_the_lower_id():
-    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0]])
     _, ids = t_route.moe_route(logits, 3, True)
-    assert ids.tolist() == [[1, 3, 4], [0, 1, 2]]
+    assert ids.tolist() == [[1, 3, 4], [0, 1, 2], [4, 1, 3]]  # negative logits order as floats do
 
 
 @pytest.mark.parametrize("t,k,e,block_m,chunk", [

@@ -3,10 +3,11 @@
 Decode steps are replayed from CUDA graphs, so nothing here reads a device value on the
 host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.moe`).
 
-* :func:`moe_route`: one program per token loads its logits row, takes the softmax in
-  float32 and picks ``top_k`` experts by rounds of "largest, lowest index holding it,
-  mask it out" (ties to the lower id, as the reference's stable sort gives); with a
-  shared expert it also takes the token's gate dot product.
+* :func:`moe_route`: one program per token loads its logits row, picks ``top_k`` experts
+  by rounds of "largest, lowest index holding it, mask it out" (ties to the lower id, as
+  the reference's stable sort gives; one 64-bit reduction a round) and takes their softmax
+  probabilities in float32; with a shared expert it also takes the token's gate dot
+  product.
 * :func:`moe_align`: up to ``SMALL_PAIRS`` pairs (decode), one program works everything
   out from comparisons of all pairs with each other, in registers. Beyond that, one
   program counts the pairs per expert, lays out the padded runs, then scatters the pairs
@@ -68,19 +69,30 @@ def _route_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
-    p = tl.exp(logits - tl.max(logits, 0))
-    p = p / tl.sum(p, 0)
-    # padding lanes sit below every probability, so even a zero one is picked first
-    work = tl.where(e_ok, p, -1.0)
+    # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
+    # one reduction of a 64-bit key: the logit's bits made to order as signed integers
+    # (negative floats' magnitude bits flipped) above the lane's reversed index, so the
+    # largest key is the largest logit at its lowest expert id (the reference's tie-break).
+    # Two reductions a round (the value, then its lowest index) made this kernel most of
+    # the routing's 4.6 us a layer at batch 1 (docs/performance.md, session 7).
+    bits = logits.to(tl.int32, bitcast=True)
+    order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    key = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64)
+    key = tl.where(e_ok, key, -9223372036854775807 - 1)  # padding lanes below every expert
     cols = tl.arange(0, BLOCK_KO)
     weights = tl.zeros([BLOCK_KO], dtype=tl.float32)
     ids = tl.zeros([BLOCK_KO], dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(work, 0)
-        idx = tl.min(tl.where(work == best, offs_e, BLOCK_E), 0)
-        weights = tl.where(cols == j, best, weights)
+        best = tl.max(key, 0)
+        idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+        picked = (best >> 32).to(tl.int32)
+        value = tl.where(picked < 0, picked ^ 0x7FFFFFFF, picked).to(tl.float32, bitcast=True)
+        weights = tl.where(cols == j, value, weights)  # the logit for now
         ids = tl.where(cols == j, idx, ids)
-        work = tl.where(offs_e == idx, -2.0, work)
+        key = tl.where(offs_e == idx, -9223372036854775807 - 1, key)
+    top = tl.max(tl.where(cols == 0, weights, float("-inf")), 0)  # the first pick: the largest logit
+    total = tl.sum(tl.exp(logits - top), 0)
+    weights = tl.where(cols < TOP_K, tl.exp(weights - top) / total, 0.0)
     if RENORM:
         weights = weights / tl.sum(weights, 0)  # unpicked columns hold 0
     if HAS_SHARED:
