@@ -195,3 +195,35 @@ def test_the_inputs_a_round_leaves_are_the_ones_the_host_would_stage(trained, mo
             getattr(v, f).copy_(held[f])
         checks += 1
     assert checks > 3
+
+
+def test_a_round_that_fails_after_launching_ahead_fails_its_requests(trained, monkeypatch):
+    """A round launched ahead may already have moved the device state past what the host
+    has seen: if its launch fails, its requests end with an error (never continue from
+    the wrong state); the engine then serves the next requests as usual."""
+    from ninfer.engine.request import EngineRequest
+
+    plain, _, device = _engines(trained, block_size=16, prefix_reuse=False)
+    engine = device.engine
+    params = SamplingParams(max_tokens=40, ignore_eos=True, **GREEDY)
+    tok = device.get_tokenizer()
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(EngineRequest(f"r{i}", tok.encode(prompt), params))
+    runner, real = engine.runner, engine.runner.launch_round_ahead
+    calls = []
+
+    def failing(sched):
+        calls.append(1)
+        if len(calls) == 3:
+            real(sched)  # the round ran on the device, then something failed
+            raise RuntimeError("pinned copy failed")
+        return real(sched)
+
+    monkeypatch.setattr(runner, "launch_round_ahead", failing)
+    events = []
+    while engine.has_unfinished():
+        events += engine.step()
+    finals = {e.request_id: e for e in events if e.finished}
+    assert {e.finish_reason for e in finals.values()} == {"error"} and len(calls) == 3
+    monkeypatch.undo()
+    assert _run(device, PROMPTS, params) == _run(plain, PROMPTS, params)

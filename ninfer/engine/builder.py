@@ -3,7 +3,6 @@ engine's parts (:mod:`ninfer.engine.parts`), then the engine from them, then war
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from ninfer.engine.parts import (
     snapshot_rows, state_pool_bytes,
 )
 from ninfer.engine.spec.proposer import ProposerContext
-from ninfer.engine.spec.device_rounds import DeviceRounds
+from ninfer.engine.spec.device_rounds import DeviceRounds, device_rounds_enabled
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
 from ninfer.engine.state_slots import RecurrentState
 from ninfer.engine.warmup import warm_up
@@ -70,7 +69,9 @@ def kv_bytes_per_token(kv_format, specs, dtype: torch.dtype) -> float:
     return sum(kv_format.bytes_per_token(dtype, s.num_kv_heads, s.head_dim) for s in specs)
 
 
-def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=()) -> int:
+def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=(), backend=None) -> int:
+    """Tokens the KV pool holds: the profile's number, or with ``auto`` what the device's
+    free memory leaves after the recurrent-state pool (``backend``: the speculative one)."""
     value = profile.engine.kv_capacity
     if value != "auto":
         return int(value)
@@ -82,7 +83,11 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=())
         # state pool (one slot per admitted request, the snapshot rows and, with
         # speculation, per-position verify rows) is allocated after the KV pool
         width = profile.speculative.draft_tokens + 1 if profile.speculative.backend else 0
-        rows = profile.engine.max_concurrency * (1 + width) + (profile.cache.device_state_slots or 0)
+        # rounds on the device launched ahead while snapshots are taken use two scratch banks
+        # (allocate_recurrent_state); counted whenever they may come, as graphs may be captured
+        banks = 2 if (backend is not None and backend.drafts_on_device and device_rounds_enabled()
+                      and profile.engine.decode_ahead and profile.engine.prefix_reuse) else 1
+        rows = profile.engine.max_concurrency * (1 + banks * width) + (profile.cache.device_state_slots or 0)
         budget = free - (1 << 30) - state_pool_bytes(model, rows)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency
@@ -149,7 +154,7 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
     spec = profile.speculative.backend
     backend = registry.get("speculative_backend", spec, key="speculative.backend") if spec else None
     draft_specs = backend.attention_specs(model) if backend is not None and backend.attention_specs else ()
-    kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs)
+    kv_tokens = kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs, backend)
     cfg = engine_config(profile, kv_tokens)
     # multimodal checkpoints (Qwen3.5/3.6) keep the text model's settings in text_config
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
@@ -181,7 +186,7 @@ def engine_parts(
     # greedy rounds run whole on the device: captured on CUDA, eagerly on CPU where tests run
     # them; NINFER_DEVICE_ROUNDS=0 keeps every round on the host (for comparisons)
     device_rounds = (speculative is not None and speculative.drafts_on_device and cfg.draft_tokens > 0
-                     and os.environ.get("NINFER_DEVICE_ROUNDS", "1") != "0"
+                     and device_rounds_enabled()
                      and (use_graphs and can_capture(model) or device.type == "cpu" and decode_ahead_on_cpu))
     state = allocate_recurrent_state(model, cfg, device, costs, device_rounds=device_rounds and launch_ahead)
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))

@@ -360,9 +360,10 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             return None
         try:
             following = InFlight(sched, self.runner.launch_round_ahead(sched), time.perf_counter())
-        except Exception:  # the next round is launched in the ordinary way, where a failure is handled
-            logger.opt(exception=True).warning("could not launch a speculative round ahead")
-            return None
+        except Exception as exc:
+            # unlike a plain step launched ahead, a round may have run on the device already
+            # (settling state past what the host has seen): these requests cannot go on
+            raise _BatchFailed(current.sched) from exc
         self.stats.total_steps_ahead += 1
         return following
 

@@ -154,6 +154,8 @@ def allocate_recurrent_state(model, config: EngineConfig, device: torch.device,
     if snapshots is not None:
         host = f", {snapshots.num_host} host snapshot rows ({snapshots.host_bytes / (1 << 20):.1f} MiB)"
     verify = f" + {scratch_rows} speculative verify rows" if scratch_rows else ""
+    if banks > 1 and scratch_rows:
+        verify += " (two banks: rounds on the device run ahead of their snapshots)"
     logger.info(
         "recurrent state: {} slots + {} snapshot rows{}, {:.1f} MiB on the device{}",
         working, snap, verify, nbytes / (1 << 20), host,

@@ -146,7 +146,8 @@ class MtpProposer:
         lens = starts + w  # row t sees the keys up to its own position
         last = torch.arange(bs, device=dev) * w + accepted
         chain_pos = (starts + accepted + 1).unsqueeze(0) + torch.arange(self.k - 1, device=dev).unsqueeze(1)
-        chain_slots = paged_slots(chain_pos.T, tables, pages, bsz).T
+        # contiguous: the KV write kernels read a step's slots without a stride
+        chain_slots = paged_slots(chain_pos.T, tables, pages, bsz).T.contiguous()
         return chain_drafts(
             self._head_forward, self._greedy, self.k, bsz, self.max_context, tokens.clamp_min(0).reshape(-1),
             hidden, positions.reshape(-1), slots.reshape(-1), lens, last, chain_pos, chain_pos + 1, chain_slots,

@@ -30,6 +30,7 @@ never run here; they take the host-driven round.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -40,6 +41,11 @@ from ninfer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from ninfer.engine.spec.acceptance import PAD_TOKEN, accept_greedy
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
+
+
+def device_rounds_enabled() -> bool:
+    """``NINFER_DEVICE_ROUNDS=0`` keeps every round on the host (for comparisons)."""
+    return os.environ.get("NINFER_DEVICE_ROUNDS", "1") != "0"
 
 
 def paged_slots(positions: torch.Tensor, tables: torch.Tensor, pages: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -157,5 +163,7 @@ def plan_round_ahead(sched: SchedulerOutput, scheduler: Scheduler, max_context: 
         room = min(seq.max_tokens - seq.num_output_tokens, max_context - seq.num_tokens)
         if seq.is_finished or room < 2 * width:
             return None
+    # k placeholders stand for the k real drafts (room for two rounds means every row has
+    # all of them), so the round's statistics count what was drafted
     ahead = [ScheduledChunk(c.seq, width, True, (PAD_TOKEN,) * (width - 1)) for c in chunks]
     return SchedulerOutput(chunks=ahead, num_decode=len(ahead), num_verify=len(ahead))
