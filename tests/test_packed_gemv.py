@@ -115,6 +115,19 @@ def test_packed_fp8_step_equals_the_dequantized_linear(monkeypatch, fmt, dtype, 
     _check_one_row(monkeypatch, w, gen, dtype)
 
 
+def test_fp8_rows_that_do_not_end_on_a_whole_word_keep_the_value_by_value_step(monkeypatch):
+    """K = 202 stored with rows of 204 bytes: the row stride is whole words, K is not."""
+    gen = torch.Generator().manual_seed(6)
+    wide = random_weight("fp8_channel", 32, 204, gen=gen)
+    w = qf.Fp8Block(wide.weight[:, :202], wide.scale, (1, 202))
+    x = torch.randn(1, 202, generator=gen).to(torch.bfloat16)
+    seen = _spy_packed(monkeypatch)
+    got = qg.quant_matmul(x, w, None, ONE_ROW)
+    assert seen == [False]
+    monkeypatch.undo()
+    assert rel_err(got, F.linear(x.float(), w.dequantize())) <= TOL
+
+
 def test_fp8_scales_that_vary_inside_a_tile_keep_the_value_by_value_step(monkeypatch):
     gen = torch.Generator().manual_seed(5)
     w = random_weight("fp8", 64, 256, gen=gen)
@@ -142,6 +155,20 @@ def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
     seen.clear()
     assert rel_err(qm.quant_fused_moe(*several, config=MOE_SMALL), want5) <= TOL
     assert seen == [False, False]  # sorted runs of several tokens keep the tiles
+
+
+@pytest.mark.parametrize("config", [ONE_ROW, qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2)],
+                         ids=["one-row", "tiles"])
+def test_int4_zero_points_at_their_extremes(monkeypatch, config):
+    """Zero points 0, 15 and 16 (GPTQ's v1 layout stores z - 1 and loads add it back):
+    (q - z) stays exact in fp16 on both packed steps."""
+    gen = torch.Generator().manual_seed(8)
+    w = random_weight("int4", 48, 256, gen=gen)
+    zeros = torch.tensor([0.0, 15.0, 16.0]).repeat(48 * 2)[: 48 * 2].reshape(48, 2).to(torch.bfloat16)
+    w = qf.Int4Group(w.qweight, w.scales, zeros, w.group_size)
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
+    x = x[:1] if config is ONE_ROW else x
+    assert rel_err(qg.quant_matmul(x, w, None, config), F.linear(x.float(), w.dequantize())) <= TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -24,6 +24,12 @@ instruction, the way FasterTransformer's and Marlin's int4 kernels do:
   and the group's scale (times 64) applies there.
 
 The fp16 sum of a word's eight products keeps 11 bits, more than a bf16 weight has.
+fp16's range bounds both ends: x beyond 65504 saturates there (as in the FP8 and NVFP4
+fp16 tiles), and products (q - z) x / 64 below 2**-8 become subnormals whose absolute error
+(up to 2**-19 of a unit of x) is a large relative one only when a whole row of x is that
+small (rows scaled to 1e-5: 2.6% error, against 0.2% value by value; at 1e-3 and above the
+two agree). ``NINFER_PACKED_STEPS=0`` keeps the value-by-value steps; a per-row power of
+two applied to x would lift both limits if a model needs it.
 
 For ``tl.dot`` (several rows of x) the same ``lop3`` pairs become a word's eight values
 (q - z) in fp16, exact, and x is converted to fp16 (saturating) for the product, which
@@ -132,16 +138,37 @@ def _f16(x):
 
 
 @triton.jit
+def _nibble_pair(word, j: tl.constexpr):
+    """:func:`_nibble_pairs`' register h<j> in Triton operations (int32 bits of two fp16)."""
+    src = word if j < 2 else (word >> 8) & 0xFFFFFF  # shr.u32: no sign bits shifted in
+    mask = 0x000F000F if j % 2 == 0 else 0x00F000F0
+    return (src & mask) | 0x64006400
+
+
+@triton.jit
+def _word_values_emulated(word, z_lo, z_hi):
+    """:data:`_WORD_VALUES` in Triton operations, step by step: the eight (q - z) in fp16,
+    nibble order (what the PTX leaves in $0..$7)."""
+    h0, h1, h2, h3 = _nibble_pair(word, 0), _nibble_pair(word, 1), _nibble_pair(word, 2), _nibble_pair(word, 3)
+    v0 = (half_of(h0, False) - half_of(z_lo, False)).to(tl.float16)  # sub.f16x2: exact
+    v4 = (half_of(h0, True) - half_of(z_lo, True)).to(tl.float16)
+    v1 = (half_of(h1, False) * 0.0625 + half_of(z_hi, False)).to(tl.float16)  # fma by 1/16: exact
+    v5 = (half_of(h1, True) * 0.0625 + half_of(z_hi, True)).to(tl.float16)
+    v2 = (half_of(h2, False) - half_of(z_lo, False)).to(tl.float16)
+    v6 = (half_of(h2, True) - half_of(z_lo, True)).to(tl.float16)
+    v3 = (half_of(h3, False) * 0.0625 + half_of(z_hi, False)).to(tl.float16)
+    v7 = (half_of(h3, True) * 0.0625 + half_of(z_hi, True)).to(tl.float16)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
 def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
     """:data:`_WORD_DOT` in Triton operations: the same pairs and fp16 roundings."""
-    t = (word >> 8) & 0xFFFFFF
     pairs_x = (xa, xb, xc, xd)
     half_sums_lo = tl.zeros(word.shape, dtype=tl.float32)
     half_sums_hi = tl.zeros(word.shape, dtype=tl.float32)
     for j in tl.static_range(4):
-        src = word if j < 2 else t
-        mask = 0x000F000F if j % 2 == 0 else 0x00F000F0
-        h = (src & mask) | 0x64006400
+        h = _nibble_pair(word, j)
         xs = pairs_x[j]
         for high in tl.static_range(2):
             v = half_of(h, high)
@@ -161,18 +188,11 @@ def _word_dot_emulated(word, xa, xb, xc, xd, z_lo, z_hi):
 def int4_fp16_tile(words, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULATE: tl.constexpr):
     """fp16 [BLOCK_N, BLOCK_K]: the values (q - z) of int32 ``words`` [BLOCK_N, BLOCK_K // 8]
     (column ``8w + j`` in nibble ``j``) with float32 zero points ``z`` [BLOCK_N, 1]."""
+    z_lo = _pair(1024.0 + z, 1024.0 + z, EMULATE)
+    z_hi = _pair(-64.0 - z, -64.0 - z, EMULATE)
     if EMULATE:
-        v0 = (((words >> 0) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v1 = (((words >> 4) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v2 = (((words >> 8) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v3 = (((words >> 12) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v4 = (((words >> 16) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v5 = (((words >> 20) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v6 = (((words >> 24) & 0xF).to(tl.float32) - z).to(tl.float16)
-        v7 = (((words >> 28) & 0xF).to(tl.float32) - z).to(tl.float16)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _word_values_emulated(words, z_lo, z_hi)
     else:
-        z_lo = _pair(1024.0 + z, 1024.0 + z, EMULATE)
-        z_hi = _pair(-64.0 - z, -64.0 - z, EMULATE)
         v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
             _WORD_VALUES, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, z_lo, z_hi],
             dtype=(tl.float16,) * 8, is_pure=True, pack=1)

@@ -274,8 +274,9 @@ def packed_options(x: torch.Tensor, op: Operands, options: dict, block_m: int, b
     fp8_scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
     packed = (options["GEMV"] and block_m == 1 and packed_steps() and (fmt == INT4 or fp8_scale > 0)
               and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))
-    if fmt == FP8:
-        packed = packed and op.data.stride(-1) == 1 and op.data.stride(-2) % 4 == 0 and op.data.data_ptr() % 16 == 0
+    if fmt == FP8:  # whole words: every row starts on one and K fills its last
+        packed = (packed and op.k % 4 == 0 and op.data.stride(-1) == 1 and op.data.stride(-2) % 4 == 0
+                  and op.data.data_ptr() % 16 == 0)
     pairs = fmt == INT4 and not options["GEMV"] and not options["SCALE_PER_ELEMENT"] and packed_steps()
     return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": op.k % block_k == 0,
             "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda", "PAIRS": pairs}

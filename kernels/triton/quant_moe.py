@@ -243,8 +243,8 @@ def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, bloc
         scale = 0
     packed = (align is None and packed_steps() and not fit[1] and (fmt == INT4 or scale > 0)
               and a.stride(1) == 1 and a.data_ptr() % 4 == 0 and a.stride(0) % 2 == 0
-              and (fmt == INT4 or all(o.data.stride(-1) == 1 and o.data.stride(-2) % 4 == 0
-                                      and o.data.data_ptr() % 16 == 0 for o in ops)))
+              and (fmt == INT4 or op.k % 4 == 0 and all(o.data.stride(-1) == 1 and o.data.stride(-2) % 4 == 0
+                                                         and o.data.data_ptr() % 16 == 0 for o in ops)))
     pairs = fmt == INT4 and not packed and not fit[1] and packed_steps()  # int4 tiles in fp16 pairs
     return {"PACKED": packed, "X_BF16": a.dtype == torch.bfloat16, "EVEN_K": op.k % fit[0] == 0,
             "FP8_SCALE": scale, "EMULATE": a.device.type != "cuda", "PAIRS": pairs}
