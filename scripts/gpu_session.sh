@@ -28,7 +28,7 @@
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
-#   scripts/gpu_session.sh quant-tests  the quantized-KV and quantized-weight GPU tests alone (~4-7 min)
+#   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
@@ -85,8 +85,11 @@ quant_tests() {
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
         tests/test_weight_formats_gpu.py \
         > "$OUT/pytest_quant.txt" 2>&1 &
+    # the speculative GPU tests (device rounds among them) ride along: spec2's call has no room
+    timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
+        > "$OUT/pytest_spec.txt" 2>&1 &
     wait
-    for f in pytest_kv pytest_kv_engine pytest_quant; do echo "$f: $(tail -1 "$OUT/$f.txt")"; done
+    for f in pytest_kv pytest_kv_engine pytest_quant pytest_spec; do echo "$f: $(tail -1 "$OUT/$f.txt")"; done
 }
 for stage in "${@:-check}"; do
 echo "== stage $stage ($(date +%T))"
@@ -155,7 +158,11 @@ spec)
     fi
     ;;
 spec2)
-    timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
+    # the spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them here too): training the
+    # gpu preset (about 4 minutes) and the benches fill this call
+    if [ "${SPEC_TESTS:-0}" = 1 ]; then
+        timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
+    fi
     timeout 300 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
