@@ -14,7 +14,7 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
-#   scripts/gpu_session.sh spec2    the spec GPU tests, a TRAIN_PRESET (gpu) model trained on the GPU, then MTP
+#   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU (SPEC_TESTS=1: the spec GPU tests first), then MTP
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
 #                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0)
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
