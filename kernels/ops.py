@@ -37,6 +37,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "gated_delta_verify": {"reference": gated_delta_decode.gated_delta_verify, "triton": None},
     "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
     "moe_route": {"reference": moe.moe_route, "triton": None},
+    "route_tokens": {"reference": moe.route_tokens, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
@@ -204,6 +205,18 @@ def moe_route(
     shared_gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return choose("moe_route", logits.device.type)(logits, top_k, renormalize, x, shared_gate)
+
+
+def route_tokens(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's matmul then :func:`moe_route` (:func:`ninfer_kernels.moe.route_tokens`;
+    one launch for decode batches on CUDA)."""
+    return choose("route_tokens", x.device.type)(x, router, top_k, renormalize, shared_gate)
 
 
 def fused_moe(

@@ -151,6 +151,52 @@ def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
     assert (got_w - want_w).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t,e,h,top_k,shared,column_major", [(1, 256, 2048, 8, True, True), (5, 37, 200, 3, False, False),
+                                                            (16, 128, 256, 8, True, False)])
+def test_router_matmul_and_routing_in_one_launch(t, e, h, top_k, shared, column_major, dtype, monkeypatch):
+    """Parts of the hidden dimension a program each, the last to arrive routing the token:
+    the reference's experts and weights, the router stored either way round, and the
+    arrival counters back at zero (a second call gives the same). Past MAX_TOKENS, or
+    switched off, the two launches run instead."""
+    from ninfer_kernels.triton import moe_router
+
+    gen = torch.Generator().manual_seed(t + e)
+    x = torch.randn(t, h, generator=gen).to(dtype)
+    router = (torch.randn(e, h, generator=gen) * h**-0.5).to(dtype)
+    if column_major:  # how Linear layers keep their weights for cuBLAS (store_linears_column_major)
+        router = router.t().contiguous().t()
+    gate = (torch.randn(1, h, generator=gen) * h**-0.5).to(dtype) if shared else None
+    want_w, want_ids = moe.route_tokens(x, router, top_k, True, gate)
+    calls = []
+    real = moe_router._router_kernel
+    monkeypatch.setattr(moe_router, "_router_kernel", _Counting(real, calls))
+    got_w, got_ids = moe_router.route_tokens(x, router, top_k, True, gate)
+    assert calls and torch.equal(got_ids, want_ids) and (got_w - want_w).abs().max() <= 1e-6
+    again_w, again_ids = moe_router.route_tokens(x, router, top_k, True, gate)
+    assert torch.equal(again_w, got_w) and torch.equal(again_ids, got_ids)
+    calls.clear()
+    monkeypatch.setenv("NINFER_FUSED_ROUTER", "0")
+    off_w, off_ids = moe_router.route_tokens(x, router, top_k, True, gate)
+    assert not calls and torch.equal(off_ids, want_ids)
+    monkeypatch.delenv("NINFER_FUSED_ROUTER")
+    many = torch.randn(moe_router.MAX_TOKENS + 1, h, generator=gen).to(dtype)
+    assert torch.equal(moe_router.route_tokens(many, router, top_k, True, gate)[1],
+                       moe.route_tokens(many, router, top_k, True, gate)[1])
+    assert not calls
+
+
+class _Counting:
+    """A kernel handle that notes each launch (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
 def test_triton_route_ties_go_to_the_lower_id():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0]])
     _, ids = t_route.moe_route(logits, 3, True)

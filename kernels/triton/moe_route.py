@@ -44,31 +44,12 @@ KERNEL_MAX_PAIRS = 1024
 
 
 @triton.jit
-def _route_kernel(
-    logits_ptr, x_ptr, gate_ptr, w_ptr, ids_ptr,
-    num_experts, hidden, stride_lt, stride_xt,
-    TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    # x was written before the router's matmul, which launches without PDL (cuBLAS): so
-    # under PDL this part may run before the wait, overlapping that matmul's end
-    if HAS_SHARED:
-        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for h0 in range(0, hidden, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            h_ok = offs_h < hidden
-            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-            gv = tl.load(gate_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-            acc += xv * gv
-        # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
-        g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the logits come from the matmul just before
+def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constexpr, K_OUT: tl.constexpr,
+                 RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
+    """Store one token's ``K_OUT`` weights and expert ids at ``w_out`` / ``ids_out`` from its
+    float32 router ``logits`` [BLOCK_E] (lanes past ``e_ok`` -inf) and, with a shared
+    expert, its rounded gate logit ``g``."""
     offs_e = tl.arange(0, BLOCK_E)
-    e_ok = offs_e < num_experts
-    logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
     # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
     # one reduction of a 64-bit key: the logit's bits made to order as signed integers
     # (negative floats' magnitude bits flipped) above the lane's reversed index, so the
@@ -98,8 +79,39 @@ def _route_kernel(
     if HAS_SHARED:
         weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g)), weights)
         ids = tl.where(cols == TOP_K, num_experts, ids)
-    tl.store(w_ptr + t * K_OUT + cols, weights, mask=cols < K_OUT)
-    tl.store(ids_ptr + t * K_OUT + cols, ids, mask=cols < K_OUT)
+    tl.store(w_out + cols, weights, mask=cols < K_OUT)
+    tl.store(ids_out + cols, ids, mask=cols < K_OUT)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, x_ptr, gate_ptr, w_ptr, ids_ptr,
+    num_experts, hidden, stride_lt, stride_xt,
+    TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    g = 0.0
+    # x was written before the router's matmul, which launches without PDL (cuBLAS): so
+    # under PDL this part may run before the wait, overlapping that matmul's end
+    if HAS_SHARED:
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            h_ok = offs_h < hidden
+            xv = tl.load(x_ptr + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            gv = tl.load(gate_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            acc += xv * gv
+        # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
+        g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # the logits come from the matmul just before
+    offs_e = tl.arange(0, BLOCK_E)
+    e_ok = offs_e < num_experts
+    logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
+    pick_experts(logits, e_ok, g, w_ptr + t * K_OUT, ids_ptr + t * K_OUT, num_experts,
+                 TOP_K, K_OUT, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
 
 
 def moe_route(

@@ -81,5 +81,15 @@ class SparseMoE(nn.Module):
         return ExpertRows(self.routed(x, summed=False))
 
     def routed(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
-        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob)
+        weights, ids = self.route(x)
         return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, summed=summed)
+
+    def route(self, x: torch.Tensor, shared_gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's experts and weights (``shared_gate``: the shared expert's gate row,
+        its weight appended). A plain router takes the op that fuses its matmul with the
+        routing (one launch for decode batches on CUDA); one with an adapter or a bias runs
+        as a layer first."""
+        gate = self.gate
+        if gate.lora is None and gate.bias is None and isinstance(gate.weight, torch.Tensor):
+            return ops.route_tokens(x, gate.weight, self.top_k, self.norm_topk_prob, shared_gate)
+        return ops.moe_route(gate(x), self.top_k, self.norm_topk_prob, x, shared_gate)

@@ -65,8 +65,7 @@ class SharedExpertMoE(SparseMoE):
         if in_kernel is None:
             shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
             return self.routed(x) + shared
-        weights, ids = ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob, x,
-                                     self.shared_expert_gate.weight[0])
+        weights, ids = self.route(x, self.shared_expert_gate.weight[0])
         return ExpertRows(ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
                                         *in_kernel, summed=False))
 
