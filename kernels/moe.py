@@ -34,8 +34,10 @@ def moe_route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and weights from router ``logits`` [T, E].
 
-    Softmax in float32; the ``top_k`` largest probabilities in descending order (ties go
-    to the lower expert id); divided by their sum when ``renormalize``. With
+    Softmax in float32; the experts of the ``top_k`` largest logits in descending order
+    (ties go to the lower expert id; the softmax keeps the logits' order, and ranking the
+    logits keeps distinct logits apart where their float32 probabilities round equal), with
+    their probabilities as weights, divided by their sum when ``renormalize``. With
     ``shared_gate`` ([H], the shared expert's gate row) and ``x`` [T, H], one more column
     follows: expert id ``E`` with weight ``sigmoid(x . shared_gate)`` (the dot in float32,
     rounded to ``x``'s dtype as a linear layer's output would be, the sigmoid in float32).
@@ -43,8 +45,8 @@ def moe_route(
     Returns ``(weights, ids)``: float32 [T, k'] and int32 [T, k'], k' = top_k (+ 1).
     """
     probs = torch.softmax(logits.float(), dim=-1)
-    # a stable descending sort keeps equal probabilities in expert order: ties go low
-    ids = probs.argsort(dim=-1, descending=True, stable=True)[:, :top_k]
+    # a stable descending sort keeps equal logits in expert order: ties go low
+    ids = logits.float().argsort(dim=-1, descending=True, stable=True)[:, :top_k]
     weights = probs.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

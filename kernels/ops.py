@@ -79,7 +79,9 @@ def rms_norm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (:func:`ninfer_kernels.norm.rms_norm`), with the residual add before it and,
     with ``expert_rows``, the sum of a mixture-of-experts layer's rows before that."""
-    return choose("rms_norm", x.device.type)(x, weight, eps, residual, expert_rows)
+    impl = choose("rms_norm", x.device.type)
+    # the flag only when set: implementations from before it (benchmark A/Bs) still plug in
+    return impl(x, weight, eps, residual, expert_rows=True) if expert_rows else impl(x, weight, eps, residual)
 
 
 def apply_rope(
@@ -233,7 +235,10 @@ def fused_moe(
     stacked tensors, or quantized weights of :mod:`ninfer_kernels.quant_formats` with a
     leading expert dimension; every implementation takes both. ``summed`` false: each
     token's weighted rows [T, k', H], for :func:`rms_norm`'s ``expert_rows``."""
-    return choose("fused_moe", x.device.type)(x, w13, w2, weights, ids, shared13, shared2, summed=summed)
+    impl = choose("fused_moe", x.device.type)
+    if summed:  # as above: older implementations take no flag
+        return impl(x, w13, w2, weights, ids, shared13, shared2)
+    return impl(x, w13, w2, weights, ids, shared13, shared2, summed=False)
 
 
 def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,

@@ -31,7 +31,9 @@ from ninfer_kernels import ops
 from ninfer_kernels.triton import decode_attention as fused
 
 
-def _skip_norm(x, weight, eps, residual=None):
+def _skip_norm(x, weight, eps, residual=None, expert_rows=False):
+    if expert_rows:  # a MoE layer's rows, which the norm sums
+        x = x.sum(dim=-2)
     return x if residual is None else (x, x)
 
 

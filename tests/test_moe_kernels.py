@@ -198,9 +198,22 @@ class _Counting:
 
 
 def test_triton_route_ties_go_to_the_lower_id():
-    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0]])
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0],
+                           [-0.0, 0.0, -1.0, -1.0, -1.0]])
     _, ids = t_route.moe_route(logits, 3, True)
-    assert ids.tolist() == [[1, 3, 4], [0, 1, 2], [4, 1, 3]]  # negative logits order as floats do
+    # negative logits order as floats do; -0.0 ties +0.0
+    assert ids.tolist() == [[1, 3, 4], [0, 1, 2], [4, 1, 3], [0, 1, 2]]
+    assert moe.moe_route(logits, 3, True)[1].tolist() == ids.tolist()
+
+
+def test_route_ranks_logits_whose_probabilities_round_equal():
+    """Two distinct logits near zero beside a large one: their float32 probabilities are
+    equal, and both the reference and the kernel keep the larger logit."""
+    logits = torch.tensor([[4.0, -3.0035e-08, -2.9802e-08, -30.0]]).to(torch.bfloat16)
+    probs = torch.softmax(logits.float(), dim=-1)
+    assert probs[0, 1] == probs[0, 2] and logits[0, 2] > logits[0, 1]
+    assert moe.moe_route(logits, 2, False)[1].tolist() == [[0, 2]]
+    assert t_route.moe_route(logits, 2, False)[1].tolist() == [[0, 2]]
 
 
 @pytest.mark.parametrize("t,k,e,block_m,chunk", [

@@ -263,6 +263,8 @@ def test_quant_fused_moe_rows_left_unsummed(fmt, tokens):
     plain = (s13.dequantize(torch.bfloat16), s2.dequantize(torch.bfloat16))
     rows = qm.quant_fused_moe(x, w13, w2, weights, ids, *plain, config=MOE_SMALL, summed=False)
     assert rows.shape == (tokens, 3, 128) and rel_err(rows.float().sum(dim=1), want) <= TOL
+    summed = qm.quant_fused_moe(x, w13, w2, weights, ids, *plain, config=MOE_SMALL)
+    assert torch.equal(rows.float().sum(dim=1).to(rows.dtype), summed)  # one rounding, as the norm's
 
 
 @pytest.mark.parametrize("tokens", [1, 5])

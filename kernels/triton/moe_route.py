@@ -56,7 +56,7 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
     # largest key is the largest logit at its lowest expert id (the reference's tie-break).
     # Two reductions a round (the value, then its lowest index) made this kernel most of
     # the routing's 4.6 us a layer at batch 1 (docs/performance.md, session 7).
-    bits = logits.to(tl.int32, bitcast=True)
+    bits = (logits + 0.0).to(tl.int32, bitcast=True)  # -0.0 becomes +0.0: equal logits tie
     order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     key = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64)
     key = tl.where(e_ok, key, -9223372036854775807 - 1)  # padding lanes below every expert

@@ -303,12 +303,11 @@ def _dequantized(x, w13, w2, weights, ids, shared13, shared2, summed=True) -> to
 
 def _plain_shared_expert(x, w13, w2, weights, ids, shared13, shared2, config, summed=True) -> torch.Tensor:
     """Quantized routed experts beside a bf16 shared expert (the last id column): each
-    through its own kernels, the two sums added in float32 (or, not ``summed``, the
-    routed pairs' rows and the shared expert's row side by side)."""
+    through its own kernels, their rows side by side, summed in float32 and rounded once
+    (unless not ``summed``), as every other path does."""
     routed = quant_fused_moe(x, w13, w2, weights[:, :-1], ids[:, :-1].contiguous(), None, None, config,
-                             summed=summed)
+                             summed=False)
     one = torch.zeros_like(ids[:, -1:], dtype=torch.int32)
-    shared = bf16_moe.fused_moe(x, shared13[None], shared2[None], weights[:, -1:], one, summed=summed)
-    if not summed:
-        return torch.cat([routed, shared], dim=1)
-    return (routed.float() + shared.float()).to(x.dtype)
+    shared = bf16_moe.fused_moe(x, shared13[None], shared2[None], weights[:, -1:], one, summed=False)
+    rows = torch.cat([routed, shared], dim=1)
+    return finish_pairs(rows.view(-1, rows.shape[-1]), rows.shape[0], rows.shape[1], summed)
