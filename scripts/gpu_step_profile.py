@@ -49,6 +49,7 @@ KINDS = (
     ("moe align", r"_align"),
     ("silu and mul", r"_silu_and_mul_kernel"),
     ("skinny linear (Triton)", r"_skinny_kernel"),
+    ("quantized linear (Triton)", r"_quant_gemm_kernel|_act_quant_kernel"),
     ("matmul (cuBLAS)", r"gemm|nvjet|cutlass|sm90_|xmma|splitK|gemv"),
     ("sampler / argmax", r"argmax|reduce_kernel|topk|sort|softmax"),
     ("elementwise (torch)", r"elementwise|vectorized|unrolled|index|gather|scatter|copy|cat"),
