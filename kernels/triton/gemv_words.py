@@ -1,4 +1,5 @@
-"""What the packed one-row GEMV steps share (:mod:`.int4_fp16`, :mod:`.fp8_gemv`).
+"""What the packed steps share (:mod:`.int4_fp16`, :mod:`.fp8_gemv`, the int4 tiles of
+:mod:`.quant_tiles`).
 
 Both read a row-major weight as 32-bit words (eight int4 or four e4m3 values each), a
 ``[BLOCK_N, WORDS]`` tile a K step, and keep the words of the next two steps in flight

@@ -79,52 +79,34 @@ def rms_norm(
     expert_rows: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`ninfer_kernels.norm.rms_norm`; results are new contiguous tensors."""
-    if expert_rows:
-        return _rms_norm_expert_rows(x, weight, eps, residual)
     n = x.shape[-1]
+    shape = (*x.shape[:-2], n) if expert_rows else x.shape
     dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    out = torch.empty(shape, dtype=dtype, device=x.device)
     new_residual = torch.empty_like(out) if residual is not None else out
-    x3 = _as_3d(x)
-    r3 = _as_3d(residual.expand(x.shape)) if residual is not None else x3
-    num_rows = x3.shape[0] * x3.shape[1]
-    if num_rows == 0:
+    if out.numel() == 0:
         return out if residual is None else (out, new_residual)
+    if expert_rows:  # [.., P, H]: a kernel row per token, its P rows summed in the load
+        parts = x.shape[-2]
+        rows = x.reshape(-1, n)
+        res = residual.expand(shape).reshape(-1, n) if residual is not None else rows
+        if res.stride(-1) != 1:
+            res = res.contiguous()
+        num_rows, inner = out.numel() // n, 1
+        x_strides, r_strides = (rows.stride(0), 0), (res.stride(0), 0)
+    else:
+        parts = 1
+        rows = _as_3d(x)
+        res = _as_3d(residual.expand(x.shape)) if residual is not None else rows
+        num_rows, inner = rows.shape[0] * rows.shape[1], rows.shape[1]
+        x_strides, r_strides = (rows.stride(0), rows.stride(1)), (res.stride(0), res.stride(1))
     block_n = triton.next_power_of_2(n)
-    rows = max(1, min(64, TILE_ELEMENTS // block_n))
+    per_program = max(1, min(64, TILE_ELEMENTS // block_n))
     use_pdl = pdl.enabled(x.device)
-    _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
-        x3, r3, weight.contiguous(), out, new_residual,
-        num_rows, x3.shape[1], eps,
-        x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
-        num_warps=min(16, max(1, rows * block_n // 512)), **pdl.launch_options(use_pdl),
-    )
-    return out if residual is None else (out, new_residual)
-
-
-def _rms_norm_expert_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None):
-    """``x`` [T, P, H]: each token's P rows summed inside the norm's load (one launch and
-    one [T, H] round trip fewer than summing them first)."""
-    tokens, parts, n = x.shape
-    rows2d = x.reshape(tokens * parts, n) if x.is_contiguous() else x.contiguous().view(tokens * parts, n)
-    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    out = torch.empty(tokens, n, dtype=dtype, device=x.device)
-    new_residual = torch.empty_like(out) if residual is not None else out
-    if tokens == 0:
-        return out if residual is None else (out, new_residual)
-    r2 = residual.expand(tokens, n) if residual is not None else rows2d
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    block_n = triton.next_power_of_2(n)
-    rows = max(1, min(64, TILE_ELEMENTS // block_n))
-    use_pdl = pdl.enabled(x.device)
-    _rms_norm_kernel[(triton.cdiv(tokens, rows),)](
-        rows2d, r2, weight.contiguous(), out, new_residual,
-        tokens, 1, eps,
-        rows2d.stride(0), 0, r2.stride(0), 0,
-        N=n, BLOCK_N=block_n, ROWS=rows, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
-        PARTS=parts, ROUND=interpreted_bf16(x),
-        num_warps=min(16, max(1, rows * block_n // 512)), **pdl.launch_options(use_pdl),
+    _rms_norm_kernel[(triton.cdiv(num_rows, per_program),)](
+        rows, res, weight.contiguous(), out, new_residual, num_rows, inner, eps, *x_strides, *r_strides,
+        N=n, BLOCK_N=block_n, ROWS=per_program, HAS_RESIDUAL=residual is not None, USE_PDL=use_pdl,
+        PARTS=parts, ROUND=parts > 1 and interpreted_bf16(x),
+        num_warps=min(16, max(1, per_program * block_n // 512)), **pdl.launch_options(use_pdl),
     )
     return out if residual is None else (out, new_residual)

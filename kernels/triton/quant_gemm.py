@@ -265,21 +265,33 @@ def packed_steps() -> bool:
     return os.environ.get("NINFER_PACKED_STEPS", "1") != "0"
 
 
+def packed_flags(x: torch.Tensor, weights: list[Operands], fmt: int, one_row: bool, scale_per_element: bool,
+                 fp8_scale: int, block_k: int) -> dict:
+    """The packed steps' constexprs, shared by this GEMM and :mod:`.quant_moe`. A one-row
+    program (``one_row``) takes :mod:`.int4_fp16` or :mod:`.fp8_gemv` when x's rows are
+    contiguous and 4-byte aligned (x is read two columns a word), an FP8 weight's rows are
+    whole words and its scale is uniform where the step applies it (``fp8_scale``, from
+    :func:`.fp8_gemv.uniform_scale`); int4 ``tl.dot`` tiles make their weights in fp16
+    pairs. Both need every K step inside one scale group (not ``scale_per_element``)."""
+    steps = packed_steps() and not scale_per_element
+    k = weights[0].k
+    row = (one_row and steps and (fmt == INT4 or fp8_scale > 0)
+           and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0)
+           and (fmt == INT4 or k % 4 == 0 and all(  # whole words: every row starts on one, K fills its last
+               w.data.stride(-1) == 1 and w.data.stride(-2) % 4 == 0 and w.data.data_ptr() % 16 == 0
+               for w in weights)))
+    return {"PACKED": row, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": k % block_k == 0,
+            "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda", "PAIRS": fmt == INT4 and steps and not row}
+
+
 def packed_options(x: torch.Tensor, op: Operands, options: dict, block_m: int, block_n: int, block_k: int) -> dict:
-    """One-row gemv programs of int4 (:mod:`.int4_fp16`) and FP8 (:mod:`.fp8_gemv`) read x
-    two columns a word and the weight as words: x's rows contiguous and 4-byte aligned, an
-    FP8 weight's rows too, and its scale uniform where the step applies it. int4 tiles for
-    ``tl.dot`` make their weights in fp16 pairs when every step is one scale group."""
+    """:func:`packed_flags` for this GEMM: one-row gemv programs take the packed steps."""
     fmt = options["FORMAT"]
     fp8_scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
-    packed = (options["GEMV"] and block_m == 1 and packed_steps() and (fmt == INT4 or fp8_scale > 0)
-              and x.stride(1) == 1 and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))
-    if fmt == FP8:  # whole words: every row starts on one and K fills its last
-        packed = (packed and op.k % 4 == 0 and op.data.stride(-1) == 1 and op.data.stride(-2) % 4 == 0
-                  and op.data.data_ptr() % 16 == 0)
-    pairs = fmt == INT4 and not options["GEMV"] and not options["SCALE_PER_ELEMENT"] and packed_steps()
-    return {"PACKED": packed, "X_BF16": x.dtype == torch.bfloat16, "EVEN_K": op.k % block_k == 0,
-            "FP8_SCALE": fp8_scale, "EMULATE": x.device.type != "cuda", "PAIRS": pairs}
+    flags = packed_flags(x, [op], fmt, options["GEMV"] and block_m == 1, options["SCALE_PER_ELEMENT"], fp8_scale,
+                         block_k)
+    flags["PAIRS"] = flags["PAIRS"] and not options["GEMV"]  # the gemv tile has no tl.dot to feed
+    return flags
 
 
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,

@@ -37,9 +37,9 @@ from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, finish_pairs
 from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
-from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_steps
+from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_flags
 from ninfer_kernels.triton.quant_tiles import (
-    FP8, FP8_ACT, INT4, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
+    FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
 
@@ -233,21 +233,14 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
 
 
 def _packed(a, op: Operands, shared: Operands | None, align, fmt: int, fit, block_n: int, width: int) -> dict:
-    """A single token's pairs take the one-row steps (:mod:`.fp8_gemv`, :mod:`.int4_fp16`)
-    when the format has one (FP8 weight-only with a scale uniform over each tile, gate and
-    up halves alike; int4 whenever its groups hold whole steps), x's rows are contiguous
-    and 4-byte aligned, and FP8 experts' rows are whole words."""
-    ops = [op] + ([shared] if shared is not None else [])
+    """:func:`.quant_gemm.packed_flags` for one grouped GEMM: a single token's pairs (no
+    layout, ``align`` None) take the one-row steps, one pair a program; an FP8 block scale
+    must also be uniform over the up half's rows, which start ``width`` rows in."""
     scale = uniform_scale((op.group_n, op.group_k), block_n, op.k) if fmt == FP8 else 0
-    if scale == STEP_SCALE and width % op.group_n:  # the up half's rows start inside a scale block
+    if scale == STEP_SCALE and width % op.group_n:
         scale = 0
-    packed = (align is None and packed_steps() and not fit[1] and (fmt == INT4 or scale > 0)
-              and a.stride(1) == 1 and a.data_ptr() % 4 == 0 and a.stride(0) % 2 == 0
-              and (fmt == INT4 or op.k % 4 == 0 and all(o.data.stride(-1) == 1 and o.data.stride(-2) % 4 == 0
-                                                         and o.data.data_ptr() % 16 == 0 for o in ops)))
-    pairs = fmt == INT4 and not packed and not fit[1] and packed_steps()  # int4 tiles in fp16 pairs
-    return {"PACKED": packed, "X_BF16": a.dtype == torch.bfloat16, "EVEN_K": op.k % fit[0] == 0,
-            "FP8_SCALE": scale, "EMULATE": a.device.type != "cuda", "PAIRS": pairs}
+    weights = [op] + ([shared] if shared is not None else [])
+    return packed_flags(a, weights, fmt, align is None, fit[1], scale, fit[0])
 
 
 def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, weights: torch.Tensor,

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton.gemv_words import step_words
 from ninfer_kernels.triton.int4_fp16 import int4_fp16_tile
 from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3
 
@@ -139,11 +140,8 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
                MAGIC: tl.constexpr, OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr,
                PAIRS: tl.constexpr = False):
     if PAIRS:  # the words in fp16 pairs (.int4_fp16), x in fp16: one dot, the scale after
-        WORDS_: tl.constexpr = BLOCK_K // 8
-        offs_w = k0 // 8 + tl.arange(0, WORDS_)
-        w_ok = offs_w < k_end // 8
-        words = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :] * stride_wk,
-                        mask=n_ok[:, None] & w_ok[None, :], other=0)
+        words = step_words(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn, n_ok, k0, k_end, stride_wk, 8,
+                           BLOCK_K // 8, False)
         g = k0 // group_k
         s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
