@@ -96,7 +96,8 @@ def concat_rows(parts: Sequence[QuantWeight], rescale: bool = False) -> Optional
     first = parts[0]
     if isinstance(first, Int4Group):
         return Int4Group(torch.cat([p.qweight for p in parts], -2), torch.cat([p.scales for p in parts], -2),
-                         torch.cat([p.zeros for p in parts], -2), first.group_size)
+                         torch.cat([p.zeros for p in parts], -2), first.group_size,
+                         symmetric=all(p.symmetric for p in parts))
     if isinstance(first, Fp8Block):
         return Fp8Block(torch.cat([p.weight for p in parts], -2), torch.cat([p.scale for p in parts], -2), first.block)
     alpha = torch.stack([p.alpha.float() for p in parts]).amax(dim=0)
@@ -122,7 +123,7 @@ def stack_experts(experts: Sequence[QuantWeight]) -> QuantWeight:
         if len({e.group_size for e in experts}) != 1:
             raise ValueError("experts differ in group size")
         return Int4Group(*(torch.stack([getattr(e, f) for e in experts]) for f in ("qweight", "scales", "zeros")),
-                         first.group_size)
+                         first.group_size, symmetric=all(e.symmetric for e in experts))
     if isinstance(first, Fp8Block):
         if len({e.block for e in experts}) != 1:
             raise ValueError("experts differ in FP8 block size")

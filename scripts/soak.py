@@ -52,6 +52,8 @@ def parse_args() -> argparse.Namespace:
                         help="send SIGTERM after this fraction of the run (0..1) and check the drain")
     parser.add_argument("--stuck-s", type=float, default=180.0, help="a request running longer is stuck")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="tiny:qwen3",
+                        help="what to serve (MODEL_PATH), e.g. a ninfer-train directory with --spec mtp after --")
     parser.add_argument("server_flags", nargs="*", help="more ninfer-serve flags (after --)")
     return parser.parse_args()
 
@@ -130,7 +132,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> int:
     args = parse_args()
     random.seed(args.seed)
-    server = start_server(*SERVER_FLAGS, *args.server_flags)
+    server = start_server(*SERVER_FLAGS, *args.server_flags, model=args.model)
     run = Run(base=str(server), key=KEY, model=MODEL, max_request_mib=1,
               exited=lambda: server.process.poll() is not None)
     process = psutil.Process(server.process.pid)

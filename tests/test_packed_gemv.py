@@ -8,6 +8,8 @@ emulation compiled for the GPU."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ pytest.importorskip("triton")
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
 from ninfer_kernels.triton import quant_moe as qm  # noqa: E402
 
+from ninfer_kernels import moe  # noqa: E402
 from test_quant_kernels import MOE_SMALL, SHAPES_27B, TOL, moe_case, random_weight, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -188,6 +191,60 @@ def test_int4_tiles_in_fp16_pairs_equal_the_dequantized_linear(monkeypatch, dtyp
     monkeypatch.setenv("NINFER_PACKED_STEPS", "0")
     assert rel_err(qg.quant_matmul(x, w, None, config), want) <= TOL
     assert seen == [True, False]
+
+
+#: every int4 step: one row packed and value by value, tiles in fp16 pairs and value by
+#: value, and groups narrower than the step (each weight dequantized on its own)
+INT4_STEPS = {"one-row": (ONE_ROW, 1, "int4", True), "gemv-tile": (ONE_ROW, 1, "int4", False),
+              "pair-tiles": (qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2), 5, "int4", True),
+              "tiles": (qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2), 5, "int4", False),
+              "narrow-groups": (qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2), 5,
+                                "int4_g32", True)}
+
+
+@pytest.mark.parametrize("step", INT4_STEPS)
+def test_symmetric_int4_takes_eight_without_reading_zero_points(monkeypatch, step):
+    """A weight marked symmetric gives what its zeros of 8 give, bit for bit, on every
+    int4 step; and zeros that are not 8 under the mark change nothing, so the kernel read
+    none of them."""
+    config, rows, fmt, packed = INT4_STEPS[step]
+    gen = torch.Generator().manual_seed(3)
+    w = random_weight(fmt, 48, 256, gen=gen)  # zero points 4..11
+    eights = replace(w, zeros=torch.full_like(w.zeros, 8.0))
+    x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
+    read = _matmul(x, eights, config, packed=packed, monkeypatch=monkeypatch)
+    assert rel_err(read, F.linear(x.float(), eights.dequantize())) <= TOL
+    assert torch.equal(_matmul(x, replace(eights, symmetric=True), config, packed=packed, monkeypatch=monkeypatch),
+                       read)
+    assert torch.equal(_matmul(x, replace(w, symmetric=True), config, packed=packed, monkeypatch=monkeypatch), read)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_symmetric_int4_experts_beside_an_asymmetric_shared_expert(tokens):
+    """One launch reads routed and shared zero points through the same argument, so the
+    mark counts only when both carry it: a symmetric shared expert beside routed ones
+    that are not still reads the routed zeros (and the other way round)."""
+    (x, w13, w2, weights, ids, s13, s2), _ = moe_case("int4", tokens, torch.Generator().manual_seed(tokens))
+
+    def eights(w, symmetric):
+        return replace(w, zeros=torch.full_like(w.zeros, 8.0), symmetric=symmetric)
+
+    for routed_sym, shared_sym in ((True, True), (True, False), (False, True)):
+        r13, r2 = (eights(w, routed_sym) for w in (w13, w2)) if routed_sym else (w13, w2)
+        h13, h2 = (eights(w, shared_sym) for w in (s13, s2)) if shared_sym else (s13, s2)
+        want = moe.fused_moe(x, r13.dequantize(), r2.dequantize(), weights, ids, h13.dequantize(), h2.dequantize())
+        got = qm.quant_fused_moe(x, r13, r2, weights, ids, h13, h2, config=MOE_SMALL)
+        assert rel_err(got, want) <= TOL, (routed_sym, shared_sym)
+
+
+def test_loaders_mark_int4_weights_whose_zero_points_are_all_eight():
+    from ninfer_plugins.weights.quantize import int4_group
+
+    w = torch.randn(16, 256)
+    assert int4_group(w, 128, symmetric=True).symmetric
+    assert not int4_group(w, 128, symmetric=False).symmetric
+    assert qf.zeros_are_eight(torch.full((4, 2), 8.0, dtype=torch.bfloat16))
+    assert not qf.zeros_are_eight(torch.tensor([[8.0, 7.0]]))
 
 
 # -- on the GPU ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from ninfer.model.weight_format import find_scheme
 from ninfer.plugins import load_registry
 from ninfer.tiny.make import make_tiny
 from ninfer_kernels import quant_rows
+from ninfer_kernels.quant_formats import Int4Group
 from ninfer_plugins.models.quant_linear import QuantLinear
 from ninfer_plugins.weights.tiny_targets import per_expert
 
@@ -90,6 +91,10 @@ def test_quantized_forward_matches_dequantized_reference(family, quant, registry
     assert any(isinstance(m, QuantLinear) for m in model.modules())
     if "moe" in family:
         assert all(m.experts.quantized for m in model.modules() if hasattr(m, "experts"))
+    if quant in ("gptq", "ct-w4a16", "awq"):  # symmetric int4 stays marked through fusing and stacking
+        int4 = [v for m in model.modules() for v in vars(m).values()
+                for v in (v if isinstance(v, list) else [v]) if isinstance(v, Int4Group)]
+        assert int4 and all(w.symmetric == (quant != "awq") for w in int4)
     dequantized = ((n, v.dequantize(torch.float32) if quant_rows.is_quantized(v) else v)
                    for n, v in converted(path, registry))
     reference, _, _ = load_model(dense_dirs[family], registry, torch.float32, weights=dequantized)

@@ -118,8 +118,10 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
         offs_w = tl.multiple_of(k0 // 4 + tl.arange(0, WORDS), WORDS)
         w_ok = (offs_w < k_end // 4) | EVEN_K
         # x's columns 4w .. 4w + 3 as two raw pairs, then as float32 (times the step's scale)
-        r0 = tl.load(x_pairs + offs_w[None, :] * 2, mask=w_ok[None, :], other=0)
-        r1 = tl.load(x_pairs + offs_w[None, :] * 2 + 1, mask=w_ok[None, :], other=0)
+        # (one 8-byte load a word)
+        r0, r1 = tl.split(tl.load(x_pairs + offs_w[:, None] * 2 + tl.arange(0, 2)[None, :], mask=w_ok[:, None],
+                                  other=0))
+        r0, r1 = r0[None, :], r1[None, :]
         x0, x1 = x_of(r0, False, X_BF16), x_of(r0, True, X_BF16)
         x2, x3 = x_of(r1, False, X_BF16), x_of(r1, True, X_BF16)
         if SCALE == 1:

@@ -132,6 +132,17 @@ def _x_pair(first, second, ODD: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.
 
 
 @triton.jit
+def group_zeros(ptrs, mask):
+    """float32 zero points at ``ptrs``. A symmetric weight's kernels get an integer pointer
+    instead of its zeros (:meth:`.quant_gemm.Operands.zero_arg`: the weight's own words,
+    never read through it), and its zero point is 8 without a load. Triton compiles a
+    kernel per pointer type, so the symmetric one needs no flag of its own."""
+    if ptrs.dtype.element_ty.is_int():
+        return tl.full(ptrs.shape, 8.0, tl.float32)
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _f16(x):
     """float32 rounded to fp16 and back (emulation of an fp16 result)."""
     return x.to(tl.float16).to(tl.float32)
@@ -226,17 +237,19 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
         offs_w = tl.multiple_of(k0 // 8 + tl.arange(0, WORDS), WORDS)
         w_ok = (offs_w < k_end // 8) | EVEN_K
         # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
-        r0 = tl.load(x_pairs + offs_w[None, :] * 4, mask=w_ok[None, :], other=0)
-        r1 = tl.load(x_pairs + offs_w[None, :] * 4 + 1, mask=w_ok[None, :], other=0)
-        r2 = tl.load(x_pairs + offs_w[None, :] * 4 + 2, mask=w_ok[None, :], other=0)
-        r3 = tl.load(x_pairs + offs_w[None, :] * 4 + 3, mask=w_ok[None, :], other=0)
+        # (one 16-byte load a word: tl.split takes the last dimension, pair c = 2a + b at [a, b])
+        raw = tl.load(x_pairs + offs_w[:, None] * 4 + tl.arange(0, 4)[None, :], mask=w_ok[:, None], other=0)
+        r02, r13 = tl.split(tl.reshape(raw, [WORDS, 2, 2]))
+        r0, r2 = tl.split(r02)
+        r1, r3 = tl.split(r13)
+        r0, r1, r2, r3 = r0[None, :], r1[None, :], r2[None, :], r3[None, :]
         x0 = _x_pair(r0, r2, False, X_BF16, EMULATE)
         x1 = _x_pair(r0, r2, True, X_BF16, EMULATE)
         x2 = _x_pair(r1, r3, False, X_BF16, EMULATE)
         x3 = _x_pair(r1, r3, True, X_BF16, EMULATE)
         g = k0 // group_k
         s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+        z = group_zeros(z_ptr + offs_n * stride_zn + g * stride_zk, n_ok)
         z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         if EMULATE:

@@ -91,10 +91,21 @@ class Operands:
     n: int
     k: int
     tag: str
+    symmetric: bool = False  # int4 with every zero point 8
 
     def strides(self) -> tuple[int, ...]:
         """(data, scale, zeros) strides over the last two dims: n then k, each."""
         return (*self.data.stride()[-2:], *self.scale.stride()[-2:], *self.zeros.stride()[-2:])
+
+
+def zero_args(*ops: Operands) -> list[torch.Tensor]:
+    """What the kernels get as each weight's zero points: its zeros, or, when every weight
+    of the launch is symmetric, its own int32 words, which tell the kernels the zero point
+    is 8 without reading any (:func:`.int4_fp16.group_zeros`). One launch's weights must
+    agree: the kernel picks one of their pointers at run time (routed or shared expert)."""
+    if all(op.symmetric for op in ops):
+        return [op.data for op in ops]
+    return [op.zeros for op in ops]
 
 
 def operands(w: qf.QuantWeight) -> Operands:
@@ -104,7 +115,7 @@ def operands(w: qf.QuantWeight) -> Operands:
         return Operands(FP8, w.weight, w.scale, w.scale, w.scale, bn, bk, n, k, f"fp8b{bn}x{bk}")
     if isinstance(w, qf.Int4Group):
         g = w.group_size
-        return Operands(INT4, w.qweight, w.scales, w.zeros, w.scales, 1, g, n, k, f"int4g{g}")
+        return Operands(INT4, w.qweight, w.scales, w.zeros, w.scales, 1, g, n, k, f"int4g{g}", w.symmetric)
     if isinstance(w, qf.Nvfp4):
         alpha = w.alpha.float().reshape(-1).contiguous()
         return Operands(NVFP4, w.packed, w.scale, w.scale, alpha, 1, 16, n, k, "nvfp4")
@@ -326,7 +337,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
         parts = counters = out  # unused
     use_pdl = pdl.enabled(x.device)
     _quant_gemm_kernel[(tiles, splits)](
-        x_in, x_scales, op.data, op.scale, op.zeros, op.alpha, bias if bias is not None else out, out, parts, counters,
+        x_in, x_scales, op.data, op.scale, *zero_args(op), op.alpha, bias if bias is not None else out, out, parts, counters,
         rows, op.n, op.k, k_per_split, splits, op.group_n, op.group_k,
         x_in.stride(0), x_in.stride(1), x_scales.stride(0), *op.strides(), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=splits > 1, GROUP_M=config.GROUP_M,

@@ -37,7 +37,7 @@ from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, finish_pairs
 from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
-from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_flags
+from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_flags, zero_args
 from ninfer_kernels.triton.quant_tiles import (
     FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
@@ -220,8 +220,9 @@ def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, ext
     magic, offset = INT4_MAGIC[out.dtype]  # x's dtype (``a`` is e4m3 on the FP8 tensor-core path)
     use_pdl = pdl.enabled(out.device)
     on_cpu = out.device.type != "cuda"
+    zeros, shared_zeros = zero_args(op, s)
     kernel[grid](
-        a, a_scales, op.data, op.scale, op.zeros, op.alpha, s.data, s.scale, s.zeros, s.alpha, out, *extra, *layout,
+        a, a_scales, op.data, op.scale, zeros, op.alpha, s.data, s.scale, shared_zeros, s.alpha, out, *extra, *layout,
         pairs, max_rows, *scalars, op.group_n, op.group_k,
         *row_strides, *_expert_strides(op), *op.strides(), out.stride(0),
         FORMAT=fmt, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=fit[0], GROUP_M=cfg.GROUP_M,

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton.gemv_words import step_words
-from ninfer_kernels.triton.int4_fp16 import int4_fp16_tile
+from ninfer_kernels.triton.int4_fp16 import group_zeros, int4_fp16_tile
 from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3
 
 #: kernel format ids (constexpr)
@@ -144,7 +144,7 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
                            BLOCK_K // 8, False)
         g = k0 // group_k
         s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+        z = group_zeros(z_ptr + offs_n * stride_zn + g * stride_zk, n_ok)
         w = int4_fp16_tile(words, z[:, None], BLOCK_N, BLOCK_K, UPCAST)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = _saturate_f16(_load_x(a_rows, row_ok, offs_k, offs_k < k_end, stride_ak).to(tl.float32), not UPCAST)
@@ -164,9 +164,9 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
             # (NaN reaches every output through 0 * NaN)
             sz_ok = w_ok[:, None] & n_ok[None, :]
             s = tl.load(s_ptr + offs_n[None, :] * stride_sn + g * stride_sk, mask=sz_ok, other=0.0)
-            z = tl.load(z_ptr + offs_n[None, :] * stride_zn + g * stride_zk, mask=sz_ok, other=0.0)
+            z = group_zeros(z_ptr + offs_n[None, :] * stride_zn + g * stride_zk, sz_ok)
             q = ((words >> (4 * j)) & 0xF).to(tl.float32)
-            part += _dot(a, ((q - z.to(tl.float32)) * s.to(tl.float32)).to(a.dtype), UPCAST)
+            part += _dot(a, ((q - z) * s.to(tl.float32)).to(a.dtype), UPCAST)
         return part
     # One dot over the whole step: each word is loaded once per nibble (the 8 loads of one
     # address come from L1), so the tile's rows are the step's columns in order and x is
@@ -182,7 +182,7 @@ def _int4_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k0,
     row_sum = tl.sum(a.to(tl.float32), 1)
     g = k0 // group_k
     s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+    z = group_zeros(z_ptr + offs_n * stride_zn + g * stride_zk, n_ok)
     return (part - row_sum[:, None] * (OFFSET + z)[None, :]) * s[None, :]
 
 
@@ -320,7 +320,7 @@ def _int4_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, n_ok
         sums += a
     g = k0 // group_k
     s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + offs_n * stride_zn + g * stride_zk, mask=n_ok, other=0.0).to(tl.float32)
+    z = group_zeros(z_ptr + offs_n * stride_zn + g * stride_zk, n_ok)
     return (dots - z[None, :, None] * sums[:, None, :]) * s[None, :, None]
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import WeightFormat, WeightFormatError
-from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4
+from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4, zeros_are_eight
 from ninfer_plugins.weights import ct_tiny
 from ninfer_plugins.weights.collect import (
     ACTIVATION_SCALE, KV_SCALES, LayerParts, LayerScheme, divides, expect_dtype, expect_matrix,
@@ -170,7 +170,7 @@ def _int4(prefix: str, parts: dict[str, torch.Tensor], args: dict) -> Int4Group:
         zeros = unpack_int4(zp, dim=0)[:n].float()
     else:
         zeros = torch.full((n, k // group), 8.0)
-    return Int4Group(packed, scale, zeros, group)
+    return Int4Group(packed, scale, zeros, group, symmetric=zeros_are_eight(zeros))
 
 
 def _nvfp4(prefix: str, parts: dict[str, torch.Tensor], args: dict) -> Nvfp4:

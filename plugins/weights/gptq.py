@@ -21,7 +21,7 @@ import torch
 
 from ninfer.hookspecs import hookimpl
 from ninfer.model.weight_format import TinyQuant, WeightFormat, WeightFormatError
-from ninfer_kernels.quant_formats import Int4Group
+from ninfer_kernels.quant_formats import Int4Group, zeros_are_eight
 from ninfer_plugins.weights.collect import LayerParts, LayerScheme, divides, expect_dtype, expect_shape
 from ninfer_plugins.weights.packing import pack_int4, unpack_int4
 from ninfer_plugins.weights.tiny_targets import dense_module_names, int4_layers
@@ -61,7 +61,8 @@ class GptqScheme(LayerScheme):
                 raise WeightFormatError("act-order (desc_act) with a permuted g_idx is not supported", f"{prefix}.g_idx")
         codes = unpack_int4(qweight, dim=0).t()  # [N, K]
         zeros = unpack_int4(qzeros, dim=-1).t().float() + self.zero_offset
-        return Int4Group(pack_int4(codes), scales.t().contiguous(), zeros.contiguous(), self.group)
+        return Int4Group(pack_int4(codes), scales.t().contiguous(), zeros.contiguous(), self.group,
+                         symmetric=zeros_are_eight(zeros))
 
 
 def claim(config: dict, model_dir: Path) -> GptqScheme | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ninfer_kernels.kv_quant import e2m1_codes
-from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4
+from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4, zeros_are_eight
 from ninfer_plugins.weights.packing import pack_e2m1, pack_int4
 
 FP8_MAX = 448.0
@@ -52,7 +52,7 @@ def int4_group(w: torch.Tensor, group_size: int, symmetric: bool, zero: int = 8,
         scale = ((high - low) / 15).clamp(min=_TINY)
         zeros = (-low / scale).round().clamp(0, 15)
     codes = (g / scale[..., None] + zeros[..., None]).round().clamp(0, 15).reshape(n, k)
-    return Int4Group(pack_int4(codes), scale, zeros, group_size)
+    return Int4Group(pack_int4(codes), scale, zeros, group_size, symmetric=zeros_are_eight(zeros))
 
 
 def nvfp4(w: torch.Tensor, alpha: float | None = None) -> Nvfp4:
