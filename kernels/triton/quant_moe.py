@@ -104,7 +104,16 @@ def _quant_gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     a_rows, as_rows = x_ptr + token * stride_xt, xs_ptr + token * stride_xst
-    if PACKED:  # one token, one pair a program: the one-row steps
+    if PACKED and FORMAT != 0:  # one token, int4: gate and up rows as one tile of the one-row step
+        # (per-row scales, so the rows need not be neighbours): x is converted once for
+        # both, and one pipeline of word loads feeds both
+        rows = tl.reshape(tl.join(offs_n, offs_n + N), [2 * BLOCK_N])  # gate and up rows alternating
+        rows_ok = tl.reshape(tl.join(n_ok, n_ok), [2 * BLOCK_N])
+        both = int4_gemv_row(x_ptr + tl.max(token, 0) * stride_xt, w, s, z, rows, rows_ok, 0, K, stride_wn,
+                             stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k, 2 * BLOCK_N, BLOCK_K,
+                             X_BF16, EVEN_K, EMULATE)
+        gate, up = tl.split(tl.reshape(both, [1, BLOCK_N, 2]))
+    elif PACKED:  # one token, FP8: a block scale may differ between the gate and up rows
         x_row = x_ptr + tl.max(token, 0) * stride_xt
         gate = _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
                            stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K, X_BF16, EVEN_K,
