@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import numpy as np
 import pytest
 
 from ninfer.engine import prefix_cache
@@ -47,6 +48,21 @@ def test_allocate_reserves_whole_entitlement_at_once():
     assert seq.num_computed_tokens == seq.num_cached_tokens == 0
     with pytest.raises(RuntimeError):
         bm.allocate(seq)
+
+
+def test_page_ids_as_an_array_follow_each_table_a_sequence_is_given():
+    """The staging array (``Sequence.pages``) is made once per table and follows the
+    block manager's allocate and free, which replace the table whole."""
+    bm = BlockManager(num_blocks=10, block_size=BS)
+    seq = make_seq(list(range(5)), max_tokens=6)
+    assert seq.pages().tolist() == []
+    bm.allocate(seq)
+    pages = seq.pages()
+    assert pages.dtype == np.int64 and pages.tolist() == seq.block_table and seq.pages() is pages
+    bm.free(seq)
+    assert seq.pages().tolist() == []
+    bm.allocate(seq)
+    assert seq.pages().tolist() == seq.block_table
 
 
 def test_can_allocate_and_fits_ever_count_pages():

@@ -88,7 +88,7 @@ class ModelRunner:
     def _replay(self, sched: SchedulerOutput, ahead_ids: Optional[torch.Tensor]) -> torch.Tensor:
         """Hidden rows of a replayed decode step, one per chunk (every chunk samples)."""
         seqs = [c.seq for c in sched.chunks]
-        tables = [s.block_table for s in seqs]
+        tables = [s.pages() for s in seqs]
         slots = [s.state_slot for s in seqs] if self.graphs.state_slots is not None else None
         if ahead_ids is not None:
             return self.graphs.run(ahead_ids, [s.num_computed_tokens + 1 for s in seqs], tables, slots)
@@ -121,7 +121,7 @@ class ModelRunner:
         tables = torch.zeros(len(chunks), width_pages, dtype=torch.int64)
         pages = torch.tensor([len(c.seq.block_table) for c in chunks], dtype=torch.int64)
         for i, c in enumerate(chunks):
-            tables[i, : len(c.seq.block_table)] = torch.tensor(c.seq.block_table, dtype=torch.int64)
+            tables[i, : len(c.seq.block_table)] = torch.from_numpy(c.seq.pages())
 
         q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
         query_start = torch.zeros(len(chunks) + 1, dtype=torch.int64)
@@ -260,7 +260,7 @@ class ModelRunner:
             row = c.seq.token_ids[c.seq.num_computed_tokens : c.seq.num_computed_tokens + 1] + list(c.drafts)
             ids += row + row[-1:] * (width - len(row))
         slots = [s.state_slot for s in seqs] if self.verify_graphs.scratch is not None else None
-        return self.verify_graphs.run(ids, [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs], slots)
+        return self.verify_graphs.run(ids, [s.num_computed_tokens for s in seqs], [s.pages() for s in seqs], slots)
 
     def _score_prompt(
         self, sched: SchedulerOutput, hidden: torch.Tensor, wanted: Mapping[int, int]

@@ -91,7 +91,7 @@ class DeviceRounds:
         seqs = [c.seq for c in sched.chunks]
         slots = [s.state_slot for s in seqs] if self.scratch is not None else None
         self._bank = 0  # staging points at bank 0
-        return self.verify.stage_inputs(ids, [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs],
+        return self.verify.stage_inputs(ids, [s.num_computed_tokens for s in seqs], [s.pages() for s in seqs],
                                         slots, [len(c.drafts) for c in sched.chunks])
 
     def run(self, bucket: int, num: int) -> tuple[torch.Tensor, int]:
