@@ -3,8 +3,8 @@
 # $OUT. Wheels for packages the GPU image lacks travel in .whl/ (carry it).
 #
 #   scripts/gpu_session.sh check    GPU tests, hybrid kernel checks, then the 27B shape (~9 min)
-#   scripts/gpu_session.sh moe      MoE GPU tests, config sweep (written in place), kernel check, the
-#                                   35B-A3B shape with transformers (and 30B-A3B with MOE_30B=1)
+#   scripts/gpu_session.sh moe      MoE GPU tests, the one-token expert sweep (written in place; MOE_TUNE=1:
+#                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
@@ -104,17 +104,23 @@ check)
         --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 64
     ;;
 moe)
-    # the routing kernel, the fused MoE and graph decode of the MoE families (whose norms now sum the rows)
+    # the routing kernel, the fused MoE and graph decode of the MoE families (whose norms now
+    # sum the rows); the one-token expert shapes re-swept (their gate/up loop changed in
+    # session 19; MOE_TUNE=1 re-tunes the grouped shapes too); then decode of the 35B-A3B
+    # (MOE_30B=1: the 30B-A3B too, swept and timed; a call's ten minutes rarely hold both)
     timeout 100 python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py 2>&1 | tail -3
-    timeout 170 python3 scripts/gpu_moe_tune.py --budget-s 130 --out kernels/triton/moe_configs/NVIDIA_H200.json \
-        2>&1 | tail -8
+    models=qwen3.6-35b-a3b$([ "${MOE_30B:-0}" = 1 ] && echo ,qwen3-30b-a3b)
+    timeout 200 python3 scripts/gpu_skinny_sweep.py --parts moe --moe-models "$models" --write --out-dir "$OUT" \
+        2>&1 | tee "$OUT/moe_one_token_sweep.jsonl" | cut -c1-330
+    if [ "${MOE_TUNE:-0}" = 1 ]; then
+        timeout 170 python3 scripts/gpu_moe_tune.py --budget-s 130 --out kernels/triton/moe_configs/NVIDIA_H200.json \
+            2>&1 | tail -8
+    fi
     cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
     timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
-    bench 230 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
-        --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
-    if [ "${MOE_30B:-0}" = 1 ]; then  # a call's ten minutes rarely hold both shapes
-        bench 180 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
-            --prefill-lens 8192 --prefill-chunk 8192 --hf-dynamic 1,8 --hf-decode-output-len 32
+    bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    if [ "${MOE_30B:-0}" = 1 ]; then
+        bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     fi
     ;;
 dense)

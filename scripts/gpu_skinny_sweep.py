@@ -134,11 +134,12 @@ def routing(num_experts: int, top_k: int, shared: bool, gen: torch.Generator):
     return w.contiguous(), ids.contiguous()
 
 
-def sweep_moe() -> dict[str, t_one.SingleTokenConfig]:
+def sweep_moe(models: list[str]) -> dict[str, t_one.SingleTokenConfig]:
     """{MoE table key: the best single-token config} where it beat the grouped GEMMs."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     chosen = {}
-    for model, (e, h, i, top_k, shared) in MOE_SHAPES.items():
+    for model in models:
+        e, h, i, top_k, shared = MOE_SHAPES[model]
         w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=DTYPE) * h**-0.5
         w2 = torch.randn(e, h, i, device="cuda", dtype=DTYPE) * i**-0.5
         s13 = torch.randn(2 * i, h, device="cuda", dtype=DTYPE) * h**-0.5 if shared else None
@@ -182,6 +183,7 @@ def sweep_moe() -> dict[str, t_one.SingleTokenConfig]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="linear,moe")
+    ap.add_argument("--moe-models", default=",".join(MOE_SHAPES), help="the MoE shapes the moe part sweeps")
     ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel")
     ap.add_argument("--write", action="store_true", help="update the tables in the source tree")
     ap.add_argument("--out-dir", default=None)
@@ -197,7 +199,7 @@ def main() -> None:
             path.write_text(json.dumps(table, indent=1) + "\n")
             written.append(path)
     if "moe" in parts:
-        chosen = sweep_moe()
+        chosen = sweep_moe(args.moe_models.split(","))
         path = t_fused.CONFIG_DIR / f"{device}.json"
         if args.write and chosen:
             raw = json.loads(path.read_text()) if path.is_file() else {}
