@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ninfer import LLM, SamplingParams
 from ninfer.engine.warmup import warm_up
 
@@ -19,3 +21,16 @@ def test_warm_up_leaves_no_trace(one_thread):
     assert len(engine.block_manager.cache) == 0  # nothing published for reuse
     assert engine.stats.steps == 0 and engine.stats.finished == 0
     assert llm.generate(["Hello there"], params)[0].outputs[0].token_ids == want
+
+
+def test_autotuning_results_are_kept_unless_the_user_chose(monkeypatch):
+    """Triton's autotuners (flash-linear-attention's) keep their choices on disk, so a
+    restarted server does not time every candidate again; a user's setting stands."""
+    from ninfer.engine.warmup import keep_autotuning_results
+
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    keep_autotuning_results()
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")
+    keep_autotuning_results()
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "0"

@@ -26,7 +26,7 @@ from ninfer.engine.spec.proposer import ProposerContext
 from ninfer.engine.spec.device_rounds import DeviceRounds, device_rounds_enabled
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
 from ninfer.engine.state_slots import RecurrentState
-from ninfer.engine.warmup import warm_up
+from ninfer.engine.warmup import keep_autotuning_results, warm_up
 from ninfer.model.loader import load_model
 from ninfer.model.sources import public_id, resolve_source
 from ninfer.profile.schema import canonical_dtype
@@ -141,6 +141,8 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
     prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
+    if device.type == "cuda":
+        keep_autotuning_results()  # before the first kernel autotunes
     started = time.perf_counter()
     if weights is None:
         model_dir, weights = resolve_source(profile.model, registry, dtype, device)

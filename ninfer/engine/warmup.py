@@ -11,6 +11,7 @@ counters start from zero afterwards.
 
 from __future__ import annotations
 
+import os
 import time
 
 from loguru import logger
@@ -20,6 +21,16 @@ from ninfer.sampling_params import SamplingParams
 
 #: prompt lengths covering Triton's integer specialisations (1, a multiple of 16, neither)
 PROMPT_LENGTHS = (1, 2, 7, 16, 33)
+
+
+def keep_autotuning_results() -> None:
+    """Have Triton keep its autotuners' choices on disk beside the compiled kernels
+    (``TRITON_CACHE_AUTOTUNING``) unless the user set it: flash-linear-attention autotunes
+    its chunked kernels at their first call by timing every candidate, and without the
+    cache each server start times them all again, where the compiled kernels themselves
+    are already cached."""
+    if "TRITON_CACHE_AUTOTUNING" not in os.environ:
+        os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 
 
 def warm_up(engine, token_id: int = 0) -> float:
