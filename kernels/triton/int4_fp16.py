@@ -134,7 +134,7 @@ def _x_pair(first, second, ODD: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.
 @triton.jit
 def group_zeros(ptrs, mask):
     """float32 zero points at ``ptrs``. A symmetric weight's kernels get an integer pointer
-    instead of its zeros (:meth:`.quant_gemm.Operands.zero_arg`: the weight's own words,
+    instead of its zeros (:func:`.quant_gemm.zero_args`: the weight's own words,
     never read through it), and its zero point is 8 without a load. Triton compiles a
     kernel per pointer type, so the symmetric one needs no flag of its own."""
     if ptrs.dtype.element_ty.is_int():

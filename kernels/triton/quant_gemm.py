@@ -337,7 +337,8 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
         parts = counters = out  # unused
     use_pdl = pdl.enabled(x.device)
     _quant_gemm_kernel[(tiles, splits)](
-        x_in, x_scales, op.data, op.scale, *zero_args(op), op.alpha, bias if bias is not None else out, out, parts, counters,
+        x_in, x_scales, op.data, op.scale, *zero_args(op), op.alpha, bias if bias is not None else out, out, parts,
+        counters,
         rows, op.n, op.k, k_per_split, splits, op.group_n, op.group_k,
         x_in.stride(0), x_in.stride(1), x_scales.stride(0), *op.strides(), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=splits > 1, GROUP_M=config.GROUP_M,
