@@ -65,6 +65,20 @@ def test_page_ids_as_an_array_follow_each_table_a_sequence_is_given():
     assert seq.pages().tolist() == seq.block_table
 
 
+def test_output_and_prompt_arrays_follow_the_appended_tokens():
+    """``Sequence.output_array`` grows with the tokens the scheduler appends (converting
+    only the new ones) and always equals the output list; the prompt's array is made once."""
+    seq = make_seq([7, 8, 9], max_tokens=200)
+    assert seq.output_array().tolist() == [] and seq.prompt_array().tolist() == [7, 8, 9]
+    for t in range(150):  # past the first buffer, so it grows
+        seq.token_ids.append(t)
+        if t % 7 == 0:
+            assert seq.output_array().tolist() == seq.output_token_ids
+    seq.token_ids.extend([1, 2])
+    assert seq.output_array().dtype == np.int64 and seq.output_array().tolist() == seq.output_token_ids
+    assert seq.prompt_array() is seq.prompt_array()
+
+
 def test_can_allocate_and_fits_ever_count_pages():
     bm = BlockManager(num_blocks=4, block_size=BS)
     big = make_seq(list(range(10)), max_tokens=6)  # 16 tokens = 4 pages

@@ -16,6 +16,7 @@ from ninfer.engine.decode_ahead import plan_ahead
 from ninfer.engine.request import EngineRequest
 from ninfer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from ninfer.engine.sequence import Sequence
+from ninfer.guided.spec import GuideSpec
 
 PROMPTS = ["Hello", "The quick brown fox", "def f(x):\n    return", "1 2 3 4 5", "Paged", "a b"]
 
@@ -52,10 +53,31 @@ def test_outputs_equal_with_and_without_steps_launched_ahead():
     assert ahead_llm.engine.block_manager.num_used_blocks == 0  # every page came back
 
 
+def test_penalised_rows_run_ahead_and_count_the_token_in_flight():
+    """Penalties count the newest output token on the device when the host does not have
+    it yet, so penalised rows run ahead and give the one-step-at-a-time tokens: greedy with
+    strong penalties (every repeat is steered away from) and seeded sampling."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, presence_penalty=2.0, frequency_penalty=0.5, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.8, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=5, max_tokens=24, presence_penalty=1.5, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),  # beside a row without penalties
+    ]
+    sync = _llm(False).generate(PROMPTS[:4], params)
+    llm = _llm(True)
+    got = llm.generate(PROMPTS[:4], params)
+    assert llm.engine.stats.total_steps_ahead > 10
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in sync]
+    # the penalties mattered: without them the greedy rows say something else
+    plain = _llm(False).generate(PROMPTS[:2], [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)] * 2)
+    assert [o.outputs[0].token_ids for o in plain] != [o.outputs[0].token_ids for o in sync[:2]]
+
+
 def test_rows_needing_host_tokens_keep_steps_one_at_a_time():
     llm = _llm(True)
-    # penalties need the output tokens on the host before the next step samples
-    params = [SamplingParams(temperature=0, max_tokens=10, presence_penalty=0.5, ignore_eos=True)] * 2
+    # a guided row's mask follows its committed tokens, so the host must see each one first
+    guide = GuideSpec("regex", r"[a-z]+( [a-z]+){2,5}\.")
+    params = [SamplingParams(temperature=0, max_tokens=10, guided=guide)] * 2
     sync = _llm(False).generate(PROMPTS[:2], params)
     got = llm.generate(PROMPTS[:2], params)
     assert llm.engine.stats.total_steps_ahead == 0

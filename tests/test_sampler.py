@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import attrs
+import numpy as np
 import pytest
 import torch
 
@@ -231,6 +232,23 @@ def test_penalties_match_hand_computed_reference() -> None:
     expected0 = torch.tensor([1.0, -2.0 - 0.5 - 0.25, 0.5, 1.5 - 0.5 - 0.5, -2.0])
     assert torch.allclose(got[0], expected0)
     assert torch.equal(got[1], logits[1])
+
+
+def test_penalty_histories_as_arrays_and_repeated_rows_count_the_same() -> None:
+    """Histories may come as int64 arrays (the engine's ``Sequence.output_array``), and a
+    verify step hands the same history object for several rows, which is counted once:
+    both give what fresh lists give."""
+    rows = [row(repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.25)] * 4
+    outputs, prompts = [[3, 3, 1], [4]], [[0, 1], [2, 2]]
+    want = build(rows, 6, outputs=[outputs[0], outputs[0], outputs[1], list(outputs[0])],
+                 prompts=[prompts[0], list(prompts[0]), prompts[1], prompts[0]])
+    out_arrays = [np.asarray(o, dtype=np.int64) for o in outputs]
+    prompt_arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    got = build(rows, 6, outputs=[out_arrays[0], out_arrays[0], out_arrays[1], out_arrays[0]],
+                prompts=[prompt_arrays[0], prompt_arrays[0], prompt_arrays[1], prompt_arrays[0]])
+    assert torch.equal(got.output_counts, want.output_counts)
+    assert torch.equal(got.repetition_mask, want.repetition_mask)
+    assert want.output_counts[0, 3] == 2 and want.output_counts[2, 4] == 1 and want.repetition_mask[2, 2]
 
 
 def test_penalties_steer_greedy_choice() -> None:

@@ -12,9 +12,11 @@ the host:
 
 - the current step decodes every running sequence and nobody waiting could be admitted
   (an admission changes the batch);
-- no row is guided (its mask follows the committed tokens), applies penalties (token
-  counts), has a thinking budget (it may force tokens) or still awaits prompt log
-  probabilities;
+- no row is guided (its mask follows the committed tokens), has a thinking budget (it
+  may force tokens) or still awaits prompt log probabilities. Penalties do not hold a
+  step back: their token counts take the host's history plus the step's input tokens,
+  which are the newest outputs, counted on the device (``pending_tokens`` of
+  :meth:`~ninfer.engine.sampling_metadata.SamplingMetadata.build`);
 - committing the current step takes no recurrent-state snapshot (hybrid families, at
   page boundaries): the snapshot must copy the state as of the current step's last
   token, before anything queued behind it moves the state on.

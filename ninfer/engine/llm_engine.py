@@ -374,7 +374,6 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             tracked is None
             or tracked.guided is not None
             or tracked.budget is not None
-            or seq.sampling.uses_penalties
             or seq.seq_id in self._prompt_logprobs
         )
 

@@ -184,7 +184,7 @@ class ModelRunner:
         if self._replayable(sched, prompt_logprobs):
             # the graph's rows are the sampled rows already: no gather needed
             hidden = self._replay(sched, ahead_ids)
-            return self._kept(self._sample(sched, hidden, ahead_ids is not None), hidden, 0)
+            return self._kept(self._sample(sched, hidden, ahead_ids), hidden, 0)
         if self._on_device_round(sched, prompt_logprobs, draft_probs):
             return self._run_round(self.rounds.stage(sched), len(sched.chunks))
         if self._verify_replayable(sched, prompt_logprobs):
@@ -202,7 +202,7 @@ class ModelRunner:
         if width:
             verdict = self._sample_verify(sched, hidden[batch.logits_indices], prompt, width, draft_probs)
             return self._kept(verdict, hidden, width)
-        return self._kept(self._sample(sched, hidden[batch.logits_indices], ahead_ids is not None, prompt), hidden, 0)
+        return self._kept(self._sample(sched, hidden[batch.logits_indices], ahead_ids, prompt), hidden, 0)
 
     @torch.inference_mode()
     def launch_round_ahead(self, sched: SchedulerOutput) -> PendingStep:
@@ -315,13 +315,14 @@ class ModelRunner:
         token_mask = self.guided.verify_masks(verify_chunks, width) if self.guided else None
         verdict = sample_verify_rows(verify_chunks, width, self.model.compute_logits(rows[:n]), self.device,
                                      draft_probs, token_mask)
-        plain = self._sample(sched, rows[n:], False, prompt_rows, skip=sched.num_verify)
+        plain = self._sample(sched, rows[n:], None, prompt_rows, skip=sched.num_verify)
         return plain.with_verdict(verdict, width)
 
-    def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead: bool, prompt_rows=None,
-                skip: int = 0) -> PendingStep:
+    def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead_ids: Optional[torch.Tensor],
+                prompt_rows=None, skip: int = 0) -> PendingStep:
         """Sample from ``sample_rows``: the hidden rows of the chunks with ``sample`` set, in
-        order (after the first ``skip`` chunks, which a verify step samples itself)."""
+        order (after the first ``skip`` chunks, which a verify step samples itself).
+        ``ahead_ids``: a step launched ahead, whose rows' newest tokens are these (device)."""
         sampled = [c for c in sched.chunks[skip:] if c.sample]
         if not sampled:
             return PendingStep(None, [], prompt_rows or {})
@@ -333,12 +334,13 @@ class ModelRunner:
         history = any(r.uses_penalties for r in settings)
         meta = SamplingMetadata.build(
             rows=settings,
-            output_positions=[c.seq.num_output_tokens + int(ahead) for c in sampled],
-            output_token_ids=[c.seq.output_token_ids if history else [] for c in sampled],
-            prompt_token_ids=[c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in sampled],
+            output_positions=[c.seq.num_output_tokens + int(ahead_ids is not None) for c in sampled],
+            output_token_ids=[c.seq.output_array() if history else () for c in sampled],
+            prompt_token_ids=[c.seq.prompt_array() if history else () for c in sampled],
             vocab_size=logits.shape[-1],
             device=self.device,
             token_mask=token_mask,
+            pending_tokens=ahead_ids if history else None,  # every row of a step run ahead samples
         )
         out = self.sampler(logits, meta)
         return PendingStep(out, [c.seq.sampling.logprobs for c in sampled], prompt_rows or {})

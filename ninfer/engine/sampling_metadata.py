@@ -11,6 +11,7 @@ import math
 from typing import Optional, Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from ninfer.engine.defaults import ResolvedSampling
@@ -89,8 +90,12 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device | str,
         token_mask: Optional[TokenMask] = None,
+        pending_tokens: Optional[torch.Tensor] = None,
     ) -> SamplingMetadata:
-        """``output_positions[i]`` is the index, within row i's output, of the token sampled now."""
+        """``output_positions[i]`` is the index, within row i's output, of the token sampled now.
+        ``pending_tokens`` (int64 [B] on the device): each row's newest output token, which
+        the host does not have yet (a decode step launched ahead); the penalties count it
+        after the histories, on the device."""
         n = len(rows)
         if not (len(output_positions) == len(output_token_ids) == len(prompt_token_ids) == n):
             raise ValueError("every per-row list must have one entry per row")
@@ -102,7 +107,7 @@ class SamplingMetadata:
             fields["greedy_mask"] = to_device(greedy, torch.bool, device)
         if not all_greedy:
             fields.update(_random_fields(rows, greedy, output_positions, vocab_size, device))
-        fields.update(_penalty_fields(rows, output_token_ids, prompt_token_ids, vocab_size, device))
+        fields.update(_penalty_fields(rows, output_token_ids, prompt_token_ids, vocab_size, device, pending_tokens))
         fields.update(_bias_fields(rows, device))
         held = token_mask.hold_stops if token_mask is not None else frozenset()
         fields.update(_stop_ban_fields(rows, output_positions, held, vocab_size, device))
@@ -154,17 +159,51 @@ def _penalty_fields(
     prompt_token_ids: Sequence[Sequence[int]],
     vocab_size: int,
     device: torch.device,
+    pending: Optional[torch.Tensor] = None,
 ) -> dict:
     out: dict = {}
     if any(r.repetition_penalty != 1.0 for r in rows):
         out["repetition_penalty"] = _column([r.repetition_penalty for r in rows], torch.float32, device)
-        seen = [list(p) + list(o) for p, o in zip(prompt_token_ids, output_token_ids)]
-        out["repetition_mask"] = _token_counts(seen, vocab_size, device) > 0
+        pairs, index = _distinct(list(zip(prompt_token_ids, output_token_ids)))
+        seen = [np.concatenate([np.asarray(p, dtype=np.int64), np.asarray(o, dtype=np.int64)]) for p, o in pairs]
+        counts = _with_pending(_rows(_token_counts(seen, vocab_size, device), index, len(pairs), device), pending)
+        out["repetition_mask"] = counts > 0
     if any(r.presence_penalty != 0 or r.frequency_penalty != 0 for r in rows):
         out["presence_penalty"] = _column([r.presence_penalty for r in rows], torch.float32, device)
         out["frequency_penalty"] = _column([r.frequency_penalty for r in rows], torch.float32, device)
-        out["output_counts"] = _token_counts(output_token_ids, vocab_size, device)
+        histories, index = _distinct(list(output_token_ids))
+        counts = _rows(_token_counts(histories, vocab_size, device), index, len(histories), device)
+        out["output_counts"] = _with_pending(counts, pending)
     return out
+
+
+def _with_pending(counts: torch.Tensor, pending: Optional[torch.Tensor]) -> torch.Tensor:
+    """``counts`` [B, V] with each row's pending token (int64 [B]) counted once more."""
+    if pending is None:
+        return counts
+    return counts.scatter_add_(1, pending.view(-1, 1), torch.ones(counts.shape[0], 1, device=counts.device))
+
+
+def _distinct(items: list) -> tuple[list, list[int]]:
+    """The distinct objects among ``items`` (by identity: a verify step repeats each
+    request's history for its k + 1 rows) and each item's index among them."""
+    first: dict = {}
+    index = [first.setdefault(_identity(item), len(first)) for item in items]
+    distinct = [None] * len(first)
+    for item, i in zip(items, index):
+        distinct[i] = item
+    return distinct, index
+
+
+def _identity(item) -> object:
+    return tuple(map(id, item)) if isinstance(item, tuple) else id(item)
+
+
+def _rows(per_distinct: torch.Tensor, index: list[int], distinct: int, device: torch.device) -> torch.Tensor:
+    """Each row's line of ``per_distinct`` (itself when every row is distinct)."""
+    if distinct == len(index):
+        return per_distinct
+    return per_distinct[to_device(index, torch.int64, device)]
 
 
 def _bias_fields(rows: Sequence[ResolvedSampling], device: torch.device) -> dict:
@@ -198,14 +237,25 @@ def _stop_ban_fields(
 
 
 def _token_counts(token_lists: Sequence[Sequence[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """float32 [B, V]: how often each token id occurs in each row's list."""
+    """float32 [B, V]: how often each token id occurs in each row's list (lists or int64
+    arrays: ``Sequence.output_array`` hands arrays, which copy at memory speed)."""
     width = max((len(t) for t in token_lists), default=0)
     # pad with an extra id one past the vocabulary, counted in a column that is dropped
-    padded = [list(t) + [vocab_size] * (width - len(t)) for t in token_lists]
-    index = to_device(padded, torch.int64, device).view(len(token_lists), width)
+    padded = np.full((len(token_lists), width), vocab_size, dtype=np.int64)
+    for row, tokens in zip(padded, token_lists):
+        row[: len(tokens)] = tokens
+    index = _array_to_device(padded, device)
     counts = torch.zeros(len(token_lists), vocab_size + 1, dtype=torch.float32, device=device)
     counts.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float32))
     return counts[:, :vocab_size]
+
+
+def _array_to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """:func:`to_device` for a numpy array."""
+    host = torch.from_numpy(values)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

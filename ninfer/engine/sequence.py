@@ -56,6 +56,8 @@ class Sequence:
     num_cached_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     _pages: Any = field(default=None, repr=False)  # (block_table, the same as an array): see pages()
+    _outputs: Any = field(default=None, repr=False)  # (int64 buffer, tokens in it): see output_array()
+    _prompt: Any = field(default=None, repr=False)  # the prompt as an array: see prompt_array()
     finish_reason: Optional[str] = None
     arrival_time: float = field(default_factory=time.monotonic)
     admitted_time: Optional[float] = None
@@ -69,6 +71,32 @@ class Sequence:
         if self._pages is None or self._pages[0] is not self.block_table:
             self._pages = (self.block_table, np.asarray(self.block_table, dtype=np.int64))
         return self._pages[1]
+
+    def output_array(self) -> np.ndarray:
+        """The output token ids as an int64 array, extended by only the tokens appended
+        since the last call (outputs only ever grow by appends). Penalties read a row's
+        whole history every step; converting it from Python ints each time cost more
+        host time a step than a 27B decode step takes once outputs reach tens of
+        thousands of tokens at batch 8."""
+        n = len(self.token_ids) - self.num_prompt_tokens
+        buffer, held = self._outputs or (np.empty(0, dtype=np.int64), 0)
+        if held > n:  # cannot happen today; start over rather than show stale tokens
+            buffer, held = np.empty(0, dtype=np.int64), 0
+        if n > held:
+            if n > len(buffer):
+                grown = np.empty(max(2 * len(buffer), n, 64), dtype=np.int64)
+                grown[:held] = buffer[:held]
+                buffer = grown
+            start = self.num_prompt_tokens
+            buffer[held:n] = self.token_ids[start + held : start + n]
+        self._outputs = (buffer, n)
+        return buffer[:n]
+
+    def prompt_array(self) -> np.ndarray:
+        """The prompt's token ids as an int64 array, made once (the prompt never changes)."""
+        if self._prompt is None:
+            self._prompt = np.asarray(self.token_ids[: self.num_prompt_tokens], dtype=np.int64)
+        return self._prompt
 
     @property
     def num_tokens(self) -> int:

@@ -95,8 +95,8 @@ def sample_verify_rows(chunks, width: int, logits: torch.Tensor, device: torch.d
     meta = verify_metadata(
         settings,
         [c.seq.num_output_tokens for c in chunks],
-        [c.seq.output_token_ids if history else [] for c in chunks],
-        [c.seq.token_ids[: c.seq.num_prompt_tokens] if history else [] for c in chunks],
+        [c.seq.output_array() if history else () for c in chunks],
+        [c.seq.prompt_array() if history else () for c in chunks],
         drafts_t, num_drafts, logits.shape[-1], device, token_mask,
     )
     target = processed_distribution(logits.float(), meta, bonus_rows(num_drafts, len(chunks), k))
