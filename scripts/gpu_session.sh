@@ -6,6 +6,7 @@
 #   scripts/gpu_session.sh moe      MoE GPU tests, the one-token expert sweep (written in place; MOE_TUNE=1:
 #                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
+#   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
 #                                   prefill attention tiles, the 35B-A3B decode
@@ -124,6 +125,14 @@ moe)
     if [ "${MOE_30B:-0}" = 1 ]; then
         bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     fi
+    ;;
+presets)
+    # what a request naming no sampler settings gets on the 27B shape (Qwen3.5's presets: top-k,
+    # top-p, presence penalty; since session 19 its rows run ahead) beside plain greedy, one command
+    for sampling in greedy presets; do
+        bench 150 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1,8 --decode-prompt-len 512 \
+            --decode-output-len "${PRESET_OUT:-512}" --sampling "$sampling" --no-transformers
+    done
     ;;
 dense)
     bench 200 random:qwen3-8b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers

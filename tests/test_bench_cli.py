@@ -41,6 +41,23 @@ def test_kv_dtype_flag_reaches_the_engine_and_the_figures(capsys):
     assert sizes["fp8"] < sizes["bf16"]  # the step reads the quantized cache's real bytes
 
 
+def test_decode_with_the_family_presets_samples_as_a_bare_request_does(capsys, monkeypatch):
+    """``--sampling presets`` leaves the sampler settings to the family (Qwen3.5: top-k,
+    top-p and a presence penalty); the default pins plain greedy."""
+    from ninfer.bench import ninfer_runs
+
+    seen = []
+    real = ninfer_runs._submit
+    monkeypatch.setattr(ninfer_runs, "_submit", lambda engine, work, *a: seen.append(a[-1]) or real(engine, work, *a))
+    args = ["tiny:qwen3_5", "--device", "cpu", "--only", "decode", "--concurrency", "1", "--decode-prompt-len", "8",
+            "--decode-output-len", "4", "--no-transformers"]
+    for sampling in ("greedy", "presets"):
+        assert bench.main([*args, "--sampling", sampling]) == 0
+        line = next(json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{"))
+        assert line["sampling"] == sampling and line["decode_tokens"] > 0
+    assert seen == [False, True]  # presets off, then on
+
+
 TINY_HYBRID_MOE = {
     "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "vocab_size": 512,
     "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,

@@ -103,9 +103,10 @@ class Bench:
         for prompt_len, c, ahead in runs:
             engine.set_decode_ahead(ahead and engine.device.type == "cuda")
             work = self._decode_work(c, a.decode_output_len, prompt_len)
-            ours = ninfer_runs.decode_throughput(engine, work, synthetic=a.synthetic_context)
+            ours = ninfer_runs.decode_throughput(engine, work, synthetic=a.synthetic_context,
+                                                 presets=a.sampling == "presets")
             record = {"figure": "decode", "engine": "ninfer", "concurrency": c, "decode_ahead": engine.decode_ahead,
-                      "prompt_len": prompt_len, **self.common, **ours}
+                      "prompt_len": prompt_len, "sampling": a.sampling, **self.common, **ours}
             if a.synthetic_context:
                 record["context"] = "synthetic (no prefill)"
             mean_ctx = prompt_len + a.decode_output_len / 2

@@ -15,9 +15,12 @@ from ninfer.sampling_params import SamplingParams
 GREEDY = dict(temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
 
 
-def _submit(engine, work: Workload, tag: str, synthetic: bool = False) -> None:
+def _submit(engine, work: Workload, tag: str, synthetic: bool = False, presets: bool = False) -> None:
+    """``presets``: sample as a request that names no sampler settings would (the family's
+    presets: Qwen3.5's top-k, top-p and presence penalty), each request with its own seed."""
     for i, (ids, n) in enumerate(zip(work.prompts, work.output_lens)):
-        params = SamplingParams(max_tokens=n, ignore_eos=True, **GREEDY)
+        params = SamplingParams(max_tokens=n, ignore_eos=True, seed=i) if presets else \
+            SamplingParams(max_tokens=n, ignore_eos=True, **GREEDY)
         # a synthetic context's pages hold no real prompt: nobody may reuse them
         engine.add_request(EngineRequest(f"{tag}{i}", ids, params, lookup_prefix_cache=not synthetic,
                                          commit_prefix_cache=not synthetic))
@@ -56,20 +59,21 @@ def offline_throughput(engine, work: Workload) -> dict:
     return {"output_tokens": produced, "seconds": seconds, "output_tok_s": produced / seconds}
 
 
-def decode_throughput(engine, work: Workload, synthetic: bool = False) -> dict:
+def decode_throughput(engine, work: Workload, synthetic: bool = False, presets: bool = False) -> dict:
     """Steady decode rate at the workload's concurrency: the clock runs from the step after
     every request has its first token to the first request's end. Long prompts prefill one
     chunk at a time, so the first requests decode alongside the later ones' prefill and may
     finish before the batch is ever whole: then ``full_batch`` is false and the rate counts
     every step after the last first token (fewer rows than asked). Otherwise steps past the
     first finish do not count: requests leaving one by one would lower the batch.
-    ``synthetic``: the prompts' contexts come without a prefill (:func:`synthetic_contexts`)."""
+    ``synthetic``: the prompts' contexts come without a prefill (:func:`synthetic_contexts`);
+    ``presets``: the family's sampler presets rather than plain greedy (see :func:`_submit`)."""
     with synthetic_contexts(engine) if synthetic else nullcontext():
-        return _decode_throughput(engine, work, synthetic)
+        return _decode_throughput(engine, work, synthetic, presets)
 
 
-def _decode_throughput(engine, work: Workload, synthetic: bool) -> dict:
-    _submit(engine, work, "dec", synthetic)
+def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -> dict:
+    _submit(engine, work, "dec", synthetic, presets)
     started: set[str] = set()
     ended_early = False
     while len(started) < len(work.prompts) and engine.has_unfinished():

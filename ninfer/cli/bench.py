@@ -74,6 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-ahead", choices=["on", "off", "both"], default="on",
                    help="queue each decode step before the previous one's tokens reach the host (CUDA); "
                         "both: measure decode either way")
+    p.add_argument("--sampling", choices=["greedy", "presets"], default="greedy",
+                   help="decode runs: plain greedy (every engine decodes the same argmax chain), or the "
+                        "family's sampler presets as a request naming no settings gets (Qwen3.5's top-k, top-p, "
+                        "presence penalty)")
     p.add_argument("--hf-batch", type=int, default=16, help="transformers offline batch size")
     p.add_argument("--hf-dynamic", help="transformers dynamic-cache decode levels (default: --concurrency)")
     p.add_argument("--hf-compiled", default="", help="transformers static-cache + compile decode levels")
