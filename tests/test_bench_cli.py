@@ -119,6 +119,30 @@ def test_unknown_random_shapes_fail_the_profile_check():
         load_profile(None, model="random:qwen9-1t")
 
 
+def test_random_weights_are_built_in_host_memory_when_the_device_cannot_hold_two_copies(monkeypatch):
+    """transformers' random model and ours coexist while the loader copies: on a card
+    without room for both (a 27B in bf16 on an 80 GB H100) the random one is built on the
+    host, and each tensor is copied over as the loader takes it."""
+    import torch
+
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
+    size = random_weights.hf_bytes("tiny-hybrid-moe", torch.bfloat16)
+    params = sum(p.numel() for p in random_weights.build_hf("tiny-hybrid-moe", torch.float32, "cpu").parameters())
+    assert params * 2 <= size < params * 2 + 1024  # the parameters, and a few small buffers
+    cuda, free = torch.device("cuda", 0), {}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 10 * free["bytes"]))
+    free["bytes"] = int(2.2 * size)
+    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 2.0) == cuda
+    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 1.5) == cuda
+    free["bytes"] = int(1.8 * size)
+    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 2.0) == torch.device("cpu")
+    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 1.5) == cuda
+    cpu = torch.device("cpu")
+    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cpu, 2.0) == cpu  # no query on CPU
+
+
 def test_consumed_weights_are_freed_as_the_loader_takes_them(monkeypatch):
     import torch
 

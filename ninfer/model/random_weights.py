@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from loguru import logger
 
 from ninfer.engine.spec.shortlist import FILE as SHORTLIST_FILE, build_shortlist, write_shortlist
 from ninfer.model.sources import RANDOM_PREFIX
@@ -129,6 +130,24 @@ def build_hf(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0
     return model.eval()
 
 
+def hf_bytes(shape: str, dtype: torch.dtype) -> int:
+    """Bytes of transformers' model for ``shape`` in ``dtype`` (counted on the meta device)."""
+    model = build_hf(shape, dtype, torch.device("meta"))
+    return sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers())) * dtype.itemsize
+
+
+def build_device(shape: str, dtype: torch.dtype, device: torch.device, copies: float) -> torch.device:
+    """Where transformers builds the random model: ``device`` when its free memory holds
+    ``copies`` times that model (it and ours side by side while the loader copies tensor
+    by tensor: 2 for a dense load, about 1.5 quantized), else the host, from which the
+    loader copies each tensor over. A 27B in bf16 is 54 GB: two fit a 141 GB H200, not an
+    80 GB H100."""
+    if device.type != "cuda":
+        return device
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if free >= copies * hf_bytes(shape, dtype) * 1.05 else torch.device("cpu")
+
+
 def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s tensors under their checkpoint names, each freed once the loader copied it
     (so the two copies of a large model never coexist in full)."""
@@ -157,12 +176,17 @@ def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int
     from ninfer.tiny.cache import cache_root
 
     root = cache_root().parent / "random"
-    weights = consume_weights(build_hf(shape, dtype, device, seed))
+    quant = quant_of(model)
+    where = build_device(shape, dtype, torch.device(device), 2.0 if quant is None else 1.5)
+    if where != torch.device(device):
+        logger.info("random weights of {} built in host memory: the device cannot hold two copies", shape)
+    weights = consume_weights(build_hf(shape, dtype, where, seed))
     if extras is not None:
         weights = itertools.chain(weights, _extra_weights(extras, SHAPES[shape], dtype, seed))
-    quant = quant_of(model)
     if quant is None:
         return str(config_dir(shape, root)), weights
+    if where != torch.device(device):  # quantize on the device all the same, a tensor at a time
+        weights = ((name, tensor.to(device)) for name, tensor in weights)
     quantized = _quantize(quant, SHAPES[shape], weights, registry)
     return str(config_dir(shape, root, (quant, quantized))), _drain(quantized.tensors)
 
