@@ -57,3 +57,19 @@ def test_capacity_too_small_for_the_close_is_rejected(llm):
     assert err.value.code == "thinking_budget_capacity_insufficient"
     assert thinking_budget(tok, PARSER, 10, 10 + n + 1, open_at_start=True) is not None
     assert thinking_budget(tok, PARSER, 10, 5, open_at_start=True) is not None  # cap never reached
+
+
+def test_budget_rows_run_ahead_until_the_close_is_near(tiny_qwen3):
+    """A decode step launched ahead samples after a token the host has not counted; while
+    that token cannot reach the budget the row runs ahead, and the close lands where the
+    one-step-at-a-time engine puts it."""
+    def run(ahead: bool):
+        llm = LLM(str(tiny_qwen3), dtype="fp32", device="cpu", block_size=4, max_context=512, prefill_chunk=16,
+                  decode_ahead_on_cpu=ahead)
+        ids, _, spec = _run(llm, budget=10, max_tokens=120)
+        return ids, spec, llm.engine.stats.total_steps_ahead
+
+    (sync, spec, _), (ahead, _, steps_ahead) = run(False), run(True)
+    assert sync[10 : 10 + len(spec.close_ids)] == spec.close_ids  # the close was forced, not the model's own
+    assert ahead == sync
+    assert steps_ahead > 50  # before the close and after it

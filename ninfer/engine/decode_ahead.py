@@ -12,8 +12,9 @@ the host:
 
 - the current step decodes every running sequence and nobody waiting could be admitted
   (an admission changes the batch);
-- no row is guided (its mask follows the committed tokens), has a thinking budget (it
-  may force tokens) or still awaits prompt log probabilities. Penalties do not hold a
+- no row is guided (its mask follows the committed tokens), may reach its thinking
+  budget with the token in flight (the close it forces would follow that token) or still
+  awaits prompt log probabilities. Penalties do not hold a
   step back: their token counts take the host's history plus the step's input tokens,
   which are the newest outputs, counted on the device (``pending_tokens`` of
   :meth:`~ninfer.engine.sampling_metadata.SamplingMetadata.build`);

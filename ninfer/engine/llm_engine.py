@@ -373,7 +373,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
         return (
             tracked is None
             or tracked.guided is not None
-            or tracked.budget is not None
+            or (tracked.budget is not None and tracked.budget.may_close_within(1))  # the token in flight
             or seq.seq_id in self._prompt_logprobs
         )
 

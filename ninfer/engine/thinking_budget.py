@@ -31,6 +31,12 @@ class ThinkingBudgetTracker:
         self.done = False
         self.applied = False  # whether the close was forced (for diagnostics)
 
+    def may_close_within(self, tokens: int) -> bool:
+        """Whether counting ``tokens`` more sampled tokens could reach the budget and force
+        the close. A decode step launched ahead samples after a token the host has not
+        counted yet, which is safe only when that token cannot be the one."""
+        return not self.done and self.spec.budget - self.count <= tokens
+
     def on_token(self, token_id: int, output_index: int) -> list[int]:
         """Account one sampled token; returns the tokens to insert after it (maybe none)."""
         if self.done:
