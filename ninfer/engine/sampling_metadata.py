@@ -164,17 +164,27 @@ def _penalty_fields(
     out: dict = {}
     if any(r.repetition_penalty != 1.0 for r in rows):
         out["repetition_penalty"] = _column([r.repetition_penalty for r in rows], torch.float32, device)
-        pairs, index = _distinct(list(zip(prompt_token_ids, output_token_ids)))
-        seen = [np.concatenate([np.asarray(p, dtype=np.int64), np.asarray(o, dtype=np.int64)]) for p, o in pairs]
-        counts = _with_pending(_rows(_token_counts(seen, vocab_size, device), index, len(pairs), device), pending)
-        out["repetition_mask"] = counts > 0
+        seen = _row_counts(list(zip(prompt_token_ids, output_token_ids)), vocab_size, device)
+        out["repetition_mask"] = _with_pending(seen, pending) > 0
     if any(r.presence_penalty != 0 or r.frequency_penalty != 0 for r in rows):
         out["presence_penalty"] = _column([r.presence_penalty for r in rows], torch.float32, device)
         out["frequency_penalty"] = _column([r.frequency_penalty for r in rows], torch.float32, device)
-        histories, index = _distinct(list(output_token_ids))
-        counts = _rows(_token_counts(histories, vocab_size, device), index, len(histories), device)
-        out["output_counts"] = _with_pending(counts, pending)
+        histories = [((), o) for o in output_token_ids]
+        out["output_counts"] = _with_pending(_row_counts(histories, vocab_size, device), pending)
     return out
+
+
+def _row_counts(histories: list[tuple], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """float32 [B, V]: each row's token counts over its history, given as parts (prompt,
+    output). Rows whose parts are the same objects (a verify step repeats each request's
+    history for its k + 1 rows) are counted once and their line repeated."""
+    first: dict = {}
+    index = [first.setdefault(tuple(map(id, parts)), len(first)) for parts in histories]
+    distinct: list = [None] * len(first)
+    for parts, i in zip(histories, index):
+        distinct[i] = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
+    counts = _token_counts(distinct, vocab_size, device)
+    return counts if len(distinct) == len(index) else counts[to_device(index, torch.int64, device)]
 
 
 def _with_pending(counts: torch.Tensor, pending: Optional[torch.Tensor]) -> torch.Tensor:
@@ -182,28 +192,6 @@ def _with_pending(counts: torch.Tensor, pending: Optional[torch.Tensor]) -> torc
     if pending is None:
         return counts
     return counts.scatter_add_(1, pending.view(-1, 1), torch.ones(counts.shape[0], 1, device=counts.device))
-
-
-def _distinct(items: list) -> tuple[list, list[int]]:
-    """The distinct objects among ``items`` (by identity: a verify step repeats each
-    request's history for its k + 1 rows) and each item's index among them."""
-    first: dict = {}
-    index = [first.setdefault(_identity(item), len(first)) for item in items]
-    distinct = [None] * len(first)
-    for item, i in zip(items, index):
-        distinct[i] = item
-    return distinct, index
-
-
-def _identity(item) -> object:
-    return tuple(map(id, item)) if isinstance(item, tuple) else id(item)
-
-
-def _rows(per_distinct: torch.Tensor, index: list[int], distinct: int, device: torch.device) -> torch.Tensor:
-    """Each row's line of ``per_distinct`` (itself when every row is distinct)."""
-    if distinct == len(index):
-        return per_distinct
-    return per_distinct[to_device(index, torch.int64, device)]
 
 
 def _bias_fields(rows: Sequence[ResolvedSampling], device: torch.device) -> dict:
