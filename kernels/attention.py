@@ -37,6 +37,14 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep].to(v_cache.dtype))
 
 
+def output_gate(out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """``out * sigmoid(gate)``: the per-element output gate of Qwen3-Next / Qwen3.5 gated
+    attention (``gate`` [T, heads, Dv], any row strides), or ``out`` itself without one.
+    The decode kernels apply it as they store their output, saving the model three
+    launches a layer (the gate's copy out of the projection, the sigmoid, the product)."""
+    return out if gate is None else out * torch.sigmoid(gate)
+
+
 def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The first ``seq_len`` cached tokens of one sequence, contiguous: [seq_len, Hk, ...]."""
     block_size = cache.shape[1]

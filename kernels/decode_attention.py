@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer_kernels.attention import paged_attention, write_kv
+from ninfer_kernels.attention import output_gate, paged_attention, write_kv
 from ninfer_kernels.qk_norm_rope import qk_norm_rope
 
 
@@ -30,8 +30,10 @@ def decode_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention output [B, H, Dv] for a decode batch (one new token per sequence).
+    """Attention output [B, H, Dv] for a decode batch (one new token per sequence), times
+    ``sigmoid(gate)`` when a ``gate`` [B, H, Dv] is given (gated attention's output gate).
 
     ``q`` [B, H, D], ``k`` [B, Hk, D] and ``v`` [B, Hk, Dv] are the projections before the
     per-head norm and RoPE (strided views of a fused projection are fine). Row ``i``
@@ -41,4 +43,4 @@ def decode_attention(
     """
     q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, positions, cos_sin, rotary_dim)
     write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-    return paged_attention(q, k_cache, v_cache, batch, scale)
+    return output_gate(paged_attention(q, k_cache, v_cache, batch, scale), gate)

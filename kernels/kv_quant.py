@@ -203,15 +203,17 @@ def check_head_dim(codec: KVCodec, head_dim: int) -> None:
 
 def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
                            k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: KVCodec,
-                           v_codec: KVCodec, batch: ForwardBatch, scale: float) -> torch.Tensor:
+                           v_codec: KVCodec, batch: ForwardBatch, scale: float,
+                           gate: torch.Tensor | None = None) -> torch.Tensor:
     """A decode batch from the raw projections to attention output: per-head q/k norm and
     RoPE (``norm_rope``: a :class:`ninfer.model.kv.HeadNormRope`), the quantized write of the
     new k/v at ``batch.slot_mapping``, then attention over the pages (what
     :func:`ninfer_kernels.decode_attention.decode_attention` does for a plain cache). One
-    launch on CUDA."""
+    launch on CUDA. ``gate``: as for the plain cache's decode."""
+    from ninfer_kernels.attention import output_gate
     from ninfer_kernels.qk_norm_rope import qk_norm_rope
 
     n = norm_rope
     q, k = qk_norm_rope(q, k, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim)
     write_kv_quant(k_parts, v_parts, k_codec, v_codec, k, v, batch.slot_mapping)
-    return paged_attention_quant(q, k_parts, v_parts, k_codec, v_codec, batch, scale)
+    return output_gate(paged_attention_quant(q, k_parts, v_parts, k_codec, v_codec, batch, scale), gate)

@@ -133,9 +133,10 @@ def decode_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return choose("decode_attention", q.device.type)(
-        q, k, v, q_weight, k_weight, eps, positions, cos_sin, rotary_dim, k_cache, v_cache, batch, scale
+        q, k, v, q_weight, k_weight, eps, positions, cos_sin, rotary_dim, k_cache, v_cache, batch, scale, gate
     )
 
 
@@ -249,11 +250,11 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 
 def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
                            k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec, v_codec,
-                           batch: ForwardBatch, scale: float) -> torch.Tensor:
+                           batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """A decode batch over a quantized cache: q/k norm, RoPE, the new K/V's quantized write and
-    attention (one launch on CUDA)."""
+    attention (one launch on CUDA), times ``sigmoid(gate)`` when given."""
     return choose("decode_attention_quant", q.device.type)(q, k, v, norm_rope, k_parts, v_parts, k_codec, v_codec,
-                                                           batch, scale)
+                                                           batch, scale, gate)
 
 
 def paged_attention_quant(q: torch.Tensor, k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor],

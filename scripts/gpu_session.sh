@@ -4,7 +4,8 @@
 #
 #   scripts/gpu_session.sh check    GPU tests, hybrid kernel checks, then the 27B shape (~9 min)
 #   scripts/gpu_session.sh moe      MoE GPU tests, the one-token expert sweep (written in place; MOE_TUNE=1:
-#                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1)
+#                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1;
+#                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
@@ -17,7 +18,8 @@
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU (SPEC_TESTS=1: the spec GPU tests first), then MTP
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
-#                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0)
+#                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0
+#                                   skips it); a warm machine's /tmp/trained is reused, not retrained
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
 #   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
 #   scripts/gpu_session.sh kvsyn    27B decode per KV_FORMATS at c=1 and 8 over 32k and 128k synthetic contexts
@@ -38,6 +40,7 @@
 #   scripts/gpu_session.sh gemv         the packed FP8/int4 steps for GEMV_WEIGHTS (@fp8-block or @gptq): the
 #                                   table tuned at one row, then GEMV_MODEL (qwen3.6-27b) decode at BENCH_C (1)
 #                                   packed and value by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
+#   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -111,7 +114,9 @@ moe)
     # sum the rows); the one-token expert shapes re-swept (their gate/up loop changed in
     # session 19; MOE_TUNE=1 re-tunes the grouped shapes too); then decode of the 35B-A3B
     # (MOE_30B=1: the 30B-A3B too, swept and timed; a call's ten minutes rarely hold both)
-    timeout 100 python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py 2>&1 | tail -3
+    # MOE_TESTS=0 skips the GPU tests and the kernel check (when new-tests already ran them)
+    [ "${MOE_TESTS:-1}" = 1 ] && timeout 100 python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py \
+        tests/test_cuda_graph.py 2>&1 | tail -3
     models=qwen3.6-35b-a3b$([ "${MOE_30B:-0}" = 1 ] && echo ,qwen3-30b-a3b)
     timeout 200 python3 scripts/gpu_skinny_sweep.py --parts moe --moe-models "$models" --write --out-dir "$OUT" \
         2>&1 | tee "$OUT/moe_one_token_sweep.jsonl" | cut -c1-330
@@ -120,7 +125,7 @@ moe)
             2>&1 | tail -8
     fi
     cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
-    timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
+    [ "${MOE_TESTS:-1}" = 1 ] && timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     if [ "${MOE_30B:-0}" = 1 ]; then
         bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
@@ -180,14 +185,16 @@ spec2)
     if [ "${SPEC_TESTS:-0}" = 1 ]; then
         timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
     fi
-    timeout 300 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
+    # a warm machine keeps /tmp: a model trained by the previous call is reused
+    [ -f /tmp/trained/config.json ] \
+        || timeout 300 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
     bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
         --no-transformers
     # the peer: the same k=3 rounds driven from the host (no device rounds, none launched ahead)
-    NINFER_DEVICE_ROUNDS=0 bench 120 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
+    [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
         --no-transformers
     ;;
@@ -299,6 +306,13 @@ gemv)
     done
     bench 90 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 \
         --decode-output-len 64 --no-transformers
+    ;;
+ratio)
+    # FP8-block 27B decode beside bf16, from the committed tuned table (no tuning): the #22 ratio
+    bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@fp8-block" --dtype bf16 --only bandwidth,decode \
+        --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
+        --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
 kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)

@@ -359,6 +359,30 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
     assert counters is None or not counters.any()  # the merging program reset every counter
 
 
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 1),
+                                          (torch.bfloat16, 4)])
+def test_decode_attention_applies_the_output_gate(dtype, splits):
+    """Gated attention's ``sigmoid(gate)``, from a strided view of the projection as the
+    model passes it, applied as the kernel stores its rows (no splits) or merges them: what
+    the unfused product gives (bf16: the attention output and the sigmoid each rounded
+    first, as there)."""
+    args, k_cache, v_cache, batch = decode_case([5, 17, 0, 150], 16, 6, 2, 16, 16, dtype, seed=9)
+    gen = torch.Generator().manual_seed(4)
+    gate = (2 * torch.randn(4, 6, 32, generator=gen)).to(dtype)[..., 16:]
+    ungated = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.25,
+                                                  num_splits=splits)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, gate=gate, num_splits=splits)
+    want = attention.output_gate(ungated, gate)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        assert rel_err(got, want) < 1e-6
+    else:  # Triton's interpreter truncates to bf16 where the GPU rounds: up to two last bits
+        torch.testing.assert_close(got, want, atol=0, rtol=2**-6)
+    assert rel_err(got, ungated) > 0.1
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    assert rel_err(decode_attention.decode_attention(*args, ref_k, ref_v, batch, 0.25, gate=gate), got) < TOL[dtype]
+
+
 def test_decode_attention_padding_rows_store_nothing():
     args, k_cache, v_cache, batch = decode_case([9, 30, 2], 4, 4, 2, 16, 16, torch.float32, seed=5, pad=1)
     want_k, want_v = k_cache.clone(), v_cache.clone()
@@ -381,6 +405,10 @@ def test_decode_attention_real_shapes(contexts):
     for _ in range(3):  # the split counters must come back to zero between calls
         got = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5)
         assert rel_err(got, want) < 1e-2
+    # the output gate, as gated attention passes it (a strided view), rounded as torch rounds
+    gate = torch.randn(*got.shape[:2], 2 * got.shape[2], device="cuda", dtype=got.dtype)[..., got.shape[2]:]
+    gated = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5, gate)
+    torch.testing.assert_close(gated, attention.output_gate(got, gate), atol=0, rtol=2**-7)
     torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
     assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
 

@@ -287,17 +287,11 @@ def test_unmeasured_quantized_formats_take_fp8_s_decode_shapes(monkeypatch):
     assert dl.tuned_launch("int8", 256, 1, 4096, 128, cuda) is None  # short contexts keep the heuristic
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("splits", [1, 3, 16, 32])
-def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
-    """Decode in one launch (norm, RoPE, quantized write, attention, split merge): the
-    reference's output and stored bytes, a padding row that stores nothing, and every split
-    counter back at zero (16 splits: most of the short sequences' splits exit at once; 32:
-    past ``MERGE_INSIDE_SPLITS``, a second kernel merges)."""
-    pytest.importorskip("triton")
+def _one_launch_case(fmt):
+    """A decode batch of four rows (the last one graph padding) over two identical caches of
+    ``fmt`` that hold each sequence's earlier keys: the raw q/k/v views, the norm/RoPE
+    inputs, both caches' parts, the codecs, the batch and the new rows' slots."""
     from ninfer.model.kv import HeadNormRope
-    from ninfer_kernels.triton import counters
-    from ninfer_kernels.triton import kv_quant_decode as tri
 
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, heads, kv_heads, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 6, 2, 4
@@ -328,12 +322,27 @@ def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
         slot_mapping=torch.tensor(slots[:3] + [-1], device=device), logits_indices=torch.arange(4, device=device),
         block_size=page, max_query_len=1, max_seq_len=max(lens), query_lens_host=[1] * 4, seq_lens_host=lens,
     )
+    return q, k, v, norm, parts, kc, vc, batch, slots
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("splits", [1, 3, 16, 32])
+def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
+    """Decode in one launch (norm, RoPE, quantized write, attention, split merge): the
+    reference's output and stored bytes, a padding row that stores nothing, and every split
+    counter back at zero (16 splits: most of the short sequences' splits exit at once; 32:
+    past ``MERGE_INSIDE_SPLITS``, a second kernel merges)."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import counters
+    from ninfer_kernels.triton import kv_quant_decode as tri
+
+    q, k, v, norm, parts, kc, vc, batch, slots = _one_launch_case(fmt)
     want = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3)
     got = tri.decode_attention_quant(q, k, v, norm, *parts[1], kc, vc, batch, 0.3, num_splits=splits)
     assert torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4), (got - want).abs().max()
     # nothing but the new rows was written, and those as the reference stores them (up to the
     # last bit of the norm's sum on the GPU, which may move a scale)
-    kept = torch.ones(16 * page, dtype=torch.bool, device=device)
+    kept = torch.ones(16 * batch.block_size, dtype=torch.bool, device=q.device)
     kept[slots[:3]] = False
     for part, (w, g) in enumerate(zip(parts[0][0] + parts[0][1], parts[1][0] + parts[1][1])):
         assert torch.equal(_raw(w).flatten(0, 1)[kept], _raw(g).flatten(0, 1)[kept]), (fmt, part)
@@ -341,6 +350,28 @@ def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
         assert torch.allclose(codec.dequantize(g), codec.dequantize(w), atol=1e-2, rtol=1e-2)
     buffer = counters._buffers.get(("decode_attention_quant", got.device))
     assert buffer is None or not buffer.any()
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("splits", [1, 3, 32])
+def test_triton_one_launch_decode_applies_the_output_gate(fmt, splits):
+    """Gated attention's ``sigmoid(gate)`` (a strided view, as it comes out of the
+    projection) applied where the one-launch kernel stores its output (no splits, and
+    the last split's merge) or after the second merge kernel (32 splits): the reference's
+    gated output, and not the ungated one."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.attention import output_gate
+    from ninfer_kernels.triton import kv_quant_decode as tri
+
+    q, k, v, norm, parts, kc, vc, batch, _ = _one_launch_case(fmt)
+    gen = torch.Generator().manual_seed(3)
+    gate = (2 * torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2], generator=gen)).to(q.device)[..., q.shape[2]:]
+    want = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3, gate=gate)
+    got = tri.decode_attention_quant(q, k, v, norm, *parts[1], kc, vc, batch, 0.3, gate=gate, num_splits=splits)
+    assert torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    ungated = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3)
+    assert torch.equal(want, output_gate(ungated, gate))
+    assert not torch.allclose(got[:3], ungated[:3], atol=1e-2)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -107,16 +107,16 @@ def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr,
     qk_scale, eps, num_kv_heads, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt,
+    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt, stride_gt, stride_gh,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     HALF: tl.constexpr, ROT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
-    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -183,9 +183,10 @@ def _decode_kernel(
             tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
                      v_new, mask=dv_ok)
         acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, v_cache_ptr.dtype.element_ty)
-    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
                  num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, SPLIT, True)
+                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV,
+                 SPLIT, True, GATED)
 
 
 @triton.jit
@@ -218,19 +219,31 @@ def _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, DT: tl.constexpr):
 
 
 @triton.jit
-def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+def _gate_rows(o, gate_ptr, seq, heads, offs_dv, mask, stride_gt, stride_gh, DT: tl.constexpr):
+    """Output rows ``o`` (fp32) times ``sigmoid(gate)``, both rounded to the output dtype
+    first, as the unfused ops (:func:`ninfer_kernels.attention.output_gate`) round them."""
+    g = tl.load(gate_ptr + seq * stride_gt + heads[:, None] * stride_gh + offs_dv[None, :], mask=mask, other=0.0)
+    return o.to(DT).to(tl.float32) * tl.sigmoid(g.to(tl.float32)).to(DT).to(tl.float32)
+
+
+@triton.jit
+def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
                  num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr,
-                 BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr,
-                 MERGE: tl.constexpr):
+                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP: tl.constexpr, HEAD_DV: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 SPLIT: tl.constexpr, MERGE: tl.constexpr, GATED: tl.constexpr):
     """A decode program's normalised rows: the output itself without splits; else its partial
     and log-sum-exp, and with ``MERGE`` the last of the ``active`` splits of its (sequence,
-    KV head) to arrive merges them and zeroes the counter for the next call."""
+    KV head) to arrive merges them and zeroes the counter for the next call. ``GATED``: the
+    output (not the partials) is multiplied by ``sigmoid(gate)``."""
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if not SPLIT:
         dest = seq * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
-        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        mask = row_ok[:, None] & dv_ok[None, :]
+        if GATED:
+            o = _gate_rows(o, gate_ptr, seq, head, offs_dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         part = split * stride_ps + seq * stride_pt + head[:, None] * stride_ph + offs_dv[None, :]
         tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & dv_ok[None, :])
@@ -240,17 +253,17 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, se
             tl.debug_barrier()  # every thread's partial is stored before the counter moves
             counter = count_ptr + seq * num_kv_heads + kv_head
             if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
-                _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, active,
+                _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, active,
                                 stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                                GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV)
+                                stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, GATED)
                 tl.store(counter, 0)
 
 
 @triton.jit
-def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_parts,
-                    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
+def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, num_parts,
+                    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_gt, stride_gh,
                     GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr):
     """Weight each of the first ``num_parts`` partials by its share of the row's softmax
     mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
     heads. Up to ``MERGE_S`` splits, the log-sum-exps and the partial outputs are read
@@ -287,7 +300,10 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, seq, kv_head, num_parts,
                             other=0.0, cache_modifier=".cg")
             merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
     dest = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dv[None, :]
-    tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
+    mask = g_ok[:, None] & dv_ok[None, :]
+    if GATED:
+        merged = _gate_rows(merged, gate_ptr, seq, heads, dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
+    tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def decode_attention(
@@ -304,6 +320,7 @@ def decode_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    gate: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Same contract as the reference. ``num_splits`` overrides the key-split heuristic."""
@@ -320,6 +337,7 @@ def decode_attention(
     if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache, cos_sin)):
         raise ValueError("q, k, v, the caches and the cos/sin table must be contiguous in their last dimension")
     out = torch.empty(num_seqs, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    gate_arg, gate_strides = gate_args(gate, out)
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
@@ -342,13 +360,13 @@ def decode_attention(
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,
         k_cache, v_cache, batch.slot_mapping, batch.seq_lens, batch.block_tables,
-        out, part_o, part_lse, counters,
+        out, part_o, part_lse, counters, gate_arg,
         scale * math.log2(math.e), eps, num_kv_heads, splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
+        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0), *gate_strides,
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v, HALF=rotary_dim // 2, ROT=rotary_dim,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
@@ -356,10 +374,21 @@ def decode_attention(
         MERGE_S=min(MERGE_SPLITS, triton.next_power_of_2(splits)),
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
-        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, USE_PDL=use_pdl,
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gate is not None, USE_PDL=use_pdl,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     return out
+
+
+def gate_args(gate: torch.Tensor | None, out: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The output gate's pointer and row strides for a decode kernel (``out`` and zeros
+    stand in without a gate: ``GATED`` is off then and nothing reads them)."""
+    if gate is None:
+        return out, (0, 0)
+    if gate.shape != out.shape or gate.stride(-1) != 1:
+        raise ValueError(f"the output gate must be shaped like the output {tuple(out.shape)} and contiguous in its "
+                         f"last dimension, got {tuple(gate.shape)} with strides {gate.stride()}")
+    return gate, (gate.stride(0), gate.stride(1))
 
 
 def launch_shape(head_dim: int) -> tuple[int, int, int, int, int]:

@@ -31,10 +31,11 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as ref
+from ninfer_kernels.attention import output_gate
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_attention import (
-    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows, _split_keys,
+    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows, _split_keys, gate_args,
 )
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import _format_id, _half_products, _store_kv_head, kv_format_name, part_strides
@@ -52,21 +53,22 @@ MERGE_INSIDE_SPLITS = 16
 def _decode_quant_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     kd, ks, vd, vs, slot_ptr, seq_lens_ptr, block_tables_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr,
     qk_scale, eps, num_kv_heads, num_splits, k_gscale, v_gscale, k_inv_gscale, v_inv_gscale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     s_kdb, s_kds, s_kdh, s_kdd, s_ksb, s_kss, s_ksh, s_vdb, s_vds, s_vdh, s_vdd, s_vsb, s_vss, s_vsh,
-    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt,
+    stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt, stride_gt, stride_gh,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, MERGE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, F16: tl.constexpr,
     KFMT: tl.constexpr, VFMT: tl.constexpr, KGROUP: tl.constexpr, VGROUP: tl.constexpr, QGROUP: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    GATED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``F16``: bf16 queries, products in fp16 (:data:`.kv_quant.HALF_PRODUCTS`). ``MERGE``:
     the last split merges; else every split stores its partial (empty ones a log-sum-exp of
-    -inf) for :func:`.paged_attention._merge_kernel`."""
+    -inf) for :func:`.paged_attention._merge_kernel`. ``GATED``: the output gate is applied
+    where this kernel writes the output (not when the second kernel merges)."""
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -123,14 +125,15 @@ def _decode_quant_kernel(
                                           v_inv_gscale, all_strides, KFMT, VFMT, HEAD_D, BLOCK_D, KGROUP, VGROUP,
                                           PAGE)
         acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, dt)
-    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, seq, kv_head, split, active,
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
                  num_kv_heads, head, row_ok, offs_d, d_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_D, SPLIT, MERGE)
+                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_D, SPLIT,
+                 MERGE, GATED)
 
 
 def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,
                            k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tensor], k_codec: ref.KVCodec,
-                           v_codec: ref.KVCodec, batch: ForwardBatch, scale: float,
+                           v_codec: ref.KVCodec, batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,
                            num_splits: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Same contract as the reference. ``num_splits`` overrides the key-split heuristic;
     ``launch`` the whole shape (else the device's tuned one, if any)."""
@@ -149,6 +152,7 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
     if any(t.stride(-1) != 1 for t in (q, k, v, n.cos_sin)):
         raise ValueError("q, k, v and the cos/sin table must be contiguous in their last dimension")
     out = torch.empty(num_seqs, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    gate_arg, gate_strides = gate_args(gate, out)
     if num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
@@ -171,13 +175,13 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
     _decode_quant_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, n.q_weight.contiguous(), n.k_weight.contiguous(), n.positions, n.cos_sin,
         kd, ks, vd, vs, batch.slot_mapping, batch.seq_lens, batch.block_tables,
-        out, part_o, part_lse, counters,
+        out, part_o, part_lse, counters, gate_arg,
         scale * math.log2(math.e), n.eps, num_kv_heads, splits, k_codec.global_scale, v_codec.global_scale,
         1.0 / k_codec.global_scale, 1.0 / v_codec.global_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), n.cos_sin.stride(0),
         *part_strides(k_parts), *part_strides(v_parts),
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0),
+        part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0), *gate_strides,
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HALF=n.rotary_dim // 2, ROT=n.rotary_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim,
         BLOCK_G=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
@@ -186,6 +190,7 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half, F16=half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), KGROUP=k_codec.group(head_dim),
         VGROUP=v_codec.group(head_dim), QGROUP=ref.int8_group(head_dim), USE_PDL=use_pdl,
+        GATED=gate is not None and (splits == 1 or merge_inside),
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     if splits > 1 and not merge_inside:
@@ -195,4 +200,5 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
             out.stride(0), out.stride(1), HEAD_DV=head_dim, BLOCK_S=triton.next_power_of_2(splits),
             BLOCK_DV=head_dim, USE_PDL=use_pdl, **pdl.launch_options(use_pdl),
         )
+        return output_gate(out, gate)
     return out

@@ -46,13 +46,13 @@ class NativeKVCache(KVCache):
 
     def decode_fused(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
-        batch: ForwardBatch, scale: float,
+        batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         if not batch.is_decode_only:
             return None
         n = norm_rope
         return ops.decode_attention(q, k, v, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim,
-                                    self.k, self.v, batch, scale)
+                                    self.k, self.v, batch, scale, gate)
 
     @property
     def nbytes(self) -> int:

@@ -44,13 +44,13 @@ class QuantizedKVCache(KVCache):
         return ops.paged_attention_quant(q, self.k_parts, self.v_parts, self.k_codec, self.v_codec, batch, scale)
 
     def decode_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
-                     batch: ForwardBatch, scale: float) -> torch.Tensor | None:
+                     batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor | None:
         """Decode batches on CUDA: norm, RoPE, the quantized write and attention in one launch
         (where the steps take four: :mod:`ninfer_kernels.triton.kv_quant_decode`)."""
         if batch.max_query_len != 1 or not ops.has_triton("decode_attention_quant") or q.device.type != "cuda":
             return None
         return ops.decode_attention_quant(q, k, v, norm_rope, self.k_parts, self.v_parts, self.k_codec, self.v_codec,
-                                          batch, scale)
+                                          batch, scale, gate)
 
     @property
     def capturable(self) -> bool:

@@ -4,7 +4,9 @@ Like Qwen3's attention (GQA, per-head q/k RMSNorm, then RoPE) with three differe
 the q/k norms are zero-centred; RoPE turns only the first ``rotary_dim`` dims of each head
 (a quarter in released checkpoints); and ``q_proj`` is twice as wide, giving each head
 a query and an output gate, ``out = attention * sigmoid(gate)`` before ``o_proj``.
-Checkpoint ``q_proj`` rows are per head ``[query (D) | gate (D)]``.
+Checkpoint ``q_proj`` rows are per head ``[query (D) | gate (D)]``. The gate goes to the
+attention as a view of the projection: the fused decode kernels apply it as they store
+their output, other paths after the attention.
 """
 
 from __future__ import annotations
@@ -54,5 +56,5 @@ class GatedAttention(nn.Module):
         assert self.kv_cache is not None, "bind_kv_caches() must run before forward()"
         norm_rope = HeadNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions, cos_sin,
                                  self.rotary_dim)
-        out = cached_attention(self.kv_cache, q, k, v, norm_rope, batch, self.scale)
-        return self.o_proj(out.reshape(tokens, self.q_size) * torch.sigmoid(gate.reshape(tokens, self.q_size)))
+        out = cached_attention(self.kv_cache, q, k, v, norm_rope, batch, self.scale, gate=gate)
+        return self.o_proj(out.reshape(tokens, self.q_size))

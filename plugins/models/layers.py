@@ -20,6 +20,7 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.kv import HeadNormRope, KVCache
 from ninfer.model.weight_format import linear_weights_deferred
 from ninfer_kernels import ops
+from ninfer_kernels.attention import output_gate
 from ninfer_plugins.models.config import DecoderConfig
 
 if TYPE_CHECKING:
@@ -113,18 +114,19 @@ class RMSNorm(nn.Module):
 
 def cached_attention(
     kv_cache: KVCache, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
-    batch: ForwardBatch, scale: float,
+    batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-head q/k norm and RoPE, the KV write and attention over the cache, for q/k/v
     straight from the projection: the KV format's fused decode path when it has one for
-    ``batch``, else the steps one by one."""
-    out = kv_cache.decode_fused(q, k, v, norm_rope, batch, scale)
+    ``batch``, else the steps one by one. ``gate``: gated attention's output gate, applied
+    inside the fused path's kernel, else after the steps."""
+    out = kv_cache.decode_fused(q, k, v, norm_rope, batch, scale, gate)
     if out is not None:
         return out
     n = norm_rope
     q, k = ops.qk_norm_rope(q, k, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim)
     kv_cache.write(k, v, batch.slot_mapping)
-    return kv_cache.attend(q, batch, scale)
+    return output_gate(kv_cache.attend(q, batch, scale), gate)
 
 
 class Attention(nn.Module):
