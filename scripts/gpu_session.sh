@@ -7,6 +7,7 @@
 #                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1;
 #                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
+#   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
@@ -53,6 +54,7 @@
 #                                   then prefix reuse on graphs with room for the fp32 warm-up
 #
 # Several stages run in one command, in order: scripts/gpu_session.sh agent profile27
+# (DEADLINE_S=560 keeps them inside one call's ten minutes: later stages and benches are cut short)
 #
 # Triton's compiled kernels travel between calls: a call unpacks .tcache/triton.tar.gz (carry
 # .tcache beside .whl) and leaves the cache it ended with in $OUT/triton.tar.gz; copy that
@@ -81,7 +83,16 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/n
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" \
     | tee -a "$OUT/gpu.txt"
-bench() { timeout "$1" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"; }
+# DEADLINE_S (seconds from the start of this script): no bench runs past it, and a stage
+# that would start with under a minute left is skipped, so what ran comes back whole
+started=$(date +%s)
+left() { echo $(( ${DEADLINE_S:-100000} - ($(date +%s) - started) )); }
+bench() {
+    local limit=$1 rest
+    rest=$(left); [ "$rest" -lt "$limit" ] && limit=$rest
+    [ "$limit" -le 5 ] && { echo "skipped: ninfer-bench ${*:2} (deadline)"; return; }
+    timeout "$limit" ninfer-bench "${@:2}" 2>>"$OUT/bench.err" | tee -a "$OUT/bench.jsonl"
+}
 quant_tests() {
     # three groups at once: Triton compiles most of the time away and compiling is CPU-bound
     # (session 17: the kernel tests took 222 s and the weight tests 204 s side by side)
@@ -98,6 +109,7 @@ quant_tests() {
     for f in pytest_kv pytest_kv_engine pytest_quant pytest_spec; do echo "$f: $(tail -1 "$OUT/$f.txt")"; done
 }
 for stage in "${@:-check}"; do
+[ "$(left)" -lt 60 ] && { echo "== stage $stage skipped: $(left) s left before DEADLINE_S"; continue; }
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
 check)
@@ -130,6 +142,10 @@ moe)
     if [ "${MOE_30B:-0}" = 1 ]; then
         bench 150 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     fi
+    ;;
+moe35)
+    # the 35B-A3B decode alone, from the committed tables (no tests, no sweep)
+    bench 170 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     ;;
 presets)
     # what a request naming no sampler settings gets on the 27B shape (Qwen3.5's presets: top-k,
