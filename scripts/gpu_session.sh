@@ -203,7 +203,7 @@ spec2)
     fi
     # a warm machine keeps /tmp: a model trained by the previous call is reused
     [ -f /tmp/trained/config.json ] \
-        || timeout 300 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
+        || timeout 330 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
     bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
