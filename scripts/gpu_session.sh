@@ -7,7 +7,8 @@
 #                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1;
 #                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
-#   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
+#   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables), then with
+#                                   NINFER_FUSED_ROUTER=1
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
@@ -144,8 +145,11 @@ moe)
     fi
     ;;
 moe35)
-    # the 35B-A3B decode alone, from the committed tables (no tests, no sweep)
+    # the 35B-A3B decode alone, from the committed tables (no tests, no sweep); the fused
+    # router (opt-in since session 20) as the peer in the same call
     bench 170 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    NINFER_FUSED_ROUTER=1 bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 \
+        --no-transformers
     ;;
 presets)
     # what a request naming no sampler settings gets on the 27B shape (Qwen3.5's presets: top-k,
