@@ -30,7 +30,7 @@ import attrs
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
-from ninfer_kernels.attention import attend_pages, gather_pages
+from ninfer_kernels.attention import attend_pages, gather_pages, output_gate
 
 INT8_GROUP = 64
 FP8_MAX = 448.0  # largest finite float8 e4m3 value
@@ -210,7 +210,6 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
     new k/v at ``batch.slot_mapping``, then attention over the pages (what
     :func:`ninfer_kernels.decode_attention.decode_attention` does for a plain cache). One
     launch on CUDA. ``gate``: as for the plain cache's decode."""
-    from ninfer_kernels.attention import output_gate
     from ninfer_kernels.qk_norm_rope import qk_norm_rope
 
     n = norm_rope

@@ -190,7 +190,7 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half, F16=half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), KGROUP=k_codec.group(head_dim),
         VGROUP=v_codec.group(head_dim), QGROUP=ref.int8_group(head_dim), USE_PDL=use_pdl,
-        GATED=gate is not None and (splits == 1 or merge_inside),
+        GATED=gate is not None and merge_inside,  # else applied after the second kernel below
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     if splits > 1 and not merge_inside:
