@@ -34,8 +34,8 @@
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
-#   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-19 changed (quantized weights, packed
-#                                   steps, speculative rounds, MoE kernels and graph decode)
+#   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
+#                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench)
@@ -270,7 +270,7 @@ quant-tests)
     quant_tests
     ;;
 new-tests)
-    # the GPU tests of what sessions 18-19 changed, three groups at once: the quantized
+    # the GPU tests of what sessions 18-20 changed, four groups at once: the quantized
     # kernels and packed steps with the weight formats, the speculative rounds (device
     # rounds among them), the MoE kernels and graph decode (the quantized-KV tests, unchanged
     # since they last passed, stay out)
@@ -280,8 +280,11 @@ new-tests)
         > "$OUT/pytest_spec.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py \
         > "$OUT/pytest_moe.txt" 2>&1 &
+    # session 20: the output gate inside the bf16 and quantized one-launch decode kernels
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kernels_triton.py tests/test_kv_quant.py \
+        -k "decode_attention or one_launch" > "$OUT/pytest_gate.txt" 2>&1 &
     wait
-    for f in pytest_quant pytest_spec pytest_moe; do echo "$f: $(tail -1 "$OUT/$f.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.txt" | head -8; done
+    for f in pytest_quant pytest_spec pytest_moe pytest_gate; do echo "$f: $(tail -1 "$OUT/$f.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.txt" | head -8; done
     ;;
 quant)
     # the GPU tests no longer fit beside these (about 8 minutes): quant-tests, a call of its own
