@@ -9,6 +9,9 @@
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables), then with
 #                                   NINFER_FUSED_ROUTER=1
+#   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
+#   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
+#   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
 #                                   (tables written in place, copies in $OUT), the head-dim-256
@@ -150,6 +153,27 @@ moe35)
     bench 170 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     NINFER_FUSED_ROUTER=1 bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 \
         --no-transformers
+    ;;
+moe30)
+    # the 30B-A3B decode alone, from the committed tables
+    bench 170 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    ;;
+profile35)
+    # the 35B-A3B step at PROFILE_C (1) under the profiler, the host's side included (where the
+    # bench's step and its graph replay part)
+    timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency "${PROFILE_C:-1}" \
+        --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b.jsonl" | cut -c1-9000 | tail -80
+    ;;
+gate-tests)
+    # session 20's output gate inside the decode kernels, graph decode with it, the MoE
+    # kernels (session 21's one-launch router among them)
+    limit=$(left); [ "$limit" -gt 300 ] && limit=300
+    timeout "$limit" python3 -m pytest -q -rf --tb=short tests/test_kernels_triton.py tests/test_kv_quant.py \
+        -k "decode_attention or one_launch" > "$OUT/pytest_gate.txt" 2>&1 &
+    timeout "$limit" python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
+        > "$OUT/pytest_graph.txt" 2>&1 &
+    wait
+    for f in pytest_gate pytest_graph; do echo "$f: $(tail -1 "$OUT/$f.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.txt" | head -8; done
     ;;
 presets)
     # what a request naming no sampler settings gets on the 27B shape (Qwen3.5's presets: top-k,

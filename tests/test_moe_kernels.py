@@ -409,3 +409,41 @@ def test_fused_moe_real_shape_and_graph_capture(t):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("t,e,shared", [(1, 256, True), (8, 256, True), (3, 128, False)])
+def test_one_launch_router_on_cuda_equals_the_two_launches(t, e, shared, monkeypatch):
+    """The 35B-A3B and 30B-A3B routers at decode batches: the experts the router's matmul
+    and the routing kernel pick, in eager calls and replayed from a CUDA graph several
+    times (the arrival counters reset between launches)."""
+    from ninfer_kernels.triton import moe_router
+
+    gen = torch.Generator(device="cuda").manual_seed(t + e)
+    h, k, dtype = 2048, 8, torch.bfloat16
+    x = torch.randn(t, h, device="cuda", generator=gen, dtype=dtype)
+    router = torch.randn(e, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    gate = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5 if shared else None
+    monkeypatch.setenv("NINFER_FUSED_ROUTER", "0")
+    want_w, want_ids = moe_router.route_tokens(x, router, k, True, gate)
+    monkeypatch.setenv("NINFER_FUSED_ROUTER", "1")
+    got_w, got_ids = moe_router.route_tokens(x, router, k, True, gate)
+    assert torch.equal(got_ids, want_ids)
+    # the routed weights come from the same logits; the shared gate's dot product is summed
+    # in another order, which may move its rounded logit by one bf16 step
+    assert (got_w[:, :k] - want_w[:, :k]).abs().max() <= 1e-6
+    assert (got_w - want_w).abs().max() <= 1e-2
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe_router.route_tokens(x, router, k, True, gate)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_w, out_ids = moe_router.route_tokens(x, router, k, True, gate)
+    for _ in range(3):
+        out_w.zero_(), out_ids.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_ids, got_ids) and torch.equal(out_w, got_w)
