@@ -98,18 +98,6 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     return sorted_pairs, block_experts, num_padded
 
 
-def route_tokens(
-    x: torch.Tensor,
-    router: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared_gate: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's linear layer ``x @ router.T`` (``router`` [E, H], the product in x's
-    dtype as the model's linear layer gives it) and then :func:`moe_route` on its logits."""
-    return moe_route(F.linear(x, router), top_k, renormalize, x, shared_gate)
-
-
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor | QuantWeight,

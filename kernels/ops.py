@@ -37,7 +37,6 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "gated_delta_verify": {"reference": gated_delta_decode.gated_delta_verify, "triton": None},
     "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
     "moe_route": {"reference": moe.moe_route, "triton": None},
-    "route_tokens": {"reference": moe.route_tokens, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
@@ -217,9 +216,10 @@ def route_tokens(
     renormalize: bool,
     shared_gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The router's matmul then :func:`moe_route` (:func:`ninfer_kernels.moe.route_tokens`;
-    one launch for decode batches on CUDA)."""
-    return choose("route_tokens", x.device.type)(x, router, top_k, renormalize, shared_gate)
+    """A MoE router: its linear layer ``x @ router.T`` (``router`` [E, H], the product in x's
+    dtype, as :func:`linear` runs it) and then :func:`moe_route` on those logits. Two
+    launches on CUDA; one launch for both measured slower twice (docs/moe.md)."""
+    return moe_route(linear(x, router), top_k, renormalize, x, shared_gate)
 
 
 def fused_moe(

@@ -7,8 +7,7 @@
 #                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1;
 #                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
-#   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables), then with
-#                                   NINFER_FUSED_ROUTER=1
+#   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
 #   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
@@ -65,13 +64,16 @@
 # back to .tcache/ (git ignores it) before the next call. Every call starts on a fresh
 # machine, so without it each one compiles every kernel it touches again (most of a test
 # stage's minutes). Entries are keyed by source and Triton version, so stale ones only
-# take space; past 15 MiB the archive keeps this call's entries alone.
+# take space; past 15 MiB the archive keeps this call's entries alone (then merge it into the
+# old one rather than replace it), and a call that compiled nothing leaves none.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 [ -f .tcache/triton.tar.gz ] && tar -xzf .tcache/triton.tar.gz -C "$TRITON_CACHE_DIR"
 touch /tmp/triton-cache.start
 save_triton_cache() {
+    # nothing compiled in this call: no archive, so the one carried in stays the one to carry
+    [ -z "$(find "$TRITON_CACHE_DIR" -mindepth 1 -maxdepth 1 -newer /tmp/triton-cache.start -print -quit)" ] && return
     tar -czf "$OUT/triton.tar.gz" -C "$TRITON_CACHE_DIR" .
     if [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
         (cd "$TRITON_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -newer /tmp/triton-cache.start -print0 \
@@ -148,11 +150,8 @@ moe)
     fi
     ;;
 moe35)
-    # the 35B-A3B decode alone, from the committed tables (no tests, no sweep); the fused
-    # router (opt-in since session 20) as the peer in the same call
+    # the 35B-A3B decode alone, from the committed tables (no tests, no sweep)
     bench 170 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
-    NINFER_FUSED_ROUTER=1 bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 \
-        --no-transformers
     ;;
 moe30)
     # the 30B-A3B decode alone, from the committed tables
@@ -165,8 +164,7 @@ profile35)
         --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b.jsonl" | cut -c1-9000 | tail -80
     ;;
 gate-tests)
-    # session 20's output gate inside the decode kernels, graph decode with it, the MoE
-    # kernels (session 21's one-launch router among them)
+    # session 20's output gate inside the decode kernels, graph decode with it, the MoE kernels
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
     timeout "$limit" python3 -m pytest -q -rf --tb=short tests/test_kernels_triton.py tests/test_kv_quant.py \
         -k "decode_attention or one_launch" > "$OUT/pytest_gate.txt" 2>&1 &

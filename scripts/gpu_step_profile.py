@@ -39,7 +39,7 @@ KINDS = (
     ("moe gate_up", r"_gate_up_kernel|_gate_up_one_kernel"),
     ("moe down", r"_down_kernel|_down_one_kernel|_down_sum_one_kernel"),
     ("moe sum", r"_sum_pairs_kernel"),
-    ("moe route", r"_route_kernel|_router_kernel"),
+    ("moe route", r"_route_kernel"),
     ("gated deltanet decode", r"_gdn_decode_kernel|_recurrent_kernel"),
     ("gated deltanet chunked (fla)", r"chunk|solve_tril|recompute_w_u|kkt|l2norm|merge_16x16|wy_fast"),
     ("causal conv", r"_causal_conv_kernel"),

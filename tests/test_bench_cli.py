@@ -221,3 +221,35 @@ def test_synthetic_context_decodes_after_the_last_prompt_token_only(capsys):
     assert [(r["prompt_len"], r["context"]) for r in lines] == [(24, "synthetic (no prefill)"),
                                                                  (48, "synthetic (no prefill)")]
     assert lines[1]["bytes_per_step"] > lines[0]["bytes_per_step"]  # the longer context's KV counted
+
+
+def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, monkeypatch):
+    """Every concurrency decodes the same eight prompts (eight single requests at c=1, two
+    batches of four at c=4), after an untimed warm-up batch, with and without speculation."""
+    from ninfer.bench import ninfer_runs, spec_decode
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe-mtp", {**TINY_HYBRID_MOE, "mtp_num_hidden_layers": 1})
+    calls = []
+    real = ninfer_runs.decode_throughput
+    monkeypatch.setattr(ninfer_runs, "decode_throughput", lambda engine, work, *a, **k: (
+        calls.append((len(work.prompts), work.output_lens[0], work.prompts[0][:4])) or real(engine, work, *a, **k)))
+    code = bench.main(["random:tiny-hybrid-moe-mtp", "--device", "cpu", "--dtype", "fp32", "--only", "decode",
+                       "--spec", "mtp", "--draft-tokens", "2", "--concurrency", "1,4", "--decode-prompt-len", "8",
+                       "--decode-output-len", "6", "--no-transformers"])
+    assert code == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    spec = [r for r in lines if r["figure"] == "spec_decode"]
+    assert [(r["draft_tokens"], r["concurrency"], r["prompts"]) for r in spec] == [(0, 1, 8), (0, 4, 8), (2, 1, 8),
+                                                                                   (2, 4, 8)]
+    assert spec[2]["speedup"] > 0 and len(spec[2]["position_acceptance"]) == 2
+    # after the plain decode figure (c=1, then 4): per engine and concurrency the warm-up
+    # (32 tokens), then the sample's batches of c
+    assert [n for n, _, _ in calls[:2]] == [1, 4]
+    calls = calls[2:]
+    sample = [call for call in calls if call[1] == 6]
+    assert [n for n, _, _ in sample].count(1) == 2 * 8 and [n for n, _, _ in sample].count(4) == 2 * 2
+    firsts = {tuple(p) for n, _, p in sample if n == 1}
+    assert len(firsts) == 8  # eight different prompts, not one repeated
+    assert sum(1 for n, out, _ in calls if out == 32) == 4
+    assert spec_decode.SAMPLE_PROMPTS == 8

@@ -368,7 +368,7 @@ def test_decode_attention_applies_the_output_gate(dtype, splits):
     first, as there)."""
     args, k_cache, v_cache, batch = decode_case([5, 17, 0, 150], 16, 6, 2, 16, 16, dtype, seed=9)
     gen = torch.Generator().manual_seed(4)
-    gate = (2 * torch.randn(4, 6, 32, generator=gen)).to(dtype)[..., 16:]
+    gate = (2 * torch.randn(4, 6, 32, generator=gen)).to(DEVICE, dtype)[..., 16:]
     ungated = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.25,
                                                   num_splits=splits)
     got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, gate=gate, num_splits=splits)

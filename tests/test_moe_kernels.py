@@ -151,53 +151,6 @@ def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
     assert (got_w - want_w).abs().max() <= 1e-6
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("t,e,h,top_k,shared,column_major", [(1, 256, 2048, 8, True, True), (5, 37, 200, 3, False, False),
-                                                            (16, 128, 256, 8, True, False)])
-def test_router_matmul_and_routing_in_one_launch(t, e, h, top_k, shared, column_major, dtype, monkeypatch):
-    """Parts of the hidden dimension a program each, the last to arrive routing the token:
-    the reference's experts and weights, the router stored either way round, and the
-    arrival counters back at zero (a second call gives the same). Past MAX_TOKENS, or
-    switched off, the two launches run instead."""
-    from ninfer_kernels.triton import moe_router
-
-    gen = torch.Generator().manual_seed(t + e)
-    x = torch.randn(t, h, generator=gen).to(dtype)
-    router = (torch.randn(e, h, generator=gen) * h**-0.5).to(dtype)
-    if column_major:  # how Linear layers keep their weights for cuBLAS (store_linears_column_major)
-        router = router.t().contiguous().t()
-    gate = (torch.randn(1, h, generator=gen) * h**-0.5).to(dtype) if shared else None
-    want_w, want_ids = moe.route_tokens(x, router, top_k, True, gate)
-    calls = []
-    real = moe_router._router_kernel
-    monkeypatch.setattr(moe_router, "_router_kernel", _Counting(real, calls))
-    monkeypatch.setenv("NINFER_FUSED_ROUTER", "1")  # opt-in since session 20's measurement
-    got_w, got_ids = moe_router.route_tokens(x, router, top_k, True, gate)
-    assert calls and torch.equal(got_ids, want_ids) and (got_w - want_w).abs().max() <= 1e-6
-    again_w, again_ids = moe_router.route_tokens(x, router, top_k, True, gate)
-    assert torch.equal(again_w, got_w) and torch.equal(again_ids, got_ids)
-    calls.clear()
-    monkeypatch.setenv("NINFER_FUSED_ROUTER", "0")
-    off_w, off_ids = moe_router.route_tokens(x, router, top_k, True, gate)
-    assert not calls and torch.equal(off_ids, want_ids)
-    monkeypatch.setenv("NINFER_FUSED_ROUTER", "1")
-    many = torch.randn(moe_router.MAX_TOKENS + 1, h, generator=gen).to(dtype)
-    assert torch.equal(moe_router.route_tokens(many, router, top_k, True, gate)[1],
-                       moe.route_tokens(many, router, top_k, True, gate)[1])
-    assert not calls
-
-
-class _Counting:
-    """A kernel handle that notes each launch (``kernel[grid](...)``)."""
-
-    def __init__(self, kernel, calls: list):
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        self.calls.append(grid)
-        return self.kernel[grid]
-
-
 def test_triton_route_ties_go_to_the_lower_id():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0],
                            [-0.0, 0.0, -1.0, -1.0, -1.0]])
@@ -410,40 +363,3 @@ def test_fused_moe_real_shape_and_graph_capture(t):
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
 
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("t,e,shared", [(1, 256, True), (8, 256, True), (3, 128, False)])
-def test_one_launch_router_on_cuda_equals_the_two_launches(t, e, shared, monkeypatch):
-    """The 35B-A3B and 30B-A3B routers at decode batches: the experts the router's matmul
-    and the routing kernel pick, in eager calls and replayed from a CUDA graph several
-    times (the arrival counters reset between launches)."""
-    from ninfer_kernels.triton import moe_router
-
-    gen = torch.Generator(device="cuda").manual_seed(t + e)
-    h, k, dtype = 2048, 8, torch.bfloat16
-    x = torch.randn(t, h, device="cuda", generator=gen, dtype=dtype)
-    router = torch.randn(e, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
-    gate = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5 if shared else None
-    monkeypatch.setenv("NINFER_FUSED_ROUTER", "0")
-    want_w, want_ids = moe_router.route_tokens(x, router, k, True, gate)
-    monkeypatch.setenv("NINFER_FUSED_ROUTER", "1")
-    got_w, got_ids = moe_router.route_tokens(x, router, k, True, gate)
-    assert torch.equal(got_ids, want_ids)
-    # the routed weights come from the same logits; the shared gate's dot product is summed
-    # in another order, which may move its rounded logit by one bf16 step
-    assert (got_w[:, :k] - want_w[:, :k]).abs().max() <= 1e-6
-    assert (got_w - want_w).abs().max() <= 1e-2
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        moe_router.route_tokens(x, router, k, True, gate)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_w, out_ids = moe_router.route_tokens(x, router, k, True, gate)
-    for _ in range(3):
-        out_w.zero_(), out_ids.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out_ids, got_ids) and torch.equal(out_w, got_w)

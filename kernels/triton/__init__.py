@@ -13,7 +13,7 @@ if importlib.util.find_spec("triton") is not None:
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
-        kv_quant, kv_quant_decode, moe_route, moe_router, norm, paged_attention, qk_norm_rope, quant_gemm, rope,
+        kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm, rope,
         skinny_linear, state_rows,
     )
 
@@ -31,7 +31,6 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("gated_delta_verify", gated_delta_decode.gated_delta_verify)
     ops.register_triton("gated_rms_norm", gated_rms_norm.gated_rms_norm)
     ops.register_triton("moe_route", moe_route.moe_route)
-    ops.register_triton("route_tokens", moe_router.route_tokens)
     ops.register_triton("fused_moe", fused_moe.fused_moe)
     ops.register_triton("copy_state_rows", state_rows.copy_rows)
     ops.register_triton("write_kv_quant", kv_quant.write_kv_quant)

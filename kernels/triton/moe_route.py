@@ -44,14 +44,12 @@ KERNEL_MAX_PAIRS = 1024
 
 
 @triton.jit
-def pick_experts_rows(logits, e_ok, g, w_out, ids_out, rows_ok, num_experts, TOP_K: tl.constexpr,
-                      K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
-                      BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Store ``K_OUT`` weights and expert ids per token for a tile of ``R = BLOCK_R`` tokens
-    (all picked at once, each round one reduction along the experts): ``logits`` float32 [R, BLOCK_E] (lanes where ``e_ok`` [1, BLOCK_E] is false are ignored), with a
-    shared expert its rounded gate logits ``g`` [R]; ``w_out`` / ``ids_out`` [R, 1] point
-    at each token's output row, stored where ``rows_ok`` [R]."""
-    offs_e = tl.arange(0, BLOCK_E)[None, :]
+def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constexpr, K_OUT: tl.constexpr,
+                 RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
+    """Store one token's ``K_OUT`` weights and expert ids at ``w_out`` / ``ids_out`` from its
+    float32 router ``logits`` [BLOCK_E] (lanes past ``e_ok`` -inf) and, with a shared
+    expert, its rounded gate logit ``g``."""
+    offs_e = tl.arange(0, BLOCK_E)
     # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
     # one reduction of a 64-bit key: the logit's bits made to order as signed integers
     # (negative floats' magnitude bits flipped) above the lane's reversed index, so the
@@ -62,39 +60,27 @@ def pick_experts_rows(logits, e_ok, g, w_out, ids_out, rows_ok, num_experts, TOP
     order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     key = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64)
     key = tl.where(e_ok, key, -9223372036854775807 - 1)  # padding lanes below every expert
-    cols = tl.arange(0, BLOCK_KO)[None, :]
-    weights = tl.zeros([BLOCK_R, BLOCK_KO], dtype=tl.float32)
-    ids = tl.zeros([BLOCK_R, BLOCK_KO], dtype=tl.int32)
+    cols = tl.arange(0, BLOCK_KO)
+    weights = tl.zeros([BLOCK_KO], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_KO], dtype=tl.int32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(key, 1)[:, None]
+        best = tl.max(key, 0)
         idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
         picked = (best >> 32).to(tl.int32)
         value = tl.where(picked < 0, picked ^ 0x7FFFFFFF, picked).to(tl.float32, bitcast=True)
         weights = tl.where(cols == j, value, weights)  # the logit for now
         ids = tl.where(cols == j, idx, ids)
         key = tl.where(offs_e == idx, -9223372036854775807 - 1, key)
-    top = tl.max(tl.where(cols == 0, weights, float("-inf")), 1)[:, None]  # the first pick: the largest logit
-    total = tl.sum(tl.where(e_ok, tl.exp(logits - top), 0.0), 1)[:, None]
+    top = tl.max(tl.where(cols == 0, weights, float("-inf")), 0)  # the first pick: the largest logit
+    total = tl.sum(tl.exp(logits - top), 0)
     weights = tl.where(cols < TOP_K, tl.exp(weights - top) / total, 0.0)
     if RENORM:
-        weights = weights / tl.sum(weights, 1)[:, None]  # unpicked columns hold 0
+        weights = weights / tl.sum(weights, 0)  # unpicked columns hold 0
     if HAS_SHARED:
-        weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g[:, None])), weights)
+        weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g)), weights)
         ids = tl.where(cols == TOP_K, num_experts, ids)
-    ok = rows_ok[:, None] & (cols < K_OUT)
-    tl.store(w_out + cols, weights, mask=ok)
-    tl.store(ids_out + cols, ids, mask=ok)
-
-
-@triton.jit
-def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constexpr, K_OUT: tl.constexpr,
-                 RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
-    """:func:`pick_experts_rows` for one token: ``logits`` [BLOCK_E] (lanes past ``e_ok``
-    -inf), the scalar gate logit ``g``, output rows at ``w_out`` / ``ids_out``."""
-    zero = tl.zeros([1], dtype=tl.int32)
-    pick_experts_rows(logits[None, :], e_ok[None, :], g + zero.to(tl.float32), w_out + zero[:, None],
-                      ids_out + zero[:, None], zero == 0, num_experts, TOP_K, K_OUT, RENORM, HAS_SHARED,
-                      BLOCK_E, BLOCK_KO, 1)
+    tl.store(w_out + cols, weights, mask=cols < K_OUT)
+    tl.store(ids_out + cols, ids, mask=cols < K_OUT)
 
 
 @triton.jit

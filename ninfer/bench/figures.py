@@ -136,19 +136,19 @@ class Bench:
 
     def spec_decode(self, model: str, levels: list[int], ks: list[int]) -> None:
         """Decode at each concurrency without speculation, then with each draft count in
-        ``ks``: tok/s, tokens per round, per-position acceptance and the speedup."""
+        ``ks``, on the same sample of prompts (:mod:`ninfer.bench.spec_decode`): tok/s,
+        tokens per round, per-position acceptance and the speedup."""
+        from ninfer.bench import spec_decode
+
         a = self.args
         plain: dict[int, float] = {}
         for k in [0, *ks]:
             self.load(model, levels, [], offline=False, draft_tokens=k)
             engine = self.llm.engine
+            ids = spec_decode.prompt_ids(self.llm.get_tokenizer(), a.spec_prompts)
             for c in levels:
-                # an untimed short run first: kernels that compile on first use (verify and
-                # draft shapes at this batch) did so inside session 21's first timed runs
-                ninfer_runs.decode_throughput(engine, self._spec_work(c, output_len=32))
-                engine.stats.take_interval()  # the interval counters now cover this run only
-                ours = ninfer_runs.decode_throughput(engine, self._spec_work(c))
-                s = engine.stats.take_interval()
+                ours, s = spec_decode.measure(engine, ids, c, a.decode_prompt_len, a.decode_output_len, self.vocab,
+                                              a.seed)
                 record = {"figure": "spec_decode", "engine": "ninfer", "spec": a.spec if k else None,
                           "draft_tokens": k, "concurrency": c, **self.common, **ours}
                 if k:
@@ -158,19 +158,6 @@ class Bench:
                     plain[c] = ours["decode_tok_s"]
                 self.emit(record)
         self.unload()
-
-    def _spec_work(self, c: int, output_len: int | None = None):
-        a = self.args
-        output_len = output_len or a.decode_output_len
-        if not a.spec_prompts:
-            return self._decode_work(c, output_len)
-        from pathlib import Path
-
-        from ninfer.bench.workload import text_workload
-
-        text = Path(a.spec_prompts).read_text(encoding="utf-8", errors="replace")
-        ids = self.llm.get_tokenizer().encode(text)
-        return text_workload(c, ids, a.decode_prompt_len, output_len)
 
     def prefill(self, lengths: list[int]) -> None:
         for n in lengths:

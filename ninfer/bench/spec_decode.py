@@ -1,0 +1,57 @@
+"""The ``spec_decode`` figure: decode with and without speculation on the same prompts.
+
+Acceptance depends on the text, so one prompt is a poor sample: at every concurrency the
+figure decodes the same :data:`SAMPLE_PROMPTS` prompts, ``SAMPLE_PROMPTS / c`` batches of
+``c`` one after another (eight single requests at c=1, one batch of eight at c=8), and
+reports their pooled rate and acceptance. Each concurrency first decodes a short untimed
+batch, so kernels that compile on first use (the verify and draft shapes of this batch
+size) do it there; session 21's first timed runs had them inside the clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ninfer.bench import ninfer_runs
+from ninfer.bench.workload import Workload, fixed_workload, text_workload
+
+#: prompts every concurrency decodes (in batches of c)
+SAMPLE_PROMPTS = 8
+
+
+def prompt_ids(tokenizer, spec_prompts: str | None) -> list[int] | None:
+    """The token ids of ``--spec-prompts`` (None: random prompts)."""
+    if not spec_prompts:
+        return None
+    return tokenizer.encode(Path(spec_prompts).read_text(encoding="utf-8", errors="replace"))
+
+
+def batch_work(ids: list[int] | None, c: int, batch: int, prompt_len: int, output_len: int, vocab: int,
+               seed: int) -> Workload:
+    """Batch ``batch`` of ``c`` prompts: consecutive stretches of the text after the earlier
+    batches' (or random ids when there is no text)."""
+    if ids is None:
+        return fixed_workload(c, prompt_len, output_len, vocab, seed + 1000 * batch + c)
+    return text_workload(c, ids[batch * c * prompt_len:], prompt_len, output_len)
+
+
+def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: int, vocab: int,
+            seed: int) -> tuple[dict, object]:
+    """The pooled decode figure of the sample at concurrency ``c`` and the engine's interval
+    statistics over it (acceptance)."""
+    ninfer_runs.decode_throughput(engine, batch_work(ids, c, 0, prompt_len, 32, vocab, seed))  # untimed
+    engine.stats.take_interval()  # the interval counters now cover the sample only
+    runs = [ninfer_runs.decode_throughput(engine, batch_work(ids, c, b, prompt_len, output_len, vocab, seed))
+            for b in range(max(1, SAMPLE_PROMPTS // c))]
+    stats = engine.stats.take_interval()
+    tokens = sum(r["decode_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    steps = sum(r["seconds"] * 1000 / r["step_ms"] for r in runs if r["step_ms"])
+    return {
+        "decode_tokens": tokens,
+        "seconds": seconds,
+        "decode_tok_s": tokens / seconds if seconds else 0.0,
+        "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "full_batch": all(r["full_batch"] for r in runs),
+        "prompts": len(runs) * c,
+    }, stats
