@@ -10,6 +10,10 @@
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
+#   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch after their wait (NINFER_PDL_TRIGGER=1):
+#                                   GPU tests with it, then 35B-A3B c=1,8 and 27B c=1 with and without
+#   scripts/gpu_session.sh skinny-ab  35B-A3B decode with its projections on the few-row kernel (swept, taken
+#                                   within SKINNY_MARGIN of cuBLAS), then with the committed table
 #   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
@@ -156,6 +160,37 @@ moe35)
 moe30)
     # the 30B-A3B decode alone, from the committed tables
     bench 170 random:qwen3-30b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    ;;
+pdl-ab)
+    # kernels letting the next one launch right after their own wait (NINFER_PDL_TRIGGER=1,
+    # kernels/triton/pdl.py) against the default, in one call: the graph-decode and MoE GPU
+    # tests with the trigger on, then the 35B-A3B at c=1 and 8 and the 27B at c=1 both ways
+    NINFER_PDL_TRIGGER=1 timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py \
+        tests/test_moe_kernels.py > "$OUT/pytest_trigger.txt" 2>&1
+    echo "pytest_trigger: $(tail -1 "$OUT/pytest_trigger.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_trigger.txt" | head -8
+    for trigger in 1 0; do
+        NINFER_PDL_TRIGGER=$trigger bench 130 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode \
+            --concurrency 1,8 --no-transformers
+    done
+    for trigger in 1 0; do
+        NINFER_PDL_TRIGGER=$trigger bench 110 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1 \
+            --decode-output-len 128 --no-transformers
+    done
+    ;;
+skinny-ab)
+    # projections on the few-row kernel in whole steps. The sweep times back-to-back calls of
+    # one kernel, where cuBLAS won the projections (session 8); inside a step the kernel's
+    # PDL start (its first weight tile fetched before the wait) may overlap the
+    # latency-bound kernel before it, which cuBLAS cannot. The 35B-A3B's linear table is
+    # rewritten with every shape within SKINNY_MARGIN (0.15) of cuBLAS, then decode; then
+    # the committed table and decode again (the peer), in one call
+    cp kernels/triton/linear_configs/NVIDIA_H200.json /tmp/linear_committed.json
+    timeout 240 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models qwen3.6-35b-a3b \
+        --margin=-"${SKINNY_MARGIN:-0.15}" --write --out-dir "$OUT" > "$OUT/skinny_ab_sweep.jsonl" 2>&1
+    grep '"linear"' "$OUT/skinny_ab_sweep.jsonl" | grep '"rows": 1,' | cut -c1-260
+    bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
+    cp /tmp/linear_committed.json kernels/triton/linear_configs/NVIDIA_H200.json
+    bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 --no-transformers
     ;;
 profile35)
     # the 35B-A3B step at PROFILE_C (1) under the profiler, the host's side included (where the

@@ -84,11 +84,11 @@ def rel_err(got, want) -> float:
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def sweep_linear(margin: float) -> dict:
+def sweep_linear(margin: float, models: list[str]) -> dict:
     table: dict = {"_comment": "Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny "
                                "kernel's launch shape, where it measured faster than cuBLAS; absent: cuBLAS."}
     shapes: dict[tuple[int, int], str] = {}
-    for model in MODEL_SHAPES:
+    for model in models:
         for key, name in linear_shapes(model).items():
             shapes.setdefault(key, f"{model}:{name}")
     for (n, k), name in shapes.items():
@@ -184,7 +184,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="linear,moe")
     ap.add_argument("--moe-models", default=",".join(MOE_SHAPES), help="the MoE shapes the moe part sweeps")
-    ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel")
+    ap.add_argument("--linear-models", default=",".join(MODEL_SHAPES), help="the shapes whose projections the "
+                    "linear part sweeps")
+    ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel "
+                    "(negative: also kernels slower by at most that share, for whole-step A/Bs)")
     ap.add_argument("--write", action="store_true", help="update the tables in the source tree")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -192,7 +195,7 @@ def main() -> None:
     device = t_fused.device_name(torch.device("cuda"))
     written = []
     if "linear" in parts:
-        table = sweep_linear(args.margin)
+        table = sweep_linear(args.margin, args.linear_models.split(","))
         path = sk.CONFIG_DIR / f"{device}.json"
         if args.write:
             path.parent.mkdir(exist_ok=True)

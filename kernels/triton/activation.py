@@ -17,7 +17,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, width, stride_x, BLOCK: tl.constexpr, U
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the gate/up product comes from the kernel before
+        pdl.wait()  # the gate/up product comes from the kernel before
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + width + cols, mask=mask, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up

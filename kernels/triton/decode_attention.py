@@ -143,7 +143,7 @@ def _decode_kernel(
     kw, kwp, _, _ = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
     slot = tl.load(slot_ptr + seq).to(tl.int64)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     if split >= active:
         return
 

@@ -158,7 +158,7 @@ def _gate_up_kernel(
     UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
@@ -189,7 +189,7 @@ def _down_kernel(
     UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
@@ -215,7 +215,7 @@ def _down_kernel(
 def _sum_pairs_kernel(rows_ptr, out_ptr, width, TOP_K: tl.constexpr, BLOCK: tl.constexpr, ROUND: tl.constexpr,
                       USE_PDL: tl.constexpr):
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width

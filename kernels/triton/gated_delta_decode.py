@@ -210,7 +210,7 @@ def _gdn_decode_kernel(
     dt_bias = tl.load(dt_bias_ptr + head).to(tl.float32)
     nw = tl.load(nw_ptr + dv, mask=dv_ok, other=0.0).to(tl.float32)
     if USE_PDL:  # all of the above was written before the projection; its rows come next
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
 
     for t in range(start, end):
         q = _conv_row(proj_ptr, hist_ptr, w_q, t, start, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)

@@ -106,7 +106,7 @@ def _route_kernel(
         # rounded to x's dtype as the gate Linear's output would be, then the sigmoid
         g = round_to(tl.sum(acc, 0), x_ptr.dtype.element_ty, ROUND).to(tl.float32)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the logits come from the matmul just before
+        pdl.wait()  # the logits come from the matmul just before
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
@@ -162,7 +162,7 @@ def _align_kernel(
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the ids come from the routing kernel just before
+        pdl.wait()  # the ids come from the routing kernel just before
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     offs_c = tl.arange(0, CHUNK)
@@ -217,7 +217,7 @@ def _align_small_kernel(
     after the runs of every lower expert present, each counted once through the first of
     its pairs."""
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # the ids come from the routing kernel just before
+        pdl.wait()  # the ids come from the routing kernel just before
     i = tl.arange(0, BLOCK_P)
     ok = i < pairs
     e = tl.load(ids_ptr + i, mask=ok, other=-1)

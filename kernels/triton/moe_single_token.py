@@ -106,7 +106,7 @@ def _gate_up_one_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     if USE_PDL:  # the ids come from the routing kernel just before
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
     h = gate / (1.0 + tl.exp(-gate)) * up
@@ -124,7 +124,7 @@ def _down_one_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     if USE_PDL:  # the intermediate comes from the gate_up kernel just before
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
     scaled = acc * tl.load(weights_ptr + pair)

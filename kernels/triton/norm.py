@@ -38,7 +38,7 @@ def _rms_norm_kernel(
     # (usually uncached) read overlaps the wait instead of following the reduction.
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # x (and maybe the residual) comes from the kernel before
+        pdl.wait()  # x (and maybe the residual) comes from the kernel before
     if PARTS > 1:  # a MoE layer's rows, PARTS a token: summed in float32 and rounded, as sum_pairs does
         parts = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for p in tl.static_range(PARTS):

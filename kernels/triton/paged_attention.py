@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.triton import pdl
 
 #: a split covers at least this many keys, so the merge pass stays cheap next to it
 MIN_KEYS_PER_SPLIT = 128
@@ -242,7 +243,7 @@ def _merge_kernel(
     """Weight each split's partial by its share of the row's total softmax mass. ``USE_PDL``:
     launched with PDL right behind the kernel that wrote the partials (:mod:`.pdl`)."""
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_dv = tl.arange(0, BLOCK_DV)

@@ -226,7 +226,7 @@ def _quant_gemm_kernel(
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     if USE_PDL:  # x comes from the kernel before
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     if PACKED and FORMAT == 0:  # FP8, one row a program: whole words (.fp8_gemv)
         acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                            stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,

@@ -92,7 +92,7 @@ def _quant_gate_up_kernel(
     PAIRS: tl.constexpr = False,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:
@@ -180,7 +180,7 @@ def _quant_down_kernel(
     PAIRS: tl.constexpr = False,
 ):
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait()
     expert, pair, pid_n = _rows_of(tl.program_id(0), sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
                                    max_rows, N, BLOCK_M, BLOCK_N, GROUP_M, PER_PAIR)
     if expert == -1:

@@ -109,7 +109,7 @@ def _skinny_kernel(
     # waiting on that kernel (PDL), so the stream starts while the previous one finishes.
     b = tl.load(b_ptrs, mask=(offs_k < k_end - k_begin)[:, None] & n_ok[None, :], other=0.0)
     if USE_PDL:
-        tl.extra.cuda.gdc_wait()  # x comes from the kernel before
+        pdl.wait()  # x comes from the kernel before
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         a = tl.load(a_ptrs, mask=m_ok[:, None] & (offs_k < k_end - k0)[None, :], other=0.0)
