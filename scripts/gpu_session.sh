@@ -11,7 +11,8 @@
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
 #   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch after their wait (NINFER_PDL_TRIGGER=1):
-#                                   GPU tests with it, then 35B-A3B c=1,8 and 27B c=1 with and without
+#                                   35B-A3B c=1,8 without and with, then the GPU tests with it (PDL_27B=1:
+#                                   the 27B at c=1 both ways too)
 #   scripts/gpu_session.sh skinny-ab  35B-A3B decode with its projections on the few-row kernel (swept, taken
 #                                   within SKINNY_MARGIN of cuBLAS), then with the committed table
 #   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
@@ -163,19 +164,23 @@ moe30)
     ;;
 pdl-ab)
     # kernels letting the next one launch right after their own wait (NINFER_PDL_TRIGGER=1,
-    # kernels/triton/pdl.py) against the default, in one call: the graph-decode and MoE GPU
-    # tests with the trigger on, then the 35B-A3B at c=1 and 8 and the 27B at c=1 both ways
-    NINFER_PDL_TRIGGER=1 timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py \
-        tests/test_moe_kernels.py > "$OUT/pytest_trigger.txt" 2>&1
-    echo "pytest_trigger: $(tail -1 "$OUT/pytest_trigger.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_trigger.txt" | head -8
-    for trigger in 1 0; do
-        NINFER_PDL_TRIGGER=$trigger bench 130 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode \
+    # kernels/triton/pdl.py) against the default, in one call: the 35B-A3B at c=1 and 8 both
+    # ways (the switch changes every kernel's cache key: the first run with it compiles), then
+    # the graph-decode and MoE GPU tests with it on; PDL_27B=1: the 27B at c=1 both ways too
+    for trigger in 0 1; do
+        NINFER_PDL_TRIGGER=$trigger bench 180 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode \
             --concurrency 1,8 --no-transformers
     done
-    for trigger in 1 0; do
-        NINFER_PDL_TRIGGER=$trigger bench 110 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1 \
-            --decode-output-len 128 --no-transformers
-    done
+    limit=$(left); [ "$limit" -gt 200 ] && limit=200
+    NINFER_PDL_TRIGGER=1 timeout "$limit" python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py \
+        tests/test_moe_kernels.py > "$OUT/pytest_trigger.txt" 2>&1
+    echo "pytest_trigger: $(tail -1 "$OUT/pytest_trigger.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_trigger.txt" | head -8
+    if [ "${PDL_27B:-0}" = 1 ]; then
+        for trigger in 0 1; do
+            NINFER_PDL_TRIGGER=$trigger bench 150 random:qwen3.6-27b --dtype bf16 --only decode --concurrency 1 \
+                --decode-output-len 128 --no-transformers
+        done
+    fi
     ;;
 skinny-ab)
     # projections on the few-row kernel in whole steps. The sweep times back-to-back calls of
