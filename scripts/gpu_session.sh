@@ -189,12 +189,12 @@ skinny-ab)
     # latency-bound kernel before it, which cuBLAS cannot. The 35B-A3B's linear table is
     # rewritten with every shape within SKINNY_MARGIN (0.15) of cuBLAS, then decode; then
     # the committed table and decode again (the peer), in one call
-    cp kernels/triton/linear_configs/NVIDIA_H200.json /tmp/linear_committed.json
+    rm -rf /tmp/linear_committed && cp -r kernels/triton/linear_configs /tmp/linear_committed
     timeout 240 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models qwen3.6-35b-a3b \
         --margin=-"${SKINNY_MARGIN:-0.15}" --write --out-dir "$OUT" > "$OUT/skinny_ab_sweep.jsonl" 2>&1
     grep '"linear"' "$OUT/skinny_ab_sweep.jsonl" | grep '"rows": 1,' | cut -c1-260
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
-    cp /tmp/linear_committed.json kernels/triton/linear_configs/NVIDIA_H200.json
+    rm -rf kernels/triton/linear_configs && cp -r /tmp/linear_committed kernels/triton/linear_configs
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 --no-transformers
     ;;
 profile35)

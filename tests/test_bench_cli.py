@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ninfer.cli import bench
 
 
@@ -65,6 +67,11 @@ TINY_HYBRID_MOE = {
     "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "max_position_embeddings": 512, "tie_word_embeddings": False,
 }
+TINY_TIED = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 1,
+    "head_dim": 32, "max_position_embeddings": 512, "tie_word_embeddings": True,
+}
 
 
 def test_random_shapes_are_built_in_memory_and_loaded_through_the_checkpoint_loader(monkeypatch):
@@ -119,40 +126,53 @@ def test_unknown_random_shapes_fail_the_profile_check():
         load_profile(None, model="random:qwen9-1t")
 
 
-def test_random_weights_are_built_in_host_memory_when_the_device_cannot_hold_two_copies(monkeypatch):
-    """transformers' random model and ours coexist while the loader copies: on a card
-    without room for both (a 27B in bf16 on an 80 GB H100) the random one is built on the
-    host, and each tensor is copied over as the loader takes it."""
+@pytest.mark.parametrize("shape", ["tiny-hybrid-moe", "tiny-tied"])
+def test_streamed_random_weights_are_the_baselines_and_each_block_is_freed_before_the_next(monkeypatch, shape):
+    """A 35B-A3B in bf16 is 67 GB: built whole beside our copy it does not fit an 80 GB H100.
+    The stream makes one block at a time and drops it before making the next, with the
+    same tensors transformers' baseline gets from the same seed (a tied head once)."""
+    import gc
+    import weakref
+
     import torch
 
-    from ninfer.model import random_weights
+    from ninfer.model import blockwise_init, random_weights
 
     monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
-    size = random_weights.hf_bytes("tiny-hybrid-moe", torch.bfloat16)
-    params = sum(p.numel() for p in random_weights.build_hf("tiny-hybrid-moe", torch.float32, "cpu").parameters())
-    assert params * 2 <= size < params * 2 + 1024  # the parameters, and a few small buffers
-    cuda, free = torch.device("cuda", 0), {}
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 10 * free["bytes"]))
-    free["bytes"] = int(2.2 * size)
-    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 2.0) == cuda
-    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 1.5) == cuda
-    free["bytes"] = int(1.8 * size)
-    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 2.0) == torch.device("cpu")
-    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cuda, 1.5) == cuda
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-tied", TINY_TIED)
+    monkeypatch.setattr(blockwise_init, "BLOCK_BYTES", 1)  # every layer its own block
     cpu = torch.device("cpu")
-    assert random_weights.build_device("tiny-hybrid-moe", torch.bfloat16, cpu, 2.0) == cpu  # no query on CPU
+    baseline = random_weights.build_hf(shape, torch.float32, cpu, seed=5).state_dict()
+    alive, names = {}, []
+    for name, tensor in random_weights.model_source(f"random:{shape}", torch.float32, cpu, seed=5)[1]:
+        assert torch.equal(tensor, baseline[name]), name
+        assert not torch.isnan(tensor).any()
+        names.append(name)
+        alive[name] = weakref.ref(tensor)
+        del tensor
+        gc.collect()
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        earlier = [n for n in alive if n.startswith("model.layers.") and n.split(".")[2] != layer
+                   and int(n.split(".")[2]) < int(layer or 1 << 30)]
+        assert all(alive[n]() is None for n in earlier), name
+    tied = TINY_TIED.get("tie_word_embeddings", False) and shape == "tiny-tied"
+    assert set(names) == set(baseline) - ({"lm_head.weight"} if tied else set())
+    if tied:
+        assert torch.equal(baseline["lm_head.weight"], baseline["model.embed_tokens.weight"])
 
 
-def test_consumed_weights_are_freed_as_the_loader_takes_them(monkeypatch):
+def test_a_tensor_no_initialiser_reaches_fails_the_build(monkeypatch):
     import torch
 
     from ninfer.model import random_weights
 
     monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
-    hf = random_weights.build_hf("tiny-hybrid-moe", torch.float32, torch.device("cpu"))
-    names = [name for name, tensor in random_weights.consume_weights(hf) if tensor.numel()]
-    assert "model.layers.0.mlp.experts.gate_up_proj" in names
-    assert all(p.numel() == 0 for p in hf.parameters())
+    model = random_weights._meta_hf("tiny-hybrid-moe", torch.float32)
+    init = model._init_weights
+    monkeypatch.setattr(model, "_init_weights", 
+                        lambda m: None if type(m).__name__.endswith(("Router", "SparseMoeBlock")) else init(m))
+    with pytest.raises(RuntimeError, match=r"left model\.layers\.0\.mlp\.gate\.weight unset"):
+        random_weights.blockwise_init.whole(model, torch.device("cpu"), 0)
 
 
 def test_decode_traffic_counts_only_the_experts_a_step_reaches(tiny_qwen3_moe):

@@ -319,6 +319,18 @@ def test_shipped_h200_table_covers_both_models():
             assert cfg.block_m >= 16 and cfg.gate_up.BLOCK_N >= 16 and cfg.down.BLOCK_K >= 16
 
 
+def test_an_h100_without_tables_of_its_own_uses_the_h200s():
+    """Same chip: the H200's tuned shapes stand in, for every kernel family's folder, while
+    a card with its own table keeps it."""
+    from ninfer_kernels.triton import decode_launch, skinny_linear, tuned_tables
+
+    for folder in (t_shapes.CONFIG_DIR, skinny_linear.CONFIG_DIR, decode_launch.CONFIG_DIR):
+        if not (folder / "NVIDIA_H100_80GB_HBM3.json").exists():
+            h200 = tuned_tables.read_table(folder, "NVIDIA_H200")
+            assert h200 and tuned_tables.read_table(folder, "NVIDIA_H100_80GB_HBM3") == h200
+    assert tuned_tables.read_table(t_shapes.CONFIG_DIR, "NVIDIA_A100-SXM4-80GB") == {}
+
+
 # -- real shapes on CUDA (Qwen3.6-35B-A3B: 256 experts + shared, H 2048, I 512, top 8) --
 
 

@@ -1,9 +1,9 @@
 """Full-size models with random weights, shaped like released Qwen checkpoints, in device memory.
 
-``random:SHAPE`` names one. transformers builds its model for the shape's config right on
-the device, with its own seeded initialisation, and our engine loads those tensors through
-its ordinary checkpoint loader (the tensor names and layouts a saved checkpoint has),
-freeing each transformers tensor once it is copied. Both engines thus run the same
+``random:SHAPE`` names one. transformers' model for the shape's config is made on the
+device a block at a time with its own seeded initialisation (:mod:`.blockwise_init`), and
+our engine loads those tensors through its ordinary checkpoint loader (the tensor names
+and layouts a saved checkpoint has), each block freed once it is copied. Both engines thus run the same
 weights and nothing is written but ``config.json`` and the tiny tokenizer (the engine
 reads both from a directory): a 35B-A3B in bf16 is about 67 GB, more than the GPU
 machine's disk holds beside anything else. The transformers baseline is built again
@@ -23,15 +23,14 @@ the server path at a real shape): the output is noise, and tokens past the token
 from __future__ import annotations
 
 import itertools
-
 import json
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from loguru import logger
 
 from ninfer.engine.spec.shortlist import FILE as SHORTLIST_FILE, build_shortlist, write_shortlist
+from ninfer.model import blockwise_init
 from ninfer.model.sources import RANDOM_PREFIX
 from ninfer.tiny.tokenizer_files import write_tokenizer_files
 
@@ -121,45 +120,16 @@ def config_dir(shape: str, root: Path, quant=None) -> Path:
 
 
 def build_hf(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    """transformers' model for ``shape``, initialised by transformers on ``device``."""
+    """transformers' model for ``shape`` on ``device``, seeded: the tensors :func:`model_source`
+    streams for the same seed (docs: :mod:`ninfer.model.blockwise_init`)."""
+    return blockwise_init.whole(_meta_hf(shape, dtype), torch.device(device), seed).eval()
+
+
+def _meta_hf(shape: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(_hf_config(shape), dtype=dtype)
-    return model.eval()
-
-
-def hf_bytes(shape: str, dtype: torch.dtype) -> int:
-    """Bytes of transformers' model for ``shape`` in ``dtype`` (counted on the meta device)."""
-    model = build_hf(shape, dtype, torch.device("meta"))
-    return sum(t.numel() for t in itertools.chain(model.parameters(), model.buffers())) * dtype.itemsize
-
-
-def build_device(shape: str, dtype: torch.dtype, device: torch.device, copies: float) -> torch.device:
-    """Where transformers builds the random model: ``device`` when its free memory holds
-    ``copies`` times that model (it and ours side by side while the loader copies tensor
-    by tensor: 2 for a dense load, about 1.5 quantized), else the host, from which the
-    loader copies each tensor over. A 27B in bf16 is 54 GB: two fit a 141 GB H200, not an
-    80 GB H100."""
-    if device.type != "cuda":
-        return device
-    free, _ = torch.cuda.mem_get_info(device)
-    return device if free >= copies * hf_bytes(shape, dtype) * 1.05 else torch.device("cpu")
-
-
-def consume_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s tensors under their checkpoint names, each freed once the loader copied it
-    (so the two copies of a large model never coexist in full)."""
-    names = list(model.state_dict().keys())
-    tensors = dict(model.named_parameters())
-    tensors.update(dict(model.named_buffers()))
-    for name in names:
-        tensor = tensors.get(name)
-        if tensor is None:
-            continue
-        yield name, tensor.data
-        tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(_hf_config(shape), dtype=dtype)
 
 
 def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, extras=None,
@@ -177,16 +147,11 @@ def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int
 
     root = cache_root().parent / "random"
     quant = quant_of(model)
-    where = build_device(shape, dtype, torch.device(device), 2.0 if quant is None else 1.5)
-    if where != torch.device(device):
-        logger.info("random weights of {} built in host memory: the device cannot hold two copies", shape)
-    weights = consume_weights(build_hf(shape, dtype, where, seed))
+    weights = blockwise_init.stream(_meta_hf(shape, dtype), torch.device(device), seed)
     if extras is not None:
         weights = itertools.chain(weights, _extra_weights(extras, SHAPES[shape], dtype, seed))
     if quant is None:
         return str(config_dir(shape, root)), weights
-    if where != torch.device(device):  # quantize on the device all the same, a tensor at a time
-        weights = ((name, tensor.to(device)) for name, tensor in weights)
     quantized = _quantize(quant, SHAPES[shape], weights, registry)
     return str(config_dir(shape, root, (quant, quantized))), _drain(quantized.tensors)
 
