@@ -11,15 +11,15 @@ Every kernel launched this way must reach ``gdc_wait`` on every path before it e
 after this one finished may rely on everything before it having finished too.
 ``NINFER_PDL=0`` turns it off (read at call time, so benchmarks can compare).
 
-A kernel waits through :func:`wait`. With ``NINFER_PDL_TRIGGER=1`` (read once, when this
-module is imported) each program also signals, right after its own wait, that the next
-kernel may launch: the next kernel's programs then start once every program of this one
-has passed its wait, not when they have all exited, so the part before their own wait
-(weight tiles, index math) overlaps this kernel's body rather than only its last
-moments. That is safe under the rule above: what runs before a wait never reads what
-the kernel just before writes, nor writes anything (every pre-wait section in
-``kernels/triton`` only loads), and the kernels before that one have finished once
-this one's wait returned. Opt-in until whole steps measure it.
+A kernel waits through :func:`wait`, and each program then signals that the next kernel
+may launch: the next kernel's programs start once every program of this one has passed
+its wait, not when they have all exited, so the part before their own wait (weight
+tiles, index math) overlaps this kernel's body rather than only its last moments. That
+is safe under the rule above: what runs before a wait never reads what the kernel just
+before writes, nor writes anything (every pre-wait section in ``kernels/triton`` only
+loads), and the kernels before that one have finished once this one's wait returned.
+Measured on whole decode steps (H100, session 22): 2-3% faster on the MoE shapes, no
+change on the memory-bound 27B. ``NINFER_PDL_TRIGGER=0`` (read once, at import) signals at exit only.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-#: NINFER_PDL_TRIGGER=1: programs let the next kernel launch right after their own wait
-EARLY_TRIGGER = tl.constexpr(os.environ.get("NINFER_PDL_TRIGGER", "0") == "1")
+#: programs let the next kernel launch right after their own wait (NINFER_PDL_TRIGGER=0: at exit)
+EARLY_TRIGGER = tl.constexpr(os.environ.get("NINFER_PDL_TRIGGER", "1") != "0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,8 +54,8 @@ def launch_options(use_pdl: bool) -> dict:
 
 @triton.jit
 def wait():
-    """Wait for the kernel before (its writes visible), then, with ``NINFER_PDL_TRIGGER=1``,
-    let the next one launch. Call it only in kernels launched with PDL."""
+    """Wait for the kernel before (its writes visible), then let the next one launch
+    (unless ``NINFER_PDL_TRIGGER=0``). Call it only in kernels launched with PDL."""
     tl.extra.cuda.gdc_wait()
     if EARLY_TRIGGER:
         tl.extra.cuda.gdc_launch_dependents()
