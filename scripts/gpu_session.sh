@@ -10,9 +10,10 @@
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
-#   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch after their wait (the default) against
-#                                   at their exit (NINFER_PDL_TRIGGER=0): PDL_MODEL (35B-A3B) at PDL_C (1,8) both ways, then the GPU tests with it
-#                                   (PDL_TESTS=0: none; PDL_27B=1: the 27B at c=1 both ways too)
+#   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch at their exit (NINFER_PDL_TRIGGER=0)
+#                                   against after their wait (the default): PDL_MODEL (35B-A3B) at PDL_C (1,8)
+#                                   both ways, then the GPU tests with the trigger (PDL_TESTS=0: none;
+#                                   PDL_27B=1: the 27B at c=1 both ways too)
 #   scripts/gpu_session.sh skinny-ab  35B-A3B decode with its projections on the few-row kernel (swept, taken
 #                                   within SKINNY_MARGIN of cuBLAS), then with the committed table
 #   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
@@ -169,8 +170,8 @@ pdl-ab)
     # first run each way compiles), then the graph-decode and MoE GPU tests with the trigger;
     # PDL_27B=1: the 27B at c=1 both ways too
     for trigger in 0 1; do
-        NINFER_PDL_TRIGGER=$trigger bench 180 "random:${PDL_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 --only bandwidth,decode \
-            --concurrency "${PDL_C:-1,8}" --no-transformers
+        NINFER_PDL_TRIGGER=$trigger bench 180 "random:${PDL_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 \
+            --only bandwidth,decode --concurrency "${PDL_C:-1,8}" --no-transformers
     done
     if [ "${PDL_TESTS:-1}" = 1 ]; then
         limit=$(left); [ "$limit" -gt 200 ] && limit=200

@@ -91,7 +91,7 @@ def whole(model, device: torch.device, seed: int):
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
         if attr in module._parameters:
-            module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad)
+            module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
         else:
             module._buffers[attr] = tensor
     model.tie_weights()

@@ -3,8 +3,8 @@
 ``random:SHAPE`` names one. transformers' model for the shape's config is made on the
 device a block at a time with its own seeded initialisation (:mod:`.blockwise_init`), and
 our engine loads those tensors through its ordinary checkpoint loader (the tensor names
-and layouts a saved checkpoint has), each block freed once it is copied. Both engines thus run the same
-weights and nothing is written but ``config.json`` and the tiny tokenizer (the engine
+and layouts a saved checkpoint has), each block freed once it is copied. Both engines
+thus run the same weights and nothing is written but ``config.json`` and the tiny tokenizer (the engine
 reads both from a directory): a 35B-A3B in bf16 is about 67 GB, more than the GPU
 machine's disk holds beside anything else. The transformers baseline is built again
 from the same config and seed after our engine is gone, so the two never share memory.
