@@ -8,6 +8,8 @@ offline setup on a Qwen3-0.6B shape); ``ninfer-bench tiny:qwen3 --device cpu --w
 (multi-turn coding-agent conversations, with and without prefix reuse:
 :mod:`ninfer.bench.agent`). ``random:SHAPE`` models get random weights built
 in device memory (:mod:`ninfer.model.random_weights`); no weight file is written.
+The figures go to stdout; the engine's log (loading, memory ledger, graph capture) goes
+to stderr at INFO, so a long load of a full-size shape shows where it is.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def main(argv=None) -> int:
     from ninfer.bench.figures import Bench
     from ninfer.log import setup_logging
 
-    setup_logging("warning")
+    setup_logging("info")
     only = set(args.only.split(",")) | ({"guided"} if args.guided else set())
     if args.workload == "agent":
         from ninfer.bench.agent import agent_workload
