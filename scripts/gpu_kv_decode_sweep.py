@@ -41,7 +41,7 @@ from ninfer_kernels.triton import decode_launch as dl
 from ninfer_kernels.triton import kv_quant as kq
 from ninfer_kernels.triton import kv_quant_decode as kqd
 from ninfer_kernels.triton.qk_norm_rope import qk_norm_rope
-from ninfer_kernels.triton.tuned_tables import device_name
+from ninfer_kernels.triton.tuned_tables import device_name, table_to_extend
 
 HEADS, KV_HEADS, HEAD_D, ROT, PAGE, LAYERS = 24, 4, 256, 64, 16, 16
 COPY_BYTES_PER_S = 4.0e12  # the H200's measured device-to-device copy rate
@@ -156,9 +156,9 @@ def main() -> None:
 def write_table(times, cases, args) -> None:
     """Per format and batch, the shape with the least summed slowdown over its contexts,
     merged into the device's table (formats and batches not swept keep their entries)."""
-    name = f"{device_name(torch.device('cuda'))}.json"
-    current = dl.CONFIG_DIR / name
-    out: dict = json.loads(current.read_text()) if current.is_file() else {}
+    card = device_name(torch.device("cuda"))
+    name = f"{card}.json"
+    out = table_to_extend(dl.CONFIG_DIR, card)
     out["_comment"] = "scripts/gpu_kv_decode_sweep.py on this device: format -> batch -> launch"
     for (fmt, c), per_launch in sorted(times.items()):
         contexts = {ctx for bc, ctx in cases if bc == c}

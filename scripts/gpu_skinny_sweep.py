@@ -36,7 +36,7 @@ from gpu_timing import bench, captured  # noqa: E402 (scripts/ is on sys.path)
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_single_token as t_one
 from ninfer_kernels.triton import skinny_linear as sk
-from ninfer_kernels.triton.tuned_tables import STAND_INS
+from ninfer_kernels.triton.tuned_tables import table_to_extend
 
 DTYPE = torch.bfloat16
 MODEL_SHAPES = ("qwen3.6-35b-a3b", "qwen3-30b-a3b")
@@ -206,9 +206,7 @@ def main() -> None:
         chosen = sweep_moe(args.moe_models.split(","))
         path = t_fused.CONFIG_DIR / f"{device}.json"
         if args.write and chosen:
-            # a card's first table starts from its stand-in's (what it ran on until now)
-            source = path if path.is_file() else t_fused.CONFIG_DIR / f"{STAND_INS.get(device, device)}.json"
-            raw = json.loads(source.read_text()) if source.is_file() else {}
+            raw = table_to_extend(t_fused.CONFIG_DIR, device)
             for key, cfg in chosen.items():
                 raw.setdefault(key, {}).setdefault("1", {}).update({"one_token": cfg.__dict__})
             path.write_text(json.dumps(raw, indent=1) + "\n")

@@ -126,8 +126,9 @@ def test_unknown_random_shapes_fail_the_profile_check():
         load_profile(None, model="random:qwen9-1t")
 
 
-@pytest.mark.parametrize("shape", ["tiny-hybrid-moe", "tiny-tied"])
-def test_streamed_random_weights_are_the_baselines_and_each_block_is_freed_before_the_next(monkeypatch, shape):
+@pytest.mark.parametrize("shape,block_bytes", [("tiny-hybrid-moe", 1), ("tiny-tied", 1), ("tiny-tied", 1 << 30)])
+def test_streamed_random_weights_are_the_baselines_and_each_block_is_freed_before_the_next(monkeypatch, shape,
+                                                                                           block_bytes):
     """A 35B-A3B in bf16 is 67 GB: built whole beside our copy it does not fit an 80 GB H100.
     The stream makes one block at a time and drops it before making the next, with the
     same tensors transformers' baseline gets from the same seed (a tied head once)."""
@@ -140,25 +141,32 @@ def test_streamed_random_weights_are_the_baselines_and_each_block_is_freed_befor
 
     monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe", TINY_HYBRID_MOE)
     monkeypatch.setitem(random_weights.SHAPES, "tiny-tied", TINY_TIED)
-    monkeypatch.setattr(blockwise_init, "BLOCK_BYTES", 1)  # every layer its own block
+    monkeypatch.setattr(blockwise_init, "BLOCK_BYTES", block_bytes)  # 1: every layer its own block
     cpu = torch.device("cpu")
     baseline = random_weights.build_hf(shape, torch.float32, cpu, seed=5).state_dict()
-    alive, names = {}, []
-    for name, tensor in random_weights.model_source(f"random:{shape}", torch.float32, cpu, seed=5)[1]:
+    model = random_weights._meta_hf(shape, torch.float32)
+    owners, names = {}, []  # the module's own tensor (not the view handed out) must die with its block
+    for name, tensor in blockwise_init.stream(model, cpu, seed=5):
         assert torch.equal(tensor, baseline[name]), name
-        assert not torch.isnan(tensor).any()
         names.append(name)
-        alive[name] = weakref.ref(tensor)
+        owner = model.get_submodule(name.rpartition(".")[0])
+        owners[name] = weakref.ref(dict(_own_tensors(owner))[name.rpartition(".")[2]])
         del tensor
         gc.collect()
-        layer = name.split(".")[2] if name.startswith("model.layers.") else None
-        earlier = [n for n in alive if n.startswith("model.layers.") and n.split(".")[2] != layer
-                   and int(n.split(".")[2]) < int(layer or 1 << 30)]
-        assert all(alive[n]() is None for n in earlier), name
-    tied = TINY_TIED.get("tie_word_embeddings", False) and shape == "tiny-tied"
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        earlier = [n for n in owners if block_bytes == 1 and layer is not None and n.startswith("model.layers.")
+                   and int(n.split(".")[2]) < layer]
+        assert all(owners[n]() is None for n in earlier), name
+    tied = shape == "tiny-tied"  # the head handed out once, as the embedding, even inside one block
     assert set(names) == set(baseline) - ({"lm_head.weight"} if tied else set())
     if tied:
         assert torch.equal(baseline["lm_head.weight"], baseline["model.embed_tokens.weight"])
+
+
+def _own_tensors(module):
+    import itertools
+
+    return itertools.chain(module.named_parameters(recurse=False), module.named_buffers(recurse=False))
 
 
 def test_a_tensor_no_initialiser_reaches_fails_the_build(monkeypatch):

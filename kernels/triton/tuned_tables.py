@@ -37,3 +37,18 @@ def read_table(folder: Path, name: str) -> dict:
     if not path.is_file():
         return {}
     return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
+
+
+def table_to_extend(folder: Path, name: str) -> dict:
+    """What a sweep on card ``name`` adds its entries to, comments kept: the card's own
+    table, else a copy of its stand-in's marked ``_copied_from`` (a card's first table must
+    not drop the shapes the sweep did not time, which the stand-in served until then), else
+    nothing."""
+    own = folder / f"{name}.json"
+    if own.is_file():
+        return json.loads(own.read_text())
+    stand_in = folder / f"{STAND_INS.get(name, name)}.json"
+    if name in STAND_INS and stand_in.is_file():
+        return {"_copied_from": f"{STAND_INS[name]}.json: entries a sweep on this card has not replaced",
+                **json.loads(stand_in.read_text())}
+    return {}

@@ -69,12 +69,18 @@ def _named_tensors(module: torch.nn.Module):
     return itertools.chain(module.named_parameters(), module.named_buffers())
 
 
+def _owned(model) -> set[str]:
+    """Every tensor's name, a tied one under its first name only (counted on the meta
+    device: making a block real gives its modules new tensors, which unties them)."""
+    return set(dict(_named_tensors(model)))
+
+
 def _real_blocks(model, device: torch.device, seed: int) -> Iterator[tuple[str, torch.nn.Module]]:
     """Each block holding a tensor of its own, made real, then put back on the meta device
     once the caller asks for the next: only one is ever real, so an initialiser of the
     modules above draws for that block's tensors alone, the same in both builds below. A
     head tied to the embedding holds none of its own and is skipped (made by tying)."""
-    owned = set(dict(_named_tensors(model)))  # a tied tensor under its first name only
+    owned = _owned(model)
     torch.manual_seed(seed)
     for prefix, block, above in list(blocks(model)):
         if any(prefix + name in owned for name, _ in _named_tensors(block)):
@@ -101,8 +107,9 @@ def whole(model, device: torch.device, seed: int):
 def stream(model, device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s checkpoint tensors (a tied one once), made real block by block on
     ``device``; each block is freed once the consumer asks for the next one's tensors."""
-    checkpoint = set(model.state_dict(keep_vars=True))
+    wanted = _owned(model) & set(model.state_dict(keep_vars=True))
     for prefix, block in _real_blocks(model, device, seed):
         for name, tensor in _named_tensors(block):
-            if prefix + name in checkpoint:
+            if prefix + name in wanted:
                 yield prefix + name, tensor.detach()
+        tensor = None  # noqa: F841  (else the block's last tensor lives on while the next is made)
