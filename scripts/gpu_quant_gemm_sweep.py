@@ -215,6 +215,14 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
             for splits in sorted({fill, 2 * fill}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=True,
                                                 swap=True))
+        # weight-only too: the converted tile feeds Hopper's warpgroup MMA from registers
+        # (sm_90 code: HGMMA.64x16x16 with a register operand), where unswapped it runs the
+        # older 16-row MMA (session 22, untimed)
+        for block_n, warps, stages in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)):
+            tiles = triton.cdiv(n, block_n)
+            fill = k_parts_to_fill(tiles, k, sms)
+            for splits in sorted({fill, 2 * fill}):
+                found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
     if fmt == "fp8" and fp8_tensor_cores:

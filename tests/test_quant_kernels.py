@@ -163,9 +163,9 @@ def test_fp8_decode_rows_quantize_inside_the_gemm_as_the_kernel_before_does(spli
 
 @pytest.mark.parametrize("rows", [1, 3, 20])
 def test_fp8_swapped_operands_give_the_unswapped_product(rows):
-    """The transposed tensor-core product (the weight tile first) sums the same e4m3
-    products per K step as the plain one: equal within float32 reassociation, with a
-    ragged last group, a partial column tile and split K."""
+    """The transposed product (the weight tile first) sums the same products per K step
+    as the plain one, on the tensor-core path (e4m3 x) and weight-only: equal within
+    float32 reassociation, with a ragged last group, a partial column tile and split K."""
     gen = torch.Generator().manual_seed(13)
     n, k = 80, 320
     w = random_weight("fp8", n, k, gen=gen)
@@ -173,11 +173,18 @@ def test_fp8_swapped_operands_give_the_unswapped_product(rows):
     plain = qg.QuantGemmConfig(16, 64, 128, 2, 1, act_quant=True)
     swapped = qg.QuantGemmConfig(16, 64, 128, 2, 1, act_quant=True, swap=True)
     assert qg.kernel_options(x, qg.operands(w), swapped)["SWAP"]
-    assert not qg.kernel_options(x, qg.operands(w), qg.QuantGemmConfig(16, 64, 128, swap=True))["SWAP"]
+    assert not qg.kernel_options(x, qg.operands(w), qg.QuantGemmConfig(16, 64, 128, gemv=True, swap=True))["SWAP"]
     want = qg.quant_matmul(x, w, None, plain).float()
     got = qg.quant_matmul(x, w, None, swapped).float()
     assert rel_err(got, want) <= 1e-2  # both rounded to bf16 once
     assert rel_err(got, x.float() @ w.dequantize().T) <= TOL_ACT
+    # weight-only: the converted tile first, against the weight-only tile unswapped
+    weight_only = qg.QuantGemmConfig(16, 64, 128, 2, 1, swap=True)
+    assert qg.kernel_options(x, qg.operands(w), weight_only)["SWAP"]
+    want = qg.quant_matmul(x, w, None, qg.QuantGemmConfig(16, 64, 128, 2, 1)).float()
+    got = qg.quant_matmul(x, w, None, weight_only).float()
+    assert rel_err(got, want) <= 1e-2
+    assert rel_err(got, x.float() @ w.dequantize().T) <= TOL
 
 
 def test_activation_quantization_matches_its_reference():
@@ -307,6 +314,9 @@ def test_quant_linear_at_27b_shapes_on_the_gpu(fmt, rows):
             wo = qg.quant_matmul(x, w, None, qg.heuristic_config(qt.FP8, 1, n, k))
             tc = qg.quant_matmul(x, w, None, qg.QuantGemmConfig(64, 128, 128, 1, act_quant=True))
             assert rel_err(wo, want) <= TOL and rel_err(tc, want) <= TOL_ACT
+            if rows <= 16:  # the weight tile first: a register operand of the warpgroup MMA
+                swapped = qg.quant_matmul(x, w, None, qg.QuantGemmConfig(16, 128, 128, 2, 1, 4, 3, swap=True))
+                assert rel_err(swapped, want) <= TOL
         if fmt != "nvfp4" and rows <= 8:  # the no-tl.dot kernel
             gemv = qg.QuantGemmConfig(rows, 32, 128, 4, 1, 4, 4, gemv=True)
             assert rel_err(qg.quant_matmul(x, w, None, gemv), want) <= TOL

@@ -10,8 +10,8 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   are added in part order by the part that arrives last for a tile (an arrival counter,
   reset after), as in :mod:`.skinny_linear`: results do not depend on timing. FP8 runs
   weight-only (e4m3 -> bf16 is exact, and x keeps its precision) or on the FP8 tensor
-  cores with x quantized inside each K step, optionally with the operands swapped
-  (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
+  cores with x quantized inside each K step, either optionally with the operands
+  swapped (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
   layout shuffles), float32 products summed elementwise; at one row a program reads
   the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_fp16`). The table
@@ -68,7 +68,7 @@ class QuantGemmConfig:
     act_quant: bool = False
     #: FP8 weight-only and int4 at a few rows: no tl.dot (BLOCK_M rows exactly, may be 1)
     gemv: bool = False
-    #: FP8 on the tensor cores at a few rows: the weight tile is the MMA's first operand
+    #: FP8 at a few rows (either path): the weight tile is the MMA's first operand
     #: (:func:`.quant_tiles.quant_tile`'s ``SWAP``); BLOCK_N then wants 64 or more
     swap: bool = False
 
@@ -263,7 +263,7 @@ def kernel_options(x: torch.Tensor, op: Operands, config: QuantGemmConfig) -> di
         fmt = FP8_ACT_INLINE
     magic, offset = INT4_MAGIC[x.dtype]
     gemv = config.gemv and fmt in (FP8, INT4) and not fit[1]
-    swap = config.swap and fmt in (FP8_ACT, FP8_ACT_INLINE)
+    swap = config.swap and fmt in (FP8, FP8_ACT, FP8_ACT_INLINE) and not gemv
     return {"FORMAT": fmt, "BLOCK_K": fit[0], "SCALE_PER_ELEMENT": fit[1], "GEMV": gemv, "SWAP": swap,
             "MAGIC": magic, "OFFSET": offset, "HALF": fmt in (FP8, NVFP4) and half_products(x),
             "UPCAST": x.device.type != "cuda", "ROUND": x.device.type != "cuda" and x.dtype == torch.bfloat16,

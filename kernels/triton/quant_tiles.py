@@ -85,6 +85,23 @@ def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
 
 
 @triton.jit
+def _fp8_step_swapped(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                      stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
+                      BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr):
+    """:func:`_fp8_step` transposed, ``[BLOCK_N, BLOCK_M]``: the converted weight tile is
+    the first operand (see :func:`quant_tile`'s ``SWAP``)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < k_end
+    a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
+    w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
+                mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    if HALF:
+        a = _saturate_f16(a.to(tl.float32), not UPCAST)
+    return _dot(w.to(a.dtype), tl.trans(a), UPCAST) * s[:, None]
+
+
+@triton.jit
 def _saturate_f16(x, ASM: tl.constexpr):
     """float32 ``x`` to fp16, rounded to nearest, beyond the largest finite fp16 value
     (65504) that value instead of inf. ``ASM``: two values per saturating conversion
@@ -234,11 +251,13 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     one matrix's data, scales and zeros; strides in their own elements. ``QROUND``: round
     to e4m3 by hand (the interpreter's cast does not; FP8_ACT_INLINE).
 
-    ``SWAP`` (FP8 on the tensor cores): compute ``W x^T`` and transpose once at the end.
-    Hopper's warpgroup MMA wants 64 rows on the first operand; with a few x rows first, a
-    decode product runs on the older 16-row MMA instead. Swapped, the weight tile is that
-    first operand, fed from shared memory as loaded (both e4m3 operands K-major, as the
-    FP8 MMA requires), and the x rows fill the narrow side.
+    ``SWAP`` (FP8): compute ``W x^T`` and transpose once at the end. Hopper's warpgroup
+    MMA wants 64 rows on the first operand; with a few x rows first, a decode product runs
+    on the older 16-row MMA instead. Swapped, the weight tile is that first operand and the
+    x rows fill the narrow side. On the tensor-core path it is fed from shared memory as
+    loaded (both e4m3 operands K-major, as the FP8 MMA requires); weight-only, the
+    converted tile can be fed from registers, where unswapped it goes back through shared
+    memory to become the second operand.
 
     ``HALF`` (FP8 weight-only or NVFP4, bf16 x): multiply in fp16, where the weight tile
     is cheaper to make than in bf16. Hopper converts e4m3 to fp16 in one instruction per
@@ -253,7 +272,7 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     if SWAP:
         return _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                                    stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT, BLOCK_M,
-                                   BLOCK_N, BLOCK_K, UPCAST, QROUND)
+                                   BLOCK_N, BLOCK_K, UPCAST, QROUND, HALF)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         if FORMAT == 0:
@@ -277,13 +296,18 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
 def _quant_tile_swapped(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                         stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, FORMAT: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                        QROUND: tl.constexpr):
+                        QROUND: tl.constexpr, HALF: tl.constexpr):
     """:func:`quant_tile`'s ``SWAP``: accumulate ``[BLOCK_N, BLOCK_M]``, transpose once."""
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        acc_t += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
-                               stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
-                               FORMAT, QROUND, True)
+        if FORMAT == 0:
+            acc_t += _fp8_step_swapped(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                                       stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
+                                       HALF)
+        else:
+            acc_t += _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
+                                   stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k, BLOCK_K, UPCAST,
+                                   FORMAT, QROUND, True)
     return tl.trans(acc_t)
 
 
