@@ -206,7 +206,7 @@ skinny-ab)
     # rewritten with every shape within SKINNY_MARGIN (0.15) of cuBLAS, then decode; then
     # the committed table and decode again (the peer), in one call
     rm -rf /tmp/linear_committed && cp -r kernels/triton/linear_configs /tmp/linear_committed
-    timeout 240 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models qwen3.6-35b-a3b \
+    timeout 240 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models qwen3.6-35b-a3b --rows 1,8 \
         --margin=-"${SKINNY_MARGIN:-0.15}" --write --out-dir "$OUT" > "$OUT/skinny_ab_sweep.jsonl" 2>&1
     grep '"linear"' "$OUT/skinny_ab_sweep.jsonl" | grep '"rows": 1,' | cut -c1-260
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers

@@ -44,7 +44,10 @@ MODEL_SHAPES = ("qwen3.6-35b-a3b", "qwen3-30b-a3b")
 MOE_SHAPES = {"qwen3.6-35b-a3b": (256, 2048, 512, 8, True), "qwen3-30b-a3b": (128, 2048, 768, 8, False)}
 ROWS = (1, 2, 4, 8)
 LINEAR_CANDIDATES = [sk.SkinnyConfig(n, k, s, 4, 3) for n, k, s in itertools.product(
-    (32, 64, 128), (128, 256), (1, 2, 4, 8))]
+    (32, 64, 128), (128, 256), (1, 2, 4, 8))] + [
+    # the weight tile first (session 22, untimed): sm_90 code feeds Hopper's warpgroup MMA
+    # the pipelined weight tile from shared memory, where x-first loads it into registers
+    sk.SkinnyConfig(n, k, s, 4, 3, swap=True) for n, k, s in itertools.product((64, 128), (128, 256), (1, 2, 4, 8))]
 #: bytes of weight copies per timing: well past the H200's L2
 ROTATION_BYTES = 400 << 20
 MAX_COPIES = 48
@@ -85,7 +88,7 @@ def rel_err(got, want) -> float:
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def sweep_linear(margin: float, models: list[str]) -> dict:
+def sweep_linear(margin: float, models: list[str], rows_swept=ROWS) -> dict:
     table: dict = {"_comment": "Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny "
                                "kernel's launch shape, where it measured faster than cuBLAS; absent: cuBLAS."}
     shapes: dict[tuple[int, int], str] = {}
@@ -97,7 +100,7 @@ def sweep_linear(margin: float, models: list[str]) -> dict:
         ws = [(torch.randn(n, k, device="cuda", dtype=DTYPE) * k**-0.5).t().contiguous().t()  # as stored
               for _ in range(copies)]
         entry = {}
-        for rows in ROWS:
+        for rows in rows_swept:
             x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
             want = F.linear(x, ws[0])
             cublas = time_us([lambda w=w: F.linear(x, w) for w in ws])
@@ -189,6 +192,7 @@ def main() -> None:
                     "linear part sweeps")
     ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel "
                     "(negative: also kernels slower by at most that share, for whole-step A/Bs)")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the linear part's row counts")
     ap.add_argument("--write", action="store_true", help="update the tables in the source tree")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -196,7 +200,7 @@ def main() -> None:
     device = t_fused.device_name(torch.device("cuda"))
     written = []
     if "linear" in parts:
-        table = sweep_linear(args.margin, args.linear_models.split(","))
+        table = sweep_linear(args.margin, args.linear_models.split(","), [int(r) for r in args.rows.split(",")])
         path = sk.CONFIG_DIR / f"{device}.json"
         if args.write:
             path.parent.mkdir(exist_ok=True)

@@ -26,8 +26,10 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("rows,column_major,bias", [(1, True, False), (5, False, True), (16, True, True)])
-def test_skinny_linear_equals_f_linear(rows, column_major, bias, splits, dtype):
-    """Ragged N and K (masked tails), both weight layouts, a bias, the split-K sum."""
+@pytest.mark.parametrize("swap", [False, True], ids=["", "swapped"])
+def test_skinny_linear_equals_f_linear(rows, column_major, bias, splits, dtype, swap):
+    """Ragged N and K (masked tails), both weight layouts, a bias, the split-K sum, the
+    product as x W^T and as (W x^T)^T."""
     gen = torch.Generator().manual_seed(rows + splits)
     n, k = 40, 72
     x = torch.randn(rows, k, generator=gen).to(dtype)
@@ -35,7 +37,7 @@ def test_skinny_linear_equals_f_linear(rows, column_major, bias, splits, dtype):
     if column_major:
         w = w.t().contiguous().t()
     b = torch.randn(n, generator=gen).to(dtype) if bias else None
-    config = sk.SkinnyConfig(BLOCK_N=16, BLOCK_K=16, SPLITS=splits, num_warps=2, num_stages=2)
+    config = sk.SkinnyConfig(BLOCK_N=16, BLOCK_K=16, SPLITS=splits, num_warps=2, num_stages=2, swap=swap)
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     got = sk.skinny_linear(x, w, b, config)
     assert got.dtype == dtype and got.shape == (rows, n)
@@ -92,5 +94,6 @@ def test_skinny_linear_on_the_gpu_equals_cublas(rows):
     w = (torch.randn(12352, 2048, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous().t()
     want = F.linear(x.float(), w.float())
     for splits in (1, 4):
-        got = sk.skinny_linear(x, w, None, sk.SkinnyConfig(64, 128, splits))
-        assert rel_err(got, want) <= 1e-2
+        for swap in (False, True):
+            got = sk.skinny_linear(x, w, None, sk.SkinnyConfig(64, 128, splits, swap=swap))
+            assert rel_err(got, want) <= 1e-2

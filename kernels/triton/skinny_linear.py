@@ -9,7 +9,10 @@ rows past M masked, so the weight is read once whatever M is). With several part
 each program stores its float32 partial sums and the part that finishes last for a
 column block (an arrival counter, reset after) adds them in part order, so results do
 not depend on timing. It launches with PDL and fetches its first weight tile before
-waiting for the kernel that wrote ``x``.
+waiting for the kernel that wrote ``x``. With ``swap`` a program computes ``W x^T``
+instead, the weight tile as the first operand: compiled for sm_90 that runs Hopper's
+warpgroup MMA on the weight tile as the pipeline put it in shared memory, where ``x W^T``
+runs the 16-row MMA on tiles loaded into registers first (a sweep candidate, untimed).
 
 :func:`choose` decides per call from the shapes alone (so a CUDA graph replays the same
 choice): an entry of the tuned table ``linear_configs/<device>.json`` (written by
@@ -45,6 +48,9 @@ class SkinnyConfig:
     SPLITS: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    #: the weight tile as the MMA's first operand (``W x^T``): Hopper's warpgroup MMA
+    #: over 64 weight rows instead of the 16-row MMA with x's rows padded to 16
+    swap: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,22 +93,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return skinny_linear(x, weight, bias, config)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _skinny_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+@triton.jit
+def _partial(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk, stride_wn, stride_wk,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+             UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    """float32 [BLOCK_M, BLOCK_N]: x's rows times the weight's rows ``offs_n`` over columns
+    ``k_begin`` to ``k_end``."""
     offs_k = tl.arange(0, BLOCK_K)
-    k_begin = split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
     a_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
     b_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + (k_begin + offs_k)[:, None].to(tl.int64) * stride_wk
     # The weight is never what the kernel before wrote: its first tile is fetched before
@@ -122,6 +119,57 @@ def _skinny_kernel(
         a_ptrs += BLOCK_K * stride_xk
         b_ptrs += BLOCK_K * stride_wk
         b = tl.load(b_ptrs, mask=(offs_k < k_end - k0 - BLOCK_K)[:, None] & n_ok[None, :], other=0.0)
+    return acc
+
+
+@triton.jit
+def _partial_swapped(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk, stride_wn,
+                     stride_wk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    """:func:`_partial` as ``W x^T`` (the weight tile first), transposed once at the end."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + offs_m[None, :] * stride_xm + (k_begin + offs_k)[:, None] * stride_xk  # x^T [BLOCK_K, BLOCK_M]
+    b_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_begin + offs_k)[None, :].to(tl.int64) * stride_wk
+    b = tl.load(b_ptrs, mask=n_ok[:, None] & (offs_k < k_end - k_begin)[None, :], other=0.0)
+    if USE_PDL:
+        pdl.wait()  # x comes from the kernel before
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_k < k_end - k0)[:, None] & m_ok[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            acc_t += tl.dot(b, a, input_precision="ieee")
+        else:
+            acc_t += tl.dot(b, a)
+        a_ptrs += BLOCK_K * stride_xk
+        b_ptrs += BLOCK_K * stride_wk
+        b = tl.load(b_ptrs, mask=n_ok[:, None] & (offs_k < k_end - k0 - BLOCK_K)[None, :], other=0.0)
+    return tl.trans(acc_t)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _skinny_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+    SWAP: tl.constexpr = False,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    if SWAP:
+        acc = _partial_swapped(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk,
+                               stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST, USE_PDL)
+    else:
+        acc = _partial(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk,
+                       stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST, USE_PDL)
     out_mask = m_ok[:, None] & n_ok[None, :]
     dest = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     if SPLITS == 1:
@@ -170,7 +218,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight, bias if bias is not None else out, out, parts, counters, rows, n, inner, k_per_split,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x), USE_PDL=use_pdl,
+        IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x), USE_PDL=use_pdl, SWAP=config.swap,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(use_pdl),
     )
     return out
