@@ -10,7 +10,7 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   are added in part order by the part that arrives last for a tile (an arrival counter,
   reset after), as in :mod:`.skinny_linear`: results do not depend on timing. FP8 runs
   weight-only (e4m3 -> bf16 is exact, and x keeps its precision) or on the FP8 tensor
-  cores with x quantized inside each K step, either optionally with the operands
+  cores with x quantized inside each K step; either way optionally with the operands
   swapped (``swap``: the weight tile fills the MMA's wide side). FP8 and int4 also have a
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
   layout shuffles), float32 products summed elementwise; at one row a program reads

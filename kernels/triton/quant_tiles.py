@@ -256,8 +256,8 @@ def quant_tile(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, z_ptr, offs_n, 
     on the older 16-row MMA instead. Swapped, the weight tile is that first operand and the
     x rows fill the narrow side. On the tensor-core path it is fed from shared memory as
     loaded (both e4m3 operands K-major, as the FP8 MMA requires); weight-only, the
-    converted tile can be fed from registers, where unswapped it goes back through shared
-    memory to become the second operand.
+    converted tile is a register operand (sm_90 code: ``HGMMA.64x16x16`` with a register
+    operand, where unswapped the tile feeds the 16-row ``HMMA``).
 
     ``HALF`` (FP8 weight-only or NVFP4, bf16 x): multiply in fp16, where the weight tile
     is cheaper to make than in bf16. Hopper converts e4m3 to fp16 in one instruction per
