@@ -94,6 +94,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 @triton.jit
+def _mma(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 ``a @ b``; ``UPCAST``: in float32 (the interpreter multiplies bf16 dot
+    operands as raw bits), ``IEEE``: float32 operands without TF32."""
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _partial(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk, stride_wn, stride_wk,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
              UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
@@ -110,12 +121,7 @@ def _partial(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         a = tl.load(a_ptrs, mask=m_ok[:, None] & (offs_k < k_end - k0)[None, :], other=0.0)
-        if UPCAST:  # the interpreter multiplies bf16 dot operands as raw bits
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc += tl.dot(a, b)
+        acc += _mma(a, b, IEEE, UPCAST)
         a_ptrs += BLOCK_K * stride_xk
         b_ptrs += BLOCK_K * stride_wk
         b = tl.load(b_ptrs, mask=(offs_k < k_end - k0 - BLOCK_K)[:, None] & n_ok[None, :], other=0.0)
@@ -136,12 +142,7 @@ def _partial_swapped(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, s
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         a = tl.load(a_ptrs, mask=(offs_k < k_end - k0)[:, None] & m_ok[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
-            acc_t += tl.dot(b, a, input_precision="ieee")
-        else:
-            acc_t += tl.dot(b, a)
+        acc_t += _mma(b, a, IEEE, UPCAST)
         a_ptrs += BLOCK_K * stride_xk
         b_ptrs += BLOCK_K * stride_wk
         b = tl.load(b_ptrs, mask=n_ok[:, None] & (offs_k < k_end - k0 - BLOCK_K)[None, :], other=0.0)

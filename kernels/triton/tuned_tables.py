@@ -28,13 +28,19 @@ def device_name(device: torch.device) -> str:
 STAND_INS = {"NVIDIA_H100_80GB_HBM3": "NVIDIA_H200", "NVIDIA_H200": "NVIDIA_H100_80GB_HBM3"}
 
 
+def _table_path(folder: Path, name: str) -> Path | None:
+    """``folder/name.json``, else its :data:`STAND_INS` table, else None."""
+    for stem in (name, STAND_INS.get(name)):
+        if stem is not None and (folder / f"{stem}.json").is_file():
+            return folder / f"{stem}.json"
+    return None
+
+
 def read_table(folder: Path, name: str) -> dict:
     """``folder/name.json`` (else its :data:`STAND_INS` table) without its comment keys;
     empty when there is neither."""
-    path = folder / f"{name}.json"
-    if not path.is_file() and name in STAND_INS:
-        path = folder / f"{STAND_INS[name]}.json"
-    if not path.is_file():
+    path = _table_path(folder, name)
+    if path is None:
         return {}
     return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
 
@@ -44,11 +50,10 @@ def table_to_extend(folder: Path, name: str) -> dict:
     table, else a copy of its stand-in's marked ``_copied_from`` (a card's first table must
     not drop the shapes the sweep did not time, which the stand-in served until then), else
     nothing."""
-    own = folder / f"{name}.json"
-    if own.is_file():
-        return json.loads(own.read_text())
-    stand_in = folder / f"{STAND_INS.get(name, name)}.json"
-    if name in STAND_INS and stand_in.is_file():
-        return {"_copied_from": f"{STAND_INS[name]}.json: entries a sweep on this card has not replaced",
-                **json.loads(stand_in.read_text())}
-    return {}
+    path = _table_path(folder, name)
+    if path is None:
+        return {}
+    table = json.loads(path.read_text())
+    if path.stem != name:
+        table = {"_copied_from": f"{path.name}: entries a sweep on this card has not replaced", **table}
+    return table
