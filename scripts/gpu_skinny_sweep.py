@@ -88,9 +88,13 @@ def rel_err(got, want) -> float:
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def sweep_linear(margin: float, models: list[str], rows_swept=ROWS) -> dict:
-    table: dict = {"_comment": "Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny "
-                               "kernel's launch shape, where it measured faster than cuBLAS; absent: cuBLAS."}
+LINEAR_COMMENT = ("Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny kernel's launch "
+                  "shape, where it measured faster than cuBLAS; absent: cuBLAS.")
+
+
+def sweep_linear(margin: float, models: list[str], rows_swept=ROWS) -> dict[str, dict[str, dict | None]]:
+    """Per shape and swept row count, the kernel's config where it is taken, else None (cuBLAS)."""
+    verdicts: dict[str, dict[str, dict | None]] = {}
     shapes: dict[tuple[int, int], str] = {}
     for model in models:
         for key, name in linear_shapes(model).items():
@@ -120,11 +124,26 @@ def sweep_linear(margin: float, models: list[str], rows_swept=ROWS) -> dict:
                   "skinny_us": round(best[0], 2), "skinny_config": best[1].to_json(), "rel_err": err,
                   "cublas_gb_s": round(bytes_read / cublas / 1e3), "skinny_gb_s": round(bytes_read / best[0] / 1e3),
                   "taken": take})
-            if take:
-                entry[str(rows)] = best[1].to_json()
+            entry[str(rows)] = best[1].to_json() if take else None
         del ws
-        if entry:
-            table[sk.table_key(n, k, DTYPE)] = entry
+        verdicts[sk.table_key(n, k, DTYPE)] = entry
+    return verdicts
+
+
+def merge_linear(table: dict, verdicts: dict[str, dict[str, dict | None]]) -> dict:
+    """``table`` with the swept row counts replaced (None: that row count back to cuBLAS);
+    shapes and row counts not swept keep their entries (a first table starts as a copy of
+    the stand-in card's, :func:`table_to_extend`)."""
+    table["_comment"] = LINEAR_COMMENT
+    for key, per_rows in verdicts.items():
+        entry = table.setdefault(key, {})
+        for rows, cfg in per_rows.items():
+            if cfg is None:
+                entry.pop(rows, None)
+            else:
+                entry[rows] = cfg
+        if not entry:
+            del table[key]
     return table
 
 
@@ -200,7 +219,8 @@ def main() -> None:
     device = t_fused.device_name(torch.device("cuda"))
     written = []
     if "linear" in parts:
-        table = sweep_linear(args.margin, args.linear_models.split(","), [int(r) for r in args.rows.split(",")])
+        verdicts = sweep_linear(args.margin, args.linear_models.split(","), [int(r) for r in args.rows.split(",")])
+        table = merge_linear(table_to_extend(sk.CONFIG_DIR, device), verdicts)
         path = sk.CONFIG_DIR / f"{device}.json"
         if args.write:
             path.parent.mkdir(exist_ok=True)
