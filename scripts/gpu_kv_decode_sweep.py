@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 from gpu_attention_sweep import decode_batch  # noqa: E402 (scripts/ is on sys.path)
-from gpu_timing import bench, graphed, rel_err  # noqa: E402
+from gpu_timing import bench, copy_bytes_per_s, graphed, rel_err  # noqa: E402
 
 from ninfer.model.kv import HeadNormRope
 from ninfer_kernels import kv_quant as ref
@@ -44,7 +44,6 @@ from ninfer_kernels.triton.qk_norm_rope import qk_norm_rope
 from ninfer_kernels.triton.tuned_tables import device_name, table_to_extend
 
 HEADS, KV_HEADS, HEAD_D, ROT, PAGE, LAYERS = 24, 4, 256, 64, 16, 16
-COPY_BYTES_PER_S = 4.0e12  # the H200's measured device-to-device copy rate
 CODECS = {"fp8": ("fp8", "fp8"), "int8": ("int8", "int8"), "nvfp4": ("nvfp4", "nvfp4"), "k8v4": ("fp8", "nvfp4")}
 
 
@@ -146,7 +145,7 @@ def main() -> None:
                 times.setdefault((fmt, c), {}).setdefault(launch, {})[ctx] = us
                 print(json.dumps({"format": fmt, "batch": c, "context": ctx, **launch.to_json(),
                                   "us_per_layer": round(us, 2),
-                                  "bandwidth_pct": round(100 * read / (us * 1e-6) / COPY_BYTES_PER_S, 1)}),
+                                  "bandwidth_pct": round(100 * read / (us * 1e-6) / copy_bytes_per_s(), 1)}),
                       flush=True)
             torch.cuda.empty_cache()
         print(json.dumps({"format": fmt, "done": f_index + 1, "of": len(formats)}), flush=True)

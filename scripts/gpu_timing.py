@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Callable, Optional
 
@@ -15,6 +16,15 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
         return float("nan")
     want = want.double()
     return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+@functools.cache
+def copy_bytes_per_s() -> float:
+    """This card's device-to-device copy rate (bytes read and written per second), measured
+    once: the yardstick of the sweeps' bandwidth shares (an H100 copies at about 70% of
+    an H200's rate, so one card's constant misstates the other's shares)."""
+    from ninfer.bench.bandwidth import copy_bandwidth
+    return copy_bandwidth(torch.device("cuda"))
 
 
 def bench(fn: Callable[[], object], rep: int = 100, warmup: int = 25) -> float:
