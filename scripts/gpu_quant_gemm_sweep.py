@@ -6,13 +6,14 @@
    weight as the engine stores it, against ``quant_linear`` in FP8 (128x128 blocks; both
    FP8 paths from 16 rows on), int4 (group 128) and NVFP4 with their table/heuristic
    shapes. One JSON line each: microseconds, the weight's bytes (scales included) per
-   second, that as a share of the H200's copy bandwidth, the speed-up over bf16, and the
+   second, that as a share of this card's copy bandwidth, the speed-up over bf16, and the
    error against the dequantized weight in float32 (at 1 and 512 rows).
 2. ``moe``: the 35B-A3B's experts (256 + a shared one, top 8, I=512) in each format
    against bf16, at 1..4096 tokens.
 3. ``tune`` (until ``--budget-s`` is spent): the 27B shapes at the decode row counts, and
-   FP8's tensor-core shapes at prefill sizes, over a few candidates (the heuristic's
-   among them; ``--jobs fp8:1,fp8:4`` limits it to those); the winners are merged into
+   at prefill sizes our tiles against the cuBLAS routes (dequantized weight, block-scaled
+   FP8), over a few candidates (the heuristic's among them; ``--jobs fp8:1,int4:8192``
+   limits it to those); the winners are merged into
    ``quant_configs/<device>.json`` (entries not re-tuned keep theirs), written to
    ``--out-dir`` (and into the source tree with ``--write``).
 
@@ -33,22 +34,22 @@ import torch
 import torch.nn.functional as F
 import triton
 from gpu_skinny_sweep import linear_shapes, routing  # noqa: E402 (scripts/ is on sys.path)
-from gpu_timing import bench, captured, rel_err  # noqa: E402
+from gpu_timing import bench, captured, copy_bytes_per_s, rel_err  # noqa: E402
 
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import fused_moe as t_fused
+from ninfer_kernels.triton import cublas_prefill as cp
 from ninfer_kernels.triton import quant_gemm as qg
 from ninfer_kernels.triton.quant_tiles import FP8
 
 DTYPE = torch.bfloat16
-COPY_BYTES_PER_S = 4.0e12  # the H200's measured device-to-device copy rate
 MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 512, 8192)
 FORMATS = ("fp8", "int4", "nvfp4")
 ROTATION_BYTES = 400 << 20
 MAX_COPIES = 32
 TUNE_ROWS = (1, 4, 16, 64)
-PREFILL_TUNE_ROWS = (512, 8192)
+PREFILL_TUNE_ROWS = (1024, 8192)  # the default prefill chunk, and a long one
 #: (name, routed experts, hidden, expert intermediate, top_k) with a shared expert
 MOE = ("qwen3.6-35b-a3b", 256, 2048, 512, 8)
 MOE_TOKENS = (1, 8, 64, 512, 4096)
@@ -149,7 +150,7 @@ def report_linear(deadline: float) -> None:
 
 
 def pct(weight_bytes: int, us: float) -> float:
-    return round(100 * weight_bytes / (us * 1e-6) / COPY_BYTES_PER_S, 1)
+    return round(100 * weight_bytes / (us * 1e-6) / copy_bytes_per_s(), 1)
 
 
 def report_moe(deadline: float) -> None:
@@ -217,7 +218,7 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                                                 swap=True))
         # weight-only too: the converted tile feeds Hopper's warpgroup MMA from registers
         # (sm_90 code: HGMMA.64x16x16 with a register operand), where unswapped it runs the
-        # older 16-row MMA (session 22, untimed)
+        # older 16-row MMA (session 22; on the H100 in session 23 it won no 27B shape at one row)
         for block_n, warps, stages in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)):
             tiles = triton.cdiv(n, block_n)
             fill = k_parts_to_fill(tiles, k, sms)
@@ -246,6 +247,18 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
 PREFILL_FP8 = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3, True), qg.QuantGemmConfig(128, 128, 128, 1, 8, 8, 3, True),
                qg.QuantGemmConfig(128, 128, 128, 1, 8, 4, 4, True), qg.QuantGemmConfig(128, 256, 128, 1, 8, 8, 3, True),
                qg.QuantGemmConfig(64, 256, 128, 1, 8, 4, 4, True)]
+PREFILL_WEIGHT_ONLY = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3), qg.QuantGemmConfig(128, 128, 128, 1, 8, 8, 3)]
+#: cuBLAS after dequantizing the weight (every format), and FP8 on block-scaled cuBLAS
+DENSE = qg.QuantGemmConfig(64, 128, 128, route="dense")
+BLOCK_SCALED = qg.QuantGemmConfig(64, 128, 128, route="block_scaled")
+
+
+def prefill_candidates(fmt: str, x: torch.Tensor, w) -> list[qg.QuantGemmConfig]:
+    """Our tiles and the cuBLAS routes (:mod:`ninfer_kernels.triton.cublas_prefill`); the
+    block-scaled one only where this torch and card run it (else it would time our tiles)."""
+    if fmt != "fp8":
+        return [*PREFILL_WEIGHT_ONLY, DENSE]
+    return [*PREFILL_FP8, DENSE] + ([BLOCK_SCALED] if cp.block_scaled_available(x, w) else [])
 
 
 def table_name() -> str:
@@ -262,10 +275,10 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
     gen = torch.Generator(device="cuda").manual_seed(2)
     sms = qg.sm_count(torch.device("cuda"))
     shapes = [s for s, name in all_linear_shapes().items() if name.startswith("qwen3.6-27b:model.")]
-    # the goals first: batch-1 decode, FP8 prefill; then the other decode sizes; NVFP4 last
-    jobs = ([("fp8", 1), ("int4", 1)] + [("fp8", rows) for rows in PREFILL_TUNE_ROWS]
+    # the goals first: batch-1 decode, prefill; then the other decode sizes; NVFP4 last
+    jobs = ([("fp8", 1), ("int4", 1)] + [(fmt, rows) for fmt in ("fp8", "int4") for rows in PREFILL_TUNE_ROWS]
             + [(fmt, rows) for rows in TUNE_ROWS[1:] for fmt in ("fp8", "int4")]
-            + [("nvfp4", rows) for rows in TUNE_ROWS])
+            + [("nvfp4", rows) for rows in (*TUNE_ROWS, *PREFILL_TUNE_ROWS)])
     if only:  # "fp8:1,fp8:4": these jobs alone
         jobs = [j for j in jobs if f"{j[0]}:{j[1]}" in only.split(",")]
     for fmt, rows in jobs:
@@ -278,7 +291,9 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
             x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
             want = x.float() @ first.dequantize().T
             best = None
-            for cfg in PREFILL_FP8 if rows > 64 else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores):
+            candidates = (prefill_candidates(fmt, x, first) if rows > qg.DECODE_ROWS
+                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores))
+            for cfg in candidates:
                 try:
                     us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])
                 except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
@@ -289,7 +304,7 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
             err = rel_err(qg.quant_matmul(x, ws[0], None, best[1]), want)
             emit({"tune": fmt, "n": n, "k": k, "rows": rows, "best_us": round(best[0], 2),
                   "pct_copy_bw": pct(nbytes(first), best[0]), "config": best[1].to_json(), "rel_err": err})
-            if err < (5e-2 if best[1].act_quant else 1e-2):
+            if err < (5e-2 if best[1].act_quant or best[1].route == "block_scaled" else 1e-2):
                 key = qg.table_key(qg.operands(first).tag, n, k, DTYPE)
                 table.setdefault(key, {})[str(rows)] = best[1].to_json()
             del ws, first, want

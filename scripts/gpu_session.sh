@@ -51,6 +51,8 @@
 #                                   table tuned at one row, then GEMV_MODEL (qwen3.6-27b) decode at BENCH_C (1)
 #                                   packed and value by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
 #   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
+#   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 8k rows by every route (our tiles,
+#                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -112,7 +114,7 @@ quant_tests() {
         > "$OUT/pytest_kv.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_gpu.py > "$OUT/pytest_kv_engine.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
-        tests/test_weight_formats_gpu.py \
+        tests/test_weight_formats_gpu.py tests/test_cublas_prefill.py \
         > "$OUT/pytest_quant.txt" 2>&1 &
     # the speculative GPU tests (device rounds among them) ride along: spec2's call has no room
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
@@ -414,6 +416,13 @@ ratio)
         --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
         --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    ;;
+prefill-routes)
+    # which code should run a quantized projection at prefill sizes (scripts/gpu_prefill_gemm_probe.py)
+    limit=$(left); [ "$limit" -gt 300 ] && limit=300
+    timeout "$limit" python3 scripts/gpu_prefill_gemm_probe.py --shapes "${PROBE_SHAPES:-5}" \
+        --formats "${PROBE_FORMATS:-fp8,int4,nvfp4}" 2>"$OUT/prefill_routes.err" | tee "$OUT/prefill_routes.jsonl" | cut -c1-260
+    tail -3 "$OUT/prefill_routes.err"
     ;;
 kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)

@@ -19,7 +19,10 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
-  in registers and multiply in bf16/fp16.
+  in registers and multiply in bf16/fp16. A config's ``route`` may hand the product to
+  cuBLAS instead (:mod:`.cublas_prefill`: the weight dequantized once per call, or FP8
+  on block-scaled cuBLAS); the heuristic does so for int4 and NVFP4 from
+  :data:`DENSE_ROWS` rows.
 
 The launch shape comes from a per-device table ``quant_configs/<device>.json`` (written
 by scripts/gpu_quant_gemm_sweep.py: format and shape -> row count -> config), else
@@ -38,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels import quant_formats as qf
-from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton import cublas_prefill, pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fused_moe import _block_of
 from ninfer_kernels.triton.fp8_gemv import fp8_gemv_row, uniform_scale
@@ -53,6 +56,11 @@ from ninfer_kernels.triton.tuned_tables import device_name, read_table
 CONFIG_DIR = Path(__file__).parent / "quant_configs"
 #: most rows the decode heuristic treats as weight-streaming
 DECODE_ROWS = 64
+#: rows from which the heuristic dequantizes int4 and NVFP4 weights for cuBLAS
+#: (:mod:`.cublas_prefill`): there one pass over the weight costs less than rebuilding it
+#: in every row tile (about 0.2 ms for the 27B's widest projection, against 0.5 ms of
+#: bf16 product at 1,024 rows on an H100)
+DENSE_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,10 @@ class QuantGemmConfig:
     #: FP8 at a few rows (either path): the weight tile is the MMA's first operand
     #: (:func:`.quant_tiles.quant_tile`'s ``SWAP``); BLOCK_N then wants 64 or more
     swap: bool = False
+    #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
+    #: dequantizing the weight (``dense``) or on block-scaled FP8 (``block_scaled``); the
+    #: last two are for prefill sizes (:mod:`.cublas_prefill`), the tile fields then unused
+    route: str = "triton"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -156,14 +168,16 @@ def sm_count(device: torch.device) -> int:
 
 def heuristic_config(fmt: int, rows: int, n: int, k: int, sms: int = 132) -> QuantGemmConfig:
     """Untuned shapes. Decode: 16-row tiles, 64 columns, and enough K parts for about two
-    programs per SM (each part at least four K steps). Prefill: 64 x 128 tiles."""
+    programs per SM (each part at least four K steps). Prefill: 64 x 128 tiles (FP8 on
+    its tensor cores); int4 and NVFP4 from :data:`DENSE_ROWS` rows dequantized for cuBLAS."""
     if rows <= DECODE_ROWS:
         block_m = max(16, triton.next_power_of_2(rows))
         block_n, block_k = 64, 128
         tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
         splits = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, block_k) // 4))
         return QuantGemmConfig(block_m, block_n, block_k, splits, GROUP_M=1, num_warps=4, num_stages=4)
-    return QuantGemmConfig(64, 128, 128, 1, GROUP_M=8, num_warps=4, num_stages=3, act_quant=fmt == FP8)
+    route = "dense" if fmt in (INT4, NVFP4) and rows >= DENSE_ROWS else "triton"
+    return QuantGemmConfig(64, 128, 128, 1, GROUP_M=8, num_warps=4, num_stages=3, act_quant=fmt == FP8, route=route)
 
 
 def choose_config(x: torch.Tensor, op: Operands) -> QuantGemmConfig:
@@ -305,6 +319,18 @@ def packed_options(x: torch.Tensor, op: Operands, options: dict, block_m: int, b
     return flags
 
 
+def cublas_route(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None,
+                 route: str) -> torch.Tensor | None:
+    """The product by one of :mod:`.cublas_prefill`'s routes, or None where that route does
+    not serve x and this weight (the Triton kernel runs instead)."""
+    if route == "dense":
+        return cublas_prefill.dense_matmul(x, weight, bias)
+    if route == "block_scaled":
+        ok = cublas_prefill.block_scaled_available(x, weight)
+        return cublas_prefill.block_scaled_matmul(x, weight, bias) if ok else None
+    raise ValueError(f"unknown quantized GEMM route {route!r} (triton, dense or block_scaled)")
+
+
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
                  config: QuantGemmConfig | None = None) -> torch.Tensor:
     """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
@@ -317,6 +343,11 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     if rows == 0:
         return out
     config = config or choose_config(x, op)
+    if config.route != "triton":
+        routed = cublas_route(x, weight, bias, config.route)
+        if routed is not None:
+            return routed
+        config = heuristic_config(op.fmt, rows, op.n, op.k, sm_count(x.device))  # FP8's tiles
     options = kernel_options(x, op, config)
     if options is None:
         return qf.quant_linear(x, weight, bias)
