@@ -197,9 +197,10 @@ def k_parts_to_fill(tiles: int, k: int, sms: int) -> int:
 
 
 def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
-                      fp8_tensor_cores: bool = False) -> list[qg.QuantGemmConfig]:
+                      fp8_tensor_cores: bool = False, block_scaled: bool = False) -> list[qg.QuantGemmConfig]:
     """``fp8_tensor_cores``: FP8 only on the tensor-core path (x quantized), as prefill always
-    is, so a row count never changes how an FP8 checkpoint rounds."""
+    is, so a row count never changes how an FP8 checkpoint rounds. ``block_scaled``: this
+    card and torch run :data:`BLOCK_SCALED` for the shape."""
     block_m = max(16, triton.next_power_of_2(rows))
     found = [qg.heuristic_config(FP8 if fmt == "fp8" else -1, rows, n, k, sms)]
     # FP8 also on the tensor cores, x quantized inside the GEMM (no weight conversion)
@@ -226,6 +227,8 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
+    if fmt == "fp8" and block_scaled:  # cuBLAS's block-scaled FP8 product, x quantized as on our tensor-core path
+        found.append(BLOCK_SCALED)
     if fmt == "fp8" and fp8_tensor_cores:
         found = [c for c in found if c.act_quant]
     return list(dict.fromkeys(found))
@@ -250,7 +253,7 @@ PREFILL_FP8 = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3, True), qg.QuantGemmC
 PREFILL_WEIGHT_ONLY = [qg.QuantGemmConfig(64, 128, 128, 1, 8, 4, 3), qg.QuantGemmConfig(128, 128, 128, 1, 8, 8, 3)]
 #: cuBLAS after dequantizing the weight (every format), and FP8 on block-scaled cuBLAS
 DENSE = qg.QuantGemmConfig(64, 128, 128, route="dense")
-BLOCK_SCALED = qg.QuantGemmConfig(64, 128, 128, route="block_scaled")
+BLOCK_SCALED = qg.QuantGemmConfig(64, 128, 128, act_quant=True, route="block_scaled")
 
 
 def prefill_candidates(fmt: str, x: torch.Tensor, w) -> list[qg.QuantGemmConfig]:
@@ -292,7 +295,8 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
             want = x.float() @ first.dequantize().T
             best = None
             candidates = (prefill_candidates(fmt, x, first) if rows > qg.DECODE_ROWS
-                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores))
+                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores,
+                                                 cp.block_scaled_available(x, first)))
             for cfg in candidates:
                 try:
                     us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])

@@ -92,3 +92,5 @@ def test_cublas_routes_at_a_prefill_shape_on_the_gpu(fmt):
         assert got.shape == (1026, 4224)
         assert rel_err(got, exact) < 1e-2  # the same e4m3 x as our tensor-core tiles
         assert rel_err(got, want) < 5e-2
+        one = x[:1]  # a decode row, padded to four for cuBLAS
+        assert rel_err(cp.block_scaled_matmul(one, w), exact[:1]) < 1e-2

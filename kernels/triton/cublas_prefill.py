@@ -15,7 +15,8 @@ weight once per row tile. The table (:mod:`.quant_gemm`, ``route``) may send a s
 * ``block_scaled`` (FP8 with 128x128 blocks, sm_90): x quantized per token per 128
   columns as our tensor-core tiles do it (:func:`.quant_tiles.quantize_activations`),
   then torch's ``scaled_mm`` with DeepSeek-style block scales (cuBLAS on Hopper), where
-  this torch has it (:func:`block_scaled_available`).
+  this torch has it (:func:`block_scaled_available`). Any row count: the sweep offers it
+  for decode rows too, where cuBLAS may stream the weight better than our tiles.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ class QuantGemmConfig:
     #: (:func:`.quant_tiles.quant_tile`'s ``SWAP``); BLOCK_N then wants 64 or more
     swap: bool = False
     #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
-    #: dequantizing the weight (``dense``) or on block-scaled FP8 (``block_scaled``); the
-    #: last two are for prefill sizes (:mod:`.cublas_prefill`), the tile fields then unused
+    #: dequantizing the weight (``dense``, for prefill sizes) or on block-scaled FP8
+    #: (``block_scaled``, any size): :mod:`.cublas_prefill`; the tile fields then unused
     route: str = "triton"
 
     def to_json(self) -> dict:
@@ -339,15 +339,15 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     if weight.shape[:-2]:
         raise ValueError(f"quant_linear takes a 2-D weight, got {tuple(weight.shape)}")
     rows = x.shape[0]
-    out = torch.empty(rows, op.n, dtype=x.dtype, device=x.device)
     if rows == 0:
-        return out
+        return torch.empty(0, op.n, dtype=x.dtype, device=x.device)
     config = config or choose_config(x, op)
     if config.route != "triton":
         routed = cublas_route(x, weight, bias, config.route)
         if routed is not None:
             return routed
         config = heuristic_config(op.fmt, rows, op.n, op.k, sm_count(x.device))  # FP8's tiles
+    out = torch.empty(rows, op.n, dtype=x.dtype, device=x.device)
     options = kernel_options(x, op, config)
     if options is None:
         return qf.quant_linear(x, weight, bias)
