@@ -53,6 +53,8 @@
 #   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
 #   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 8k rows by every route (our tiles,
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
+#   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
+#                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -423,6 +425,17 @@ prefill-routes)
     timeout "$limit" python3 scripts/gpu_prefill_gemm_probe.py --shapes "${PROBE_SHAPES:-5}" \
         --formats "${PROBE_FORMATS:-fp8,int4,nvfp4}" 2>"$OUT/prefill_routes.err" | tee "$OUT/prefill_routes.jsonl" | cut -c1-260
     tail -3 "$OUT/prefill_routes.err"
+    ;;
+prefill-quant)
+    # #22's prefill goal: the table's prefill rows (our tiles against the cuBLAS routes), then 8k prefills
+    timeout "$(( ${TUNE_S:-150} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
+        --budget-s "${TUNE_S:-150}" --jobs "${TUNE_JOBS:-fp8:8192,int4:8192,fp8:1024,int4:1024}" --write \
+        --out-dir "$OUT" > "$OUT/quant_tune.jsonl" 2> "$OUT/quant_tune.err"
+    tail -3 "$OUT/quant_tune.err"; grep best_us "$OUT/quant_tune.jsonl" | cut -c1-200
+    for fmt in ${WEIGHT_FORMATS:-@fp8-block @gptq @bf16}; do
+        bench "${BENCH_S:-120}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only prefill \
+            --prefill-lens 8192 --prefill-chunk 8192 --no-transformers
+    done
     ;;
 kv-sweep)
     # decode attention launch shapes per KV format at long contexts (table written in place, a copy in $OUT)
