@@ -113,12 +113,12 @@ def block_scaled_available(x: torch.Tensor, weight: qf.QuantWeight) -> bool:
     """Whether :func:`block_scaled_matmul` serves x and this weight: an FP8 weight in 128x128
     blocks, N whole blocks and K whole groups of four blocks (cuBLAS reads the scales in
     fours; every Qwen3.x projection qualifies but the fused in_proj_qkvz + ba, N = 16,480),
-    on an sm_90 device, in a torch with block-scaled ``scaled_mm`` (cuBLAS restricts these
+    codes and scales row-major as loaded, on an sm_90 device, in a torch with block-scaled ``scaled_mm`` (cuBLAS restricts these
     scale recipes to Hopper)."""
     f = torch.nn.functional
     n, k = weight.shape[-2:]
     return (isinstance(weight, qf.Fp8Block) and tuple(weight.block) == (128, 128) and n % 128 == 0 and k % 512 == 0
-            and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) == (9, 0)
+            and weight.weight.is_contiguous() and weight.scale.is_contiguous() and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) == (9, 0)
             and hasattr(f, "scaled_mm") and hasattr(getattr(f, "ScalingType", None), "BlockWise128x128"))
 
 
