@@ -51,7 +51,7 @@
 #                                   table tuned at one row, then GEMV_MODEL (qwen3.6-27b) decode at BENCH_C (1)
 #                                   packed and value by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
 #   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
-#   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 8k rows by every route (our tiles,
+#   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 1k and 8k rows by every route (our tiles,
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
