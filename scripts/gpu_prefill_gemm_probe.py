@@ -20,28 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_quant_gemm_sweep import PREFILL_FP8, random_weight  # noqa: E402
+from gpu_timing import bench, rel_err  # noqa: E402
 
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
 from ninfer_kernels.triton import cublas_prefill as cp  # noqa: E402
 
 SHAPES = ((34816, 5120), (5120, 17408), (16480, 5120), (14336, 5120), (5120, 6144))
-
-
-def cuda_us(fn, iters: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want).norm() / want.norm())
 
 
 def main() -> None:
@@ -76,7 +60,7 @@ def probe(rows: int, n: int, k: int, formats: list[str], gen: torch.Generator) -
             row = {"rows": rows, "n": n, "k": k, "format": fmt, "route": name}
             try:
                 row["rel_err"] = round(rel_err(fn(), want), 5)
-                us = cuda_us(fn)
+                us = bench(fn, rep=50, warmup=10) * 1e3
                 row.update(us=round(us, 1), tflops=round(flops / us / 1e6, 1))
             except Exception as exc:  # noqa: BLE001  (report and go on)
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

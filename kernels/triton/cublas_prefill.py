@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton.int4_fp16 import group_zeros
-from ninfer_kernels.triton.quant_tiles import FP8, INT4, NVFP4, quantize_activations
+from ninfer_kernels.triton.quant_tiles import quantize_activations
 from ninfer_kernels.triton.rounding import e2m1_half, round_to
 
 #: most bytes of dequantized weight held at once (a slice of output columns per multiply)
@@ -44,11 +44,11 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, alpha_ptr, out_ptr, n_begin, N, K, g
     ok = (rows < N)[:, None] & (offs_k < K)[None, :]
     n = (n_begin + rows).to(tl.int64)[:, None]
     k = offs_k[None, :]
-    if FORMAT == 0:  # FP8 block: code times its block's scale
+    if FORMAT == 0:  # FP8 block (quant_tiles.FP8): code times its block's scale
         w = tl.load(w_ptr + n * stride_wn + k * stride_wk, mask=ok, other=0.0).to(tl.float32)
         s = tl.load(s_ptr + (n // group_n) * stride_sn + (k // group_k) * stride_sk, mask=ok, other=0.0)
         value = w * s
-    elif FORMAT == 2:  # int4: column 8w + j is nibble j of word w
+    elif FORMAT == 2:  # int4 (INT4): column 8w + j is nibble j of word w
         words = tl.load(w_ptr + n * stride_wn + (k // 8) * stride_wk, mask=ok, other=0)
         q = ((words >> ((k % 8) * 4)) & 0xF).to(tl.float32)
         g = k // group_k
@@ -70,16 +70,16 @@ def _launch(weight: qf.QuantWeight, out: torch.Tensor, n_begin: int) -> None:
     block_n, block_k = 32, 128
     _dequantize_kernel[(triton.cdiv(rows, block_n), triton.cdiv(k, block_k))](
         op.data, op.scale, *zero_args(op), op.alpha, out, n_begin, rows, k, op.group_n, op.group_k, *op.strides(),
-        FORMAT={qf.Fp8Block: FP8, qf.Int4Group: INT4, qf.Nvfp4: NVFP4}[type(weight)],
-        BLOCK_N=block_n, BLOCK_K=block_k, ROUND=out.device.type != "cuda" and out.dtype == torch.bfloat16,
-        num_warps=4)
+        FORMAT=op.fmt, BLOCK_N=block_n, BLOCK_K=block_k,
+        ROUND=out.device.type != "cuda" and out.dtype == torch.bfloat16, num_warps=4)
 
 
 def dequantize(weight: qf.QuantWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The whole 2-D weight [N, K] in ``dtype`` (for probes and tests; the product below
     never holds more than a slice)."""
     n, k = weight.shape
-    out = torch.empty(n, k, dtype=dtype, device=_device(weight))
+    device = next(t for t in vars(weight).values() if isinstance(t, torch.Tensor)).device
+    out = torch.empty(n, k, dtype=dtype, device=device)
     _launch(weight, out, 0)
     return out
 
@@ -137,6 +137,3 @@ def block_scaled_matmul(x: torch.Tensor, weight: qf.Fp8Block, bias: torch.Tensor
         out += bias
     return out
 
-
-def _device(weight: qf.QuantWeight) -> torch.device:
-    return next(t for t in vars(weight).values() if isinstance(t, torch.Tensor)).device
