@@ -55,6 +55,8 @@
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
+#   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
+#                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -425,6 +427,20 @@ prefill-routes)
     timeout "$limit" python3 scripts/gpu_prefill_gemm_probe.py --shapes "${PROBE_SHAPES:-5}" \
         --formats "${PROBE_FORMATS:-fp8,int4,nvfp4}" 2>"$OUT/prefill_routes.err" | tee "$OUT/prefill_routes.jsonl" | cut -c1-260
     tail -3 "$OUT/prefill_routes.err"
+    ;;
+gemv-ncu)
+    # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for case in ${NCU_CASES:-int4:16480:5120 fp8:16480:5120 bf16:16480:5120 int4:5120:17408}; do
+        IFS=: read -r fmt n k <<<"$case"
+        timeout 120 "$ncu_bin" --clock-control none --nvtx --nvtx-include "probe/" \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            --section InstructionStats python3 scripts/gpu_gemv_ncu.py --format "$fmt" --n "$n" --k "$k" \
+            > "$OUT/ncu_${fmt}_${n}x${k}.txt" 2>&1
+        echo "ncu $case: rc $?"; grep -E "config:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Executed Ipc A" \
+            "$OUT/ncu_${fmt}_${n}x${k}.txt" | head -14
+    done
     ;;
 prefill-quant)
     # #22's prefill goal: the table's prefill rows (our tiles against the cuBLAS routes), then 8k prefills

@@ -1,0 +1,54 @@
+"""One decode-sized product, launched inside an NVTX range for Nsight Compute to read.
+
+The one-row FP8 and int4 steps read their weights at 50-75% of copy bandwidth where bf16
+cuBLAS reads at about 90%. Timing variants says how long a kernel takes, not what holds
+it back; the hardware counters say whether the memory system, the issue slots or the
+number of warps in flight is the limit. Run under ``ncu`` (``gpu_session.sh gemv-ncu``):
+
+    ncu --clock-control none --nvtx --nvtx-include "probe/" ... \\
+        python3 scripts/gpu_gemv_ncu.py --format int4 --n 16480 --k 5120
+
+``--format bf16`` launches the dense cuBLAS product of the same shape, the peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_quant_gemm_sweep import random_weight  # noqa: E402
+
+from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--format", default="int4", choices=("fp8", "int4", "nvfp4", "bf16"))
+    ap.add_argument("--n", type=int, default=16480)
+    ap.add_argument("--k", type=int, default=5120)
+    ap.add_argument("--rows", type=int, default=1)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(args.rows, args.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if args.format == "bf16":
+        dense = torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        fn = lambda: x @ dense.T  # noqa: E731
+    else:
+        w = random_weight(args.format, args.n, args.k, gen=gen)
+        fn = lambda: qg.quant_matmul(x, w)  # noqa: E731  (the committed table's shape)
+        print("config:", qg.choose_config(x, qg.operands(w)).to_json())
+    for _ in range(3):  # compiled and warm before the range opens
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("probe")
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()
