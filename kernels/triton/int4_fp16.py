@@ -214,31 +214,60 @@ def int4_fp16_tile(words, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULA
 
 
 @triton.jit
+def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+    """x's columns of the K step at ``k0`` as raw pairs: int32 [WORDS, 4], word ``w``'s
+    columns 8w .. 8w + 7 in its row (one 16-byte load a word)."""
+    offs_w = tl.multiple_of(k0 // 8 + tl.arange(0, WORDS), WORDS)
+    w_ok = (offs_w < k_end // 8) | EVEN_K
+    return tl.load(x_pairs + offs_w[:, None] * 4 + tl.arange(0, 4)[None, :], mask=w_ok[:, None], other=0)
+
+
+@triton.jit
+def _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk):
+    """The scale and zero point [BLOCK_N] (float32) of the K step at ``k0``."""
+    g = k0 // group_k
+    s = tl.load(s_rows + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+    return s, group_zeros(z_rows + g * stride_zk, n_ok)
+
+
+@triton.jit
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
-                  EMULATE: tl.constexpr):
+                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = True):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
-    is whole (K a multiple of ``BLOCK_K``), so only rows are masked."""
+    is whole (K a multiple of ``BLOCK_K``), so only rows are masked.
+
+    The weight words are loaded two steps ahead (see .gemv_words). With ``AHEAD`` x's
+    columns and the group's scale and zero point are loaded one step ahead too: loaded in
+    the step that uses them, they stall it for a round trip to the L1 or L2 (x) or to
+    memory (a scale's sector serves sixteen steps, then the next one is fetched)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    s_rows = s_ptr + offs_n * stride_sn
+    z_rows = z_ptr + offs_n * stride_zn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    # the weight words two steps ahead (see .gemv_words)
     following = step_words(w_rows, n_ok, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
+    next_s, next_z = _step_group(s_rows, z_rows, n_ok, k_begin, group_k, stride_sk, stride_zk)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
-        # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
-        offs_w = tl.multiple_of(k0 // 8 + tl.arange(0, WORDS), WORDS)
-        w_ok = (offs_w < k_end // 8) | EVEN_K
+        raw = _step_x(x_pairs, k0, k_end, WORDS, EVEN_K)
+        if AHEAD:
+            s, z = next_s, next_z
+            # the next step's: past the end, the scale's group is one that exists (K fills
+            # its last group) or masked by the row test
+            more = tl.zeros_like(offs_n) + k0 + BLOCK_K < k_end
+            next_s, next_z = _step_group(s_rows, z_rows, n_ok & more, k0 + BLOCK_K, group_k, stride_sk, stride_zk)
+        else:
+            s, z = _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk)
         # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
-        # (one 16-byte load a word: tl.split takes the last dimension, pair c = 2a + b at [a, b])
-        raw = tl.load(x_pairs + offs_w[:, None] * 4 + tl.arange(0, 4)[None, :], mask=w_ok[:, None], other=0)
+        # (tl.split takes the last dimension, pair c = 2a + b at [a, b])
         r02, r13 = tl.split(tl.reshape(raw, [WORDS, 2, 2]))
         r0, r2 = tl.split(r02)
         r1, r3 = tl.split(r13)
@@ -247,9 +276,6 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
         x1 = _x_pair(r0, r2, True, X_BF16, EMULATE)
         x2 = _x_pair(r1, r3, False, X_BF16, EMULATE)
         x3 = _x_pair(r1, r3, True, X_BF16, EMULATE)
-        g = k0 // group_k
-        s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-        z = group_zeros(z_ptr + offs_n * stride_zn + g * stride_zk, n_ok)
         z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         if EMULATE:

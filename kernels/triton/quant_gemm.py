@@ -229,7 +229,7 @@ def _quant_gemm_kernel(
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
     FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
-    EMULATE: tl.constexpr = False,
+    EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = True,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -248,7 +248,7 @@ def _quant_gemm_kernel(
     elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
-                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
+                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD)
     elif GEMV:
         acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
                               k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
