@@ -1,7 +1,8 @@
-"""The one-row int4 step with its scales loaded a step ahead (``AHEAD``, the default)
-against loaded in the step that uses them, at the 27B's projections with the device's
-table shapes: microseconds a product (graph replays over enough weight copies to read
-past the L2) and the share of copy bandwidth. Run on the GPU:
+"""The one-row int4 and FP8 steps with their scales loaded a step ahead (``AHEAD``, the
+default) against loaded in the step that uses them, at the 27B's projections: int4 with
+the device's table shapes, FP8 on the gemv step with the H100 table's shapes (the H200's
+table takes tensor-core tiles there). Microseconds a product (graph replays over enough
+weight copies to read past the L2) and the share of copy bandwidth. Run on the GPU:
 
     python3 scripts/gpu_int4_ahead_ab.py
 """
@@ -21,27 +22,30 @@ from gpu_timing import rel_err  # noqa: E402
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
 
 SHAPES = ((16480, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (14336, 5120))
+#: the FP8 gemv step's split counts (H100 table, session 23), by shape
+FP8_SPLITS = {(16480, 5120): 3, (5120, 6144): 7, (34816, 5120): 1, (5120, 17408): 7, (14336, 5120): 3}
 
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(4)
     real = qg.packed_options
-    for n, k in SHAPES:
-        first = random_weight("int4", n, k, gen=gen)
-        ws = [first] + [random_weight("int4", n, k, gen=gen) for _ in range(copies_for(nbytes(first), 1) - 1)]
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        want = x.float() @ first.dequantize().T
-        config = qg.choose_config(x, qg.operands(first))
-        row = {"n": n, "k": k, "config": config.to_json()}
-        for ahead in (True, False):
-            qg.packed_options = lambda *a, ahead=ahead: {**real(*a), "AHEAD": ahead}
-            us = time_us([lambda w=w: qg.quant_matmul(x, w) for w in ws])
-            row[f"ahead={ahead}"] = {"us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us),
-                                     "rel_err": round(rel_err(qg.quant_matmul(x, first), want), 5)}
-        qg.packed_options = real
-        print(json.dumps(row), flush=True)
-        del ws, first
-
+    for fmt in ("int4", "fp8"):
+        for n, k in SHAPES:
+            first = random_weight(fmt, n, k, gen=gen)
+            ws = [first] + [random_weight(fmt, n, k, gen=gen) for _ in range(copies_for(nbytes(first), 1) - 1)]
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            want = x.float() @ first.dequantize().T
+            config = (qg.choose_config(x, qg.operands(first)) if fmt == "int4" else
+                      qg.QuantGemmConfig(1, 128, 128, SPLITS=FP8_SPLITS[(n, k)], num_stages=4, gemv=True))
+            row = {"format": fmt, "n": n, "k": k, "config": config.to_json()}
+            for ahead in (True, False):
+                qg.packed_options = lambda *a, ahead=ahead: {**real(*a), "AHEAD": ahead}
+                us = time_us([lambda w=w: qg.quant_matmul(x, w, None, config) for w in ws])
+                row[f"ahead={ahead}"] = {"us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us),
+                                         "rel_err": round(rel_err(qg.quant_matmul(x, first, None, config), want), 5)}
+            qg.packed_options = real
+            print(json.dumps(row), flush=True)
+            del ws, first
 
 if __name__ == "__main__":
     main()

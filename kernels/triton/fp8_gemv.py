@@ -100,10 +100,12 @@ def _word_dot(word, x0, x1, x2, x3, acc, EMULATE: tl.constexpr):
 @triton.jit
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
-                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr):
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = True):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
-    group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`)."""
+    group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
+    ``AHEAD`` a step's block scale is loaded one step before (as int4's scales are:
+    :func:`.int4_fp16.int4_gemv_row`)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)
@@ -111,10 +113,20 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
     following = step_words(w_rows, n_ok, k_begin, k_end, 1, 4, WORDS, EVEN_K)
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+    scale_row = s_ptr + row_block * stride_sn
+    if SCALE == 1 and AHEAD:
+        next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+        if SCALE == 1:
+            if AHEAD:  # the next step's (none past the end)
+                s = next_s
+                next_s = tl.load(scale_row + ((k0 + BLOCK_K) // group_k) * stride_sk, mask=k0 + BLOCK_K < k_end,
+                                 other=0.0)
+            else:
+                s = tl.load(scale_row + (k0 // group_k) * stride_sk)
         offs_w = tl.multiple_of(k0 // 4 + tl.arange(0, WORDS), WORDS)
         w_ok = (offs_w < k_end // 4) | EVEN_K
         # x's columns 4w .. 4w + 3 as two raw pairs, then as float32 (times the step's scale)
@@ -125,7 +137,6 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
         x0, x1 = x_of(r0, False, X_BF16), x_of(r0, True, X_BF16)
         x2, x3 = x_of(r1, False, X_BF16), x_of(r1, True, X_BF16)
         if SCALE == 1:
-            s = tl.load(s_ptr + row_block * stride_sn + (k0 // group_k) * stride_sk)
             x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
         acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
     total = tl.sum(acc, 1)
