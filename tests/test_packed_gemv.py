@@ -160,6 +160,58 @@ def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
     assert seen == [False, False]  # sorted runs of several tokens keep the tiles
 
 
+def _ahead_and_in_step(monkeypatch, x, w, config):
+    """The one-row step with its scales loaded a step ahead, and in the step."""
+    real = qg.packed_options
+    outs, packed = [], []
+
+    def options(*a, ahead):
+        flags = real(*a)
+        packed.append(flags["PACKED"])
+        return {**flags, "AHEAD": ahead}
+
+    for ahead in (True, False):
+        monkeypatch.setattr(qg, "packed_options", lambda *a, ahead=ahead: options(*a, ahead=ahead))
+        outs.append(qg.quant_matmul(x, w, None, config))
+    monkeypatch.undo()
+    assert packed == [True, True]
+    return outs
+
+
+AHEAD_CASES = [("int4", 40, 640, 3), ("int4", 33, 384, 2), ("fp8", 160, 640, 3), ("fp8", 40, 200, 1)]
+AHEAD_IDS = ["int4-three-splits", "int4-ragged-n-uneven-splits", "fp8-three-splits", "fp8-uneven-k"]
+
+
+def _ahead_case(fmt, n, k, splits, device):
+    gen = torch.Generator().manual_seed(n * k)
+    w = random_weight(fmt, n, k, gen=gen)
+    if fmt == "int4":  # zero points that differ by row and group: each step must take its own
+        zeros = torch.randint(0, 16, w.zeros.shape, generator=gen).to(w.zeros.dtype)
+        w = qf.Int4Group(w.qweight, w.scales, zeros, w.group_size)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    config = replace(ONE_ROW, SPLITS=splits)
+    return x.to(device), w.to(device) if device != "cpu" else w, config
+
+
+@pytest.mark.parametrize("fmt,n,k,splits", AHEAD_CASES, ids=AHEAD_IDS)
+def test_scales_loaded_a_step_ahead_change_nothing(monkeypatch, fmt, n, k, splits):
+    """Loading a step's scale (and int4's zero point) one step early is the same sum, bit
+    for bit: every step still takes its own group's, the last step of a split included."""
+    x, w, config = _ahead_case(fmt, n, k, splits, "cpu")
+    ahead, in_step = _ahead_and_in_step(monkeypatch, x, w, config)
+    assert torch.equal(ahead, in_step)
+    assert rel_err(ahead, F.linear(x.float(), w.dequantize())) <= TOL
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt,n,k,splits", AHEAD_CASES, ids=AHEAD_IDS)
+def test_scales_loaded_a_step_ahead_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
+    x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
+    ahead, in_step = _ahead_and_in_step(monkeypatch, x, w, config)
+    assert torch.equal(ahead, in_step)
+
+
 @pytest.mark.parametrize("config", [ONE_ROW, qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2)],
                          ids=["one-row", "tiles"])
 def test_int4_zero_points_at_their_extremes(monkeypatch, config):

@@ -100,12 +100,12 @@ def _word_dot(word, x0, x1, x2, x3, acc, EMULATE: tl.constexpr):
 @triton.jit
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
-                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = True):
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
-    ``AHEAD`` a step's block scale is loaded one step before (as int4's scales are:
-    :func:`.int4_fp16.int4_gemv_row`)."""
+    ``AHEAD`` a step's block scale is loaded one step before (as int4's can be:
+    :func:`.int4_fp16.int4_gemv_row`; off until timed)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)

@@ -234,16 +234,18 @@ def _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk):
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
-                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = True):
+                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
     is whole (K a multiple of ``BLOCK_K``), so only rows are masked.
 
-    The weight words are loaded two steps ahead (see .gemv_words). With ``AHEAD`` x's
-    columns and the group's scale and zero point are loaded one step ahead too: loaded in
-    the step that uses them, they stall it for a round trip to the L1 or L2 (x) or to
-    memory (a scale's sector serves sixteen steps, then the next one is fetched)."""
+    The weight words are loaded two steps ahead (see .gemv_words). With ``AHEAD`` the
+    group's scale and zero point are loaded one step ahead too: loaded in the step that
+    uses them, they stall it for a trip to memory whenever a new sector of scales is due
+    (one serves sixteen steps). x stays in its step: carried to the next one, its tile
+    takes another layout and a trip through shared memory. Not timed yet, so off by
+    default (``scripts/gpu_int4_ahead_ab.py`` times both)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn

@@ -229,7 +229,7 @@ def _quant_gemm_kernel(
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
     FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
-    EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = True,
+    EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = False,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
