@@ -94,3 +94,21 @@ def test_cublas_routes_at_a_prefill_shape_on_the_gpu(fmt):
         assert rel_err(got, want) < 5e-2
         one = x[:1]  # a decode row, padded to four for cuBLAS
         assert rel_err(cp.block_scaled_matmul(one, w), exact[:1]) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_block_scaled_rows_past_the_last_whole_block_on_the_gpu():
+    """N = 4,176: a last block of 80 rows, as the 27B's fused in_proj (N = 16,480) has one
+    of 96; those rows take their own block's scale like the others."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    w = random_weight("fp8", 4176, 1024, gen=gen, device="cuda")
+    x = torch.randn(256, 1024, generator=gen, device="cuda").to(torch.bfloat16)
+    if not cp.block_scaled_available(x, w):
+        pytest.skip("no block-scaled scaled_mm in this torch or on this card")
+    from ninfer_kernels.triton.quant_tiles import quantize_activations
+    codes, scales = quantize_activations(x)
+    exact = (codes.float() * scales.repeat_interleave(128, dim=1)) @ w.dequantize().T
+    got = cp.block_scaled_matmul(x, w)
+    assert rel_err(got[:, 4096:], exact[:, 4096:]) < 1e-2
+    assert rel_err(got, exact) < 1e-2

@@ -111,14 +111,16 @@ def dense_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
 
 def block_scaled_available(x: torch.Tensor, weight: qf.QuantWeight) -> bool:
     """Whether :func:`block_scaled_matmul` serves x and this weight: an FP8 weight in 128x128
-    blocks, N whole blocks and K whole groups of four blocks (cuBLAS reads the scales in
-    fours; every Qwen3.x projection qualifies but the fused in_proj_qkvz + ba, N = 16,480),
-    codes and scales row-major as loaded, on an sm_90 device, in a torch with block-scaled ``scaled_mm`` (cuBLAS restricts these
-    scale recipes to Hopper)."""
+    blocks, K whole groups of four blocks (cuBLAS reads the scales in fours), N whole
+    16-byte rows of the output, codes and scales row-major as loaded, on an sm_90 device,
+    in a torch with block-scaled ``scaled_mm`` (cuBLAS restricts these recipes to Hopper).
+    N need not be whole blocks: the fused in_proj_qkvz + ba (N = 16,480, a last block of
+    96 rows) ran there in torch 2.11 with the error of the other FP8 routes (session 24)."""
     f = torch.nn.functional
     n, k = weight.shape[-2:]
-    return (isinstance(weight, qf.Fp8Block) and tuple(weight.block) == (128, 128) and n % 128 == 0 and k % 512 == 0
-            and weight.weight.is_contiguous() and weight.scale.is_contiguous() and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) == (9, 0)
+    return (isinstance(weight, qf.Fp8Block) and tuple(weight.block) == (128, 128) and n % 16 == 0 and k % 512 == 0
+            and weight.weight.is_contiguous() and weight.scale.is_contiguous() and x.device.type == "cuda"
+            and torch.cuda.get_device_capability(x.device) == (9, 0)
             and hasattr(f, "scaled_mm") and hasattr(getattr(f, "ScalingType", None), "BlockWise128x128"))
 
 
