@@ -217,6 +217,7 @@ def int4_fp16_tile(words, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EMULA
 def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
     """x's columns of the K step at ``k0`` as raw pairs: int32 [WORDS, 4], word ``w``'s
     columns 8w .. 8w + 7 in its row (one 16-byte load a word)."""
+    # k0 is k_begin plus whole steps, and the caller's splits are whole steps: aligned
     offs_w = tl.multiple_of(k0 // 8 + tl.arange(0, WORDS), WORDS)
     w_ok = (offs_w < k_end // 8) | EVEN_K
     return tl.load(x_pairs + offs_w[:, None] * 4 + tl.arange(0, 4)[None, :], mask=w_ok[:, None], other=0)
@@ -254,7 +255,8 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     following = step_words(w_rows, n_ok, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
-    next_s, next_z = _step_group(s_rows, z_rows, n_ok, k_begin, group_k, stride_sk, stride_zk)
+    if AHEAD:
+        next_s, next_z = _step_group(s_rows, z_rows, n_ok, k_begin, group_k, stride_sk, stride_zk)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
