@@ -80,6 +80,10 @@
 # stage's minutes). Entries are keyed by source and Triton version, so stale ones only
 # take space; past 15 MiB the archive keeps this call's entries alone (then merge it into the
 # old one rather than replace it), and a call that compiled nothing leaves none.
+#
+# Tables a stage tunes are written in place on the device and copied to $OUT (quant_configs/,
+# linear_configs_*.json, ...): copy them into the tree here before the next call, or that
+# call runs the old entries (session 24's counters ran the stale int4 shapes that way).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
