@@ -77,11 +77,12 @@ def _expert_operands(expert, shared_id, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, 
     return w, s, z, alpha
 
 
+# group_n and group_k are compile-time, as in .quant_gemm's kernel (no division a K step)
 @triton.jit(do_not_specialize=["pairs", "max_rows"])
 def _quant_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr, salpha_ptr, out_ptr,
     sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
-    pairs, max_rows, top_k, shared_id, N, K, group_n, group_k,
+    pairs, max_rows, top_k, shared_id, N, K, group_n: tl.constexpr, group_k: tl.constexpr,
     stride_xt, stride_xk, stride_xst, stride_we, stride_se, stride_ze, stride_ae,
     stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, stride_ot,
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -169,7 +170,7 @@ def _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn
 def _quant_down_kernel(
     a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, alpha_ptr, sw_ptr, ss_ptr, sz_ptr, salpha_ptr, out_ptr, weights_ptr,
     sorted_ptr, block_experts_ptr, num_padded_ptr, ids_ptr,
-    pairs, max_rows, shared_id, N, K, group_n, group_k,
+    pairs, max_rows, shared_id, N, K, group_n: tl.constexpr, group_k: tl.constexpr,
     stride_at, stride_ak, stride_ast, stride_we, stride_se, stride_ze, stride_ae,
     stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, stride_ot,
     FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
