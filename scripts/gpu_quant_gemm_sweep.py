@@ -237,14 +237,17 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
 
 def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
     """The no-tl.dot kernel's shapes: exactly ``rows`` rows, K parts to fill the SMs. At one
-    row int4 takes the packed step (kernels/triton/int4_fp16.py), which shares x's
-    conversion among the rows a thread holds: wider tiles too."""
+    row the packed steps (kernels/triton/int4_fp16.py, fp8_gemv.py) share x's conversion
+    among the rows a thread holds: wider tiles too, and each with its loads a step ahead
+    (``ahead``) and without."""
     found = []
-    shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4)) if rows == 1 else ())
+    shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4), (256, 4)) if rows == 1 else ())
     for block_n, warps in shapes:
         tiles = triton.cdiv(n, block_n)
         fill = k_parts_to_fill(tiles, k, sms)
-        found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True))
+        for ahead in (False, True) if rows == 1 else (False,):
+            found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True,
+                                            ahead=ahead))
     return found
 
 

@@ -161,25 +161,20 @@ def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
 
 
 def _ahead_and_in_step(monkeypatch, x, w, config):
-    """The one-row step with its scales loaded a step ahead, and in the step."""
+    """The one-row step with its scales and x loaded a step ahead (``ahead``), and in the step."""
     real = qg.packed_options
-    outs, packed = [], []
-
-    def options(*a, ahead):
-        flags = real(*a)
-        packed.append(flags["PACKED"])
-        return {**flags, "AHEAD": ahead}
-
-    for ahead in (True, False):
-        monkeypatch.setattr(qg, "packed_options", lambda *a, ahead=ahead: options(*a, ahead=ahead))
-        outs.append(qg.quant_matmul(x, w, None, config))
+    packed: list[bool] = []
+    monkeypatch.setattr(qg, "packed_options", lambda *a: packed.append(real(*a)["PACKED"]) or real(*a))
+    outs = [qg.quant_matmul(x, w, None, replace(config, ahead=ahead)) for ahead in (True, False)]
     monkeypatch.undo()
     assert packed == [True, True]
     return outs
 
 
-AHEAD_CASES = [("int4", 40, 640, 3), ("int4", 33, 384, 2), ("fp8", 160, 640, 3), ("fp8", 40, 200, 1)]
-AHEAD_IDS = ["int4-three-splits", "int4-ragged-n-uneven-splits", "fp8-three-splits", "fp8-uneven-k"]
+AHEAD_CASES = [("int4", 40, 640, 1), ("int4", 40, 640, 3), ("int4", 33, 384, 2), ("fp8", 160, 640, 1),
+               ("fp8", 160, 640, 3), ("fp8", 40, 200, 1)]
+AHEAD_IDS = ["int4-five-steps", "int4-three-splits", "int4-ragged-n-uneven-splits", "fp8-five-steps",
+             "fp8-three-splits", "fp8-uneven-k"]
 
 
 def _ahead_case(fmt, n, k, splits, device):
@@ -194,9 +189,10 @@ def _ahead_case(fmt, n, k, splits, device):
 
 
 @pytest.mark.parametrize("fmt,n,k,splits", AHEAD_CASES, ids=AHEAD_IDS)
-def test_scales_loaded_a_step_ahead_change_nothing(monkeypatch, fmt, n, k, splits):
-    """Loading a step's scale (and int4's zero point) one step early is the same sum, bit
-    for bit: every step still takes its own group's, the last step of a split included."""
+def test_loads_a_step_ahead_change_nothing(monkeypatch, fmt, n, k, splits):
+    """Loading a step's scale (and int4's zero point) and its x one step early is the same
+    sum, bit for bit: every step still takes its own group's scale and its own columns of
+    x, the last step of a split (and a ragged last step) included."""
     x, w, config = _ahead_case(fmt, n, k, splits, "cpu")
     ahead, in_step = _ahead_and_in_step(monkeypatch, x, w, config)
     assert torch.equal(ahead, in_step)
@@ -206,7 +202,7 @@ def test_scales_loaded_a_step_ahead_change_nothing(monkeypatch, fmt, n, k, split
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt,n,k,splits", AHEAD_CASES, ids=AHEAD_IDS)
-def test_scales_loaded_a_step_ahead_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
+def test_loads_a_step_ahead_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
     x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
     ahead, in_step = _ahead_and_in_step(monkeypatch, x, w, config)
     assert torch.equal(ahead, in_step)

@@ -98,14 +98,26 @@ def _word_dot(word, x0, x1, x2, x3, acc, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr):
+    """x's columns 4w .. 4w + 3 of the K step at ``k0`` as float32 [1, WORDS] each (one
+    8-byte load a word: two raw pairs)."""
+    offs_w = tl.multiple_of(k0 // 4 + tl.arange(0, WORDS), WORDS)
+    w_ok = (offs_w < k_end // 4) | EVEN_K
+    r0, r1 = tl.split(tl.load(x_pairs + offs_w[:, None] * 2 + tl.arange(0, 2)[None, :], mask=w_ok[:, None], other=0))
+    r0, r1 = r0[None, :], r1[None, :]
+    return x_of(r0, False, X_BF16), x_of(r0, True, X_BF16), x_of(r1, False, X_BF16), x_of(r1, True, X_BF16)
+
+
+@triton.jit
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
-                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False,
+                 X_AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
-    ``AHEAD`` a step's block scale is loaded one step before (as int4's can be:
-    :func:`.int4_fp16.int4_gemv_row`; off until timed)."""
+    ``AHEAD`` a step's block scale, with ``X_AHEAD`` its columns of x, are loaded one step
+    before (as int4's can be: :func:`.int4_fp16.int4_gemv_row`; a table entry's ``ahead``)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)
@@ -116,6 +128,8 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     scale_row = s_ptr + row_block * stride_sn
     if SCALE == 1 and AHEAD:
         next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk)
+    if X_AHEAD:
+        n0, n1, n2, n3 = _step_x(x_pairs, k_begin, k_end, WORDS, X_BF16, EVEN_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
@@ -127,15 +141,13 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
                                  other=0.0)
             else:
                 s = tl.load(scale_row + (k0 // group_k) * stride_sk)
-        offs_w = tl.multiple_of(k0 // 4 + tl.arange(0, WORDS), WORDS)
-        w_ok = (offs_w < k_end // 4) | EVEN_K
-        # x's columns 4w .. 4w + 3 as two raw pairs, then as float32 (times the step's scale)
-        # (one 8-byte load a word)
-        r0, r1 = tl.split(tl.load(x_pairs + offs_w[:, None] * 2 + tl.arange(0, 2)[None, :], mask=w_ok[:, None],
-                                  other=0))
-        r0, r1 = r0[None, :], r1[None, :]
-        x0, x1 = x_of(r0, False, X_BF16), x_of(r0, True, X_BF16)
-        x2, x3 = x_of(r1, False, X_BF16), x_of(r1, True, X_BF16)
+        if X_AHEAD:
+            x0, x1, x2, x3 = n0, n1, n2, n3
+            # the next step's; after the last, whole steps read the last again (no masks)
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+            n0, n1, n2, n3 = _step_x(x_pairs, k_next, k_end, WORDS, X_BF16, EVEN_K)
+        else:
+            x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
         if SCALE == 1:
             x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
         acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)

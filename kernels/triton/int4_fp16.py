@@ -224,6 +224,19 @@ def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _x_pairs(raw, WORDS: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.constexpr):
+    """x's columns 8w .. 8w + 7 (``raw``, four raw pairs a word) as the fp16 pairs
+    (x_j, x_{j+4}), j = 0..3: four int32 [1, WORDS]."""
+    # tl.split takes the last dimension: pair c = 2a + b at [a, b]
+    r02, r13 = tl.split(tl.reshape(raw, [WORDS, 2, 2]))
+    r0, r2 = tl.split(r02)
+    r1, r3 = tl.split(r13)
+    r0, r1, r2, r3 = r0[None, :], r1[None, :], r2[None, :], r3[None, :]
+    return (_x_pair(r0, r2, False, X_BF16, EMULATE), _x_pair(r0, r2, True, X_BF16, EMULATE),
+            _x_pair(r1, r3, False, X_BF16, EMULATE), _x_pair(r1, r3, True, X_BF16, EMULATE))
+
+
+@triton.jit
 def _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk):
     """The scale and zero point [BLOCK_N] (float32) of the K step at ``k0``."""
     g = k0 // group_k
@@ -235,7 +248,7 @@ def _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk):
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
-                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
+                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False, X_AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
@@ -244,9 +257,13 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     The weight words are loaded two steps ahead (see .gemv_words). With ``AHEAD`` the
     group's scale and zero point are loaded one step ahead too: loaded in the step that
     uses them, they stall it for a trip to memory whenever a new sector of scales is due
-    (one serves sixteen steps). x stays in its step: carried to the next one, its tile
-    takes another layout and a trip through shared memory. Not timed yet, so off by
-    default (``scripts/gpu_int4_ahead_ab.py`` times both)."""
+    (one serves sixteen steps). With ``X_AHEAD`` x's columns are loaded, and made into
+    fp16 pairs, one step ahead: in its step x's load is the first thing the step waits
+    for (an L2 round trip each step). The pairs are what is carried: carrying the raw
+    tile instead sends it through shared memory, with barriers each step (sm_90 code,
+    Triton 3.9). Both about 30 registers more (96 to 126 at 128 rows and 4 warps) and the
+    same sums bit for bit; a table entry's ``ahead`` turns both on where it measured
+    faster (``scripts/gpu_int4_ahead_ab.py`` times the four ways)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
@@ -257,11 +274,14 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
     if AHEAD:
         next_s, next_z = _step_group(s_rows, z_rows, n_ok, k_begin, group_k, stride_sk, stride_zk)
+    if X_AHEAD:
+        n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_begin, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
-        raw = _step_x(x_pairs, k0, k_end, WORDS, EVEN_K)
+        if not X_AHEAD:
+            raw = _step_x(x_pairs, k0, k_end, WORDS, EVEN_K)
         if AHEAD:
             s, z = next_s, next_z
             # the next step's: past the end, the scale's group is one that exists (K fills
@@ -270,16 +290,13 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
             next_s, next_z = _step_group(s_rows, z_rows, n_ok & more, k0 + BLOCK_K, group_k, stride_sk, stride_zk)
         else:
             s, z = _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk)
-        # x's columns 8w .. 8w + 7 as four raw pairs, then as the fp16 pairs (x_j, x_{j+4})
-        # (tl.split takes the last dimension, pair c = 2a + b at [a, b])
-        r02, r13 = tl.split(tl.reshape(raw, [WORDS, 2, 2]))
-        r0, r2 = tl.split(r02)
-        r1, r3 = tl.split(r13)
-        r0, r1, r2, r3 = r0[None, :], r1[None, :], r2[None, :], r3[None, :]
-        x0 = _x_pair(r0, r2, False, X_BF16, EMULATE)
-        x1 = _x_pair(r0, r2, True, X_BF16, EMULATE)
-        x2 = _x_pair(r1, r3, False, X_BF16, EMULATE)
-        x3 = _x_pair(r1, r3, True, X_BF16, EMULATE)
+        if X_AHEAD:
+            x0, x1, x2, x3 = n0, n1, n2, n3
+            # the next step's; after the last, whole steps read the last again (no masks)
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+            n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_next, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
+        else:
+            x0, x1, x2, x3 = _x_pairs(raw, WORDS, X_BF16, EMULATE)
         z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
         if EMULATE:
