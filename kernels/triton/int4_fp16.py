@@ -237,11 +237,30 @@ def _x_pairs(raw, WORDS: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.constex
 
 
 @triton.jit
-def _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk):
-    """The scale and zero point [BLOCK_N] (float32) of the K step at ``k0``."""
+def _row_values(ptrs, EMULATE: tl.constexpr):
+    """float32 of the floats at ``ptrs`` [BLOCK_N, 1] (2 or 4 bytes), read by PTX: the values land in
+    the layout of ``ptrs``, the weight tile's rows. A tl.load of them took a layout of its
+    own, one row a thread, and came back to the tile's through shared memory with two
+    barriers each K step (every warp of the program waiting for the slowest)."""
+    if EMULATE:
+        return tl.load(ptrs).to(tl.float32)
+    if ptrs.dtype.element_ty.primitive_bitwidth == 32:
+        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
+                                         dtype=ptrs.dtype.element_ty, is_pure=True, pack=1).to(tl.float32)
+    return tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=ptrs.dtype.element_ty,
+                                     is_pure=True, pack=1).to(tl.float32)
+
+
+@triton.jit
+def _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE: tl.constexpr):
+    """The scale and zero point (float32, [BLOCK_N, 1] in the weight tile's layout) of the
+    K step at ``k0``, ``s_rows``/``z_rows`` pointing at each row's first group (rows past N
+    at row 0's: no masks)."""
     g = k0 // group_k
-    s = tl.load(s_rows + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
-    return s, group_zeros(z_rows + g * stride_zk, n_ok)
+    s = _row_values(s_rows + g * stride_sk, EMULATE)
+    if z_rows.dtype.element_ty.is_int():  # symmetric (see group_zeros)
+        return s, tl.full(s.shape, 8.0, tl.float32)
+    return s, _row_values(z_rows + g * stride_zk, EMULATE)
 
 
 @triton.jit
@@ -254,26 +273,31 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
     is whole (K a multiple of ``BLOCK_K``), so only rows are masked.
 
-    The weight words are loaded two steps ahead (see .gemv_words). With ``AHEAD`` the
-    group's scale and zero point are loaded one step ahead too: loaded in the step that
-    uses them, they stall it for a trip to memory whenever a new sector of scales is due
-    (one serves sixteen steps). With ``X_AHEAD`` x's columns are loaded, and made into
-    fp16 pairs, one step ahead: in its step x's load is the first thing the step waits
-    for (an L2 round trip each step). The pairs are what is carried: carrying the raw
-    tile instead sends it through shared memory, with barriers each step (sm_90 code,
-    Triton 3.9). Both about 30 registers more (96 to 126 at 128 rows and 4 warps) and the
-    same sums bit for bit; a table entry's ``ahead`` turns both on where it measured
-    faster (``scripts/gpu_int4_ahead_ab.py`` times the four ways)."""
+    At one row this step waits on memory more than it computes (session 24's Nsight
+    counters: issue slots 43-60% busy, half the cycles between issues waiting on loads),
+    so no load is left where the whole program must wait for it:
+
+    * the weight words are loaded two steps ahead (see .gemv_words);
+    * each row's scale and zero point are read in the weight tile's own layout
+      (:func:`_row_values`): no barrier in the loop, where a layout change through shared
+      memory made all the program's warps wait for the slowest twice a step;
+    * with ``AHEAD`` the group's scale and zero point are loaded one step ahead, and with
+      ``X_AHEAD`` x's columns too, already made into fp16 pairs (carrying the raw tile
+      instead sent it through shared memory, with barriers). A table entry's ``ahead``
+      turns both on where it measured faster (``scripts/gpu_int4_ahead_ab.py``).
+
+    Each gives the same sums bit for bit (tests/test_packed_gemv.py)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    s_rows = s_ptr + offs_n * stride_sn
-    z_rows = z_ptr + offs_n * stride_zn
+    safe_n = tl.where(n_ok, offs_n, 0)[:, None]
+    s_rows = s_ptr + safe_n * stride_sn
+    z_rows = z_ptr + safe_n * stride_zn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     following = step_words(w_rows, n_ok, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
     if AHEAD:
-        next_s, next_z = _step_group(s_rows, z_rows, n_ok, k_begin, group_k, stride_sk, stride_zk)
+        next_s, next_z = _step_group(s_rows, z_rows, k_begin, group_k, stride_sk, stride_zk, EMULATE)
     if X_AHEAD:
         n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_begin, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -284,12 +308,11 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
             raw = _step_x(x_pairs, k0, k_end, WORDS, EVEN_K)
         if AHEAD:
             s, z = next_s, next_z
-            # the next step's: past the end, the scale's group is one that exists (K fills
-            # its last group) or masked by the row test
-            more = tl.zeros_like(offs_n) + k0 + BLOCK_K < k_end
-            next_s, next_z = _step_group(s_rows, z_rows, n_ok & more, k0 + BLOCK_K, group_k, stride_sk, stride_zk)
+            # the next step's; after the last, the last group again (no masks)
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - 1)
+            next_s, next_z = _step_group(s_rows, z_rows, k_next, group_k, stride_sk, stride_zk, EMULATE)
         else:
-            s, z = _step_group(s_rows, z_rows, n_ok, k0, group_k, stride_sk, stride_zk)
+            s, z = _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE)
         if X_AHEAD:
             x0, x1, x2, x3 = n0, n1, n2, n3
             # the next step's; after the last, whole steps read the last again (no masks)
@@ -297,13 +320,13 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
             n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_next, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
         else:
             x0, x1, x2, x3 = _x_pairs(raw, WORDS, X_BF16, EMULATE)
-        z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
-        z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)[:, None]
+        z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)
+        z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)
         if EMULATE:
             part = _word_dot_emulated(words, x0, x1, x2, x3, z_lo, z_hi)
         else:
             part = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [words, x0, x1, x2, x3, z_lo, z_hi],
                                              dtype=tl.int32, is_pure=True, pack=1)
             part = part.to(tl.float32, bitcast=True)
-        acc += part * (s * _WEIGHT_DIVISOR)[:, None]
+        acc += part * (s * _WEIGHT_DIVISOR)
     return tl.sum(acc, 1)[None, :]
