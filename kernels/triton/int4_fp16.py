@@ -244,11 +244,14 @@ def _row_values(ptrs, EMULATE: tl.constexpr):
     barriers each K step (every warp of the program waiting for the slowest)."""
     if EMULATE:
         return tl.load(ptrs).to(tl.float32)
+    # integer registers out, the float type by bitcast (the plainest constraints PTX has)
     if ptrs.dtype.element_ty.primitive_bitwidth == 32:
-        return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs],
-                                         dtype=ptrs.dtype.element_ty, is_pure=True, pack=1).to(tl.float32)
-    return tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=ptrs.dtype.element_ty,
-                                     is_pure=True, pack=1).to(tl.float32)
+        bits = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        bits = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16,
+                                         is_pure=True, pack=1)
+    return bits.to(ptrs.dtype.element_ty, bitcast=True).to(tl.float32)
 
 
 @triton.jit
