@@ -44,3 +44,23 @@ def x_of(pair, HIGH: tl.constexpr, X_BF16: tl.constexpr):
             return (pair & -65536).to(tl.float32, bitcast=True)
         return (pair << 16).to(tl.float32, bitcast=True)
     return half_of(pair, HIGH)
+
+
+@triton.jit
+def row_values(ptrs, ASM: tl.constexpr):
+    """float32 of the floats (2 or 4 bytes) at ``ptrs``, a row's scale each, read by PTX with
+    ``ASM`` so the values land in the layout of ``ptrs``, which Triton derives from the
+    tile they scale. A tl.load of them took a layout of its own, one row a thread, and came
+    back through shared memory with two barriers each K step: every warp of the program
+    then waits for the slowest. Without ``ASM`` (the interpreter) a plain load. ``ptrs``
+    must all be valid (point rows past the end at a real one)."""
+    if not ASM:
+        return tl.load(ptrs).to(tl.float32)
+    # integer registers out, the float type by bitcast (the plainest constraints PTX has)
+    if ptrs.dtype.element_ty.primitive_bitwidth == 32:
+        bits = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        bits = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16,
+                                         is_pure=True, pack=1)
+    return bits.to(ptrs.dtype.element_ty, bitcast=True).to(tl.float32)

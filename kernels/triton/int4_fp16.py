@@ -48,7 +48,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.gemv_words import half_of, step_words, x_of
+from ninfer_kernels.triton.gemv_words import half_of, row_values, step_words, x_of
 
 #: the weights are taken as (q - z) / WEIGHT_DIVISOR in fp16 (exact; the scale makes up for it)
 WEIGHT_DIVISOR = 64.0
@@ -237,33 +237,15 @@ def _x_pairs(raw, WORDS: tl.constexpr, X_BF16: tl.constexpr, EMULATE: tl.constex
 
 
 @triton.jit
-def _row_values(ptrs, EMULATE: tl.constexpr):
-    """float32 of the floats at ``ptrs`` [BLOCK_N, 1] (2 or 4 bytes), read by PTX: the values land in
-    the layout of ``ptrs``, the weight tile's rows. A tl.load of them took a layout of its
-    own, one row a thread, and came back to the tile's through shared memory with two
-    barriers each K step (every warp of the program waiting for the slowest)."""
-    if EMULATE:
-        return tl.load(ptrs).to(tl.float32)
-    # integer registers out, the float type by bitcast (the plainest constraints PTX has)
-    if ptrs.dtype.element_ty.primitive_bitwidth == 32:
-        bits = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-    else:
-        bits = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16,
-                                         is_pure=True, pack=1)
-    return bits.to(ptrs.dtype.element_ty, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE: tl.constexpr):
     """The scale and zero point (float32, [BLOCK_N, 1] in the weight tile's layout) of the
     K step at ``k0``, ``s_rows``/``z_rows`` pointing at each row's first group (rows past N
     at row 0's: no masks)."""
     g = k0 // group_k
-    s = _row_values(s_rows + g * stride_sk, EMULATE)
+    s = row_values(s_rows + g * stride_sk, not EMULATE)
     if z_rows.dtype.element_ty.is_int():  # symmetric (see group_zeros)
         return s, tl.full(s.shape, 8.0, tl.float32)
-    return s, _row_values(z_rows + g * stride_zk, EMULATE)
+    return s, row_values(z_rows + g * stride_zk, not EMULATE)
 
 
 @triton.jit
@@ -282,7 +264,7 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
 
     * the weight words are loaded two steps ahead (see .gemv_words);
     * each row's scale and zero point are read in the weight tile's own layout
-      (:func:`_row_values`): no barrier in the loop, where a layout change through shared
+      (:func:`.gemv_words.row_values`): no barrier in the loop, where a layout change through shared
       memory made all the program's warps wait for the slowest twice a step;
     * with ``AHEAD`` the group's scale and zero point are loaded one step ahead, and with
       ``X_AHEAD`` x's columns too, already made into fp16 pairs (carrying the raw tile

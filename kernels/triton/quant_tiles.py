@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.gemv_words import step_words
+from ninfer_kernels.triton.gemv_words import row_values, step_words
 from ninfer_kernels.triton.int4_fp16 import group_zeros, int4_fp16_tile
 from ninfer_kernels.triton.rounding import e2m1_half, round_e4m3
 
@@ -70,6 +70,17 @@ def _load_x(a_rows, row_ok, cols, col_ok, stride_ak):
 
 
 @triton.jit
+def _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, ASM: tl.constexpr):
+    """float32 [BLOCK_N]: the block scale of each of rows ``offs_n`` at the K step ``k0``, in
+    the layout the product needs (:func:`.gemv_words.row_values`; rows past N read row 0's)."""
+    if tl.constexpr(group_n) % offs_n.shape[0] == 0:  # one block of rows (tiles start at multiples of their size): one number
+        s = tl.load(s_ptr + (tl.min(offs_n, 0) // group_n) * stride_sn + (k0 // group_k) * stride_sk)
+        return tl.full(offs_n.shape, 0.0, tl.float32) + s
+    rows = tl.where(n_ok, offs_n, 0)
+    return row_values(s_ptr + (rows // group_n) * stride_sn + (k0 // group_k) * stride_sk, ASM)
+
+
+@triton.jit
 def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
               stride_wn, stride_wk, stride_sn, stride_sk, group_n, group_k,
               BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr = False):
@@ -78,7 +89,7 @@ def _fp8_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_end,
     a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
     w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk,
                 mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    s = _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, not UPCAST)
     if HALF:  # see quant_tile
         a = _saturate_f16(a.to(tl.float32), not UPCAST)
     return _dot(a, w.to(a.dtype), UPCAST) * s[None, :]
@@ -95,7 +106,7 @@ def _fp8_step_swapped(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0,
     a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
     w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
                 mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    s = _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, not UPCAST)
     if HALF:
         a = _saturate_f16(a.to(tl.float32), not UPCAST)
     return _dot(w.to(a.dtype), tl.trans(a), UPCAST) * s[:, None]
@@ -138,7 +149,7 @@ def _fp8_act_step(a_rows, as_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok
     else:
         a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak)
         a_s = tl.load(as_rows + k0 // _ACT_GROUP, mask=row_ok, other=0.0)
-    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    s = _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, not UPCAST)
     if SWAP:  # the weight tile as stored (K contiguous), the first operand
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -320,7 +331,7 @@ def _fp8_gemv_step(a_rows, row_ok, stride_ak, w_ptr, s_ptr, offs_n, n_ok, k0, k_
     a = _load_x(a_rows, row_ok, offs_k, k_ok, stride_ak).to(tl.float32)  # [ROWS, BLOCK_K]
     w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :] * stride_wk,
                 mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_K], K contiguous
-    s = tl.load(s_ptr + (offs_n // group_n) * stride_sn + (k0 // group_k) * stride_sk, mask=n_ok, other=0.0)
+    s = _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, False)
     return (w.to(tl.float32) * s[:, None])[None, :, :] * a[:, None, :]
 
 
