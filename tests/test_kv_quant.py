@@ -260,6 +260,36 @@ def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt, dim):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (splits, launch, (got - want).abs().max())
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "k8v4"])
+def test_triton_decode_tiles_narrower_than_a_page(fmt):
+    """32-key pages read by 16-key tiles: every other tile starts mid-page, so a key's slot
+    must follow the tile's start (the one-launch decode and the attention kernel)."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import kv_quant as tri
+    from ninfer_kernels.triton.decode_launch import DecodeLaunch
+
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, page, dim = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 32
+    gen = torch.Generator().manual_seed(6)
+    kp, vp = _parts(kc, 4, page, 2, dim, device), _parts(vc, 4, page, 2, dim, device, values=True)
+    lens = [57, 20]
+    k, v = (torch.randn(sum(lens), 2, dim, generator=gen).to(device) for _ in range(2))
+    slots = torch.cat([torch.arange(57), 96 + torch.arange(20)]).to(device)  # pages 0-1, then 3
+    kq.write_kv_quant(kp, vp, kc, vc, k, v, slots)
+    q = torch.randn(2, 4, dim, generator=gen).to(device)
+    batch = ForwardBatch(
+        query_start=torch.tensor([0, 1, 2], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor([[0, 1], [3, 0]], dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor([56, 115], device=device), logits_indices=torch.arange(2, device=device),
+        block_size=page, max_query_len=1, max_seq_len=57, query_lens_host=[1, 1], seq_lens_host=lens,
+    )
+    want = kq.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3).float()
+    for launch in (DecodeLaunch(1, 16, 2, 2), DecodeLaunch(3, 16, 2, 2)):
+        got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.3, launch=launch).float()
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (launch, (got - want).abs().max())
+
+
 def test_tuned_decode_launch_scales_splits_with_the_batch():
     """A table entry serves the batches from it up to the next one, with the same number of
     programs, no more splits than min_keys allow, and a power-of-two count."""
