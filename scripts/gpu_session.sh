@@ -55,8 +55,9 @@
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
-#   scripts/gpu_session.sh int4-ahead   the one-row int4 step's scales loaded a step ahead: its GPU tests, then A/B
-#                                   against loading them in the step (scripts/gpu_int4_ahead_ab.py)
+#   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
+#                                   config's ahead): the packed steps' GPU tests, then A/B against loading them in
+#                                   the step (scripts/gpu_int4_ahead_ab.py)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
@@ -435,7 +436,7 @@ prefill-routes)
     tail -3 "$OUT/prefill_routes.err"
     ;;
 int4-ahead)
-    # the one-row int4 step with its scales loaded a step ahead: GPU tests, then against loading them in the step
+    # the one-row steps with x and the scales loaded a step ahead: GPU tests, then against loading them in the step
     timeout 240 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py > "$OUT/pytest_packed.txt" 2>&1
     echo "packed-step GPU tests: $(tail -1 "$OUT/pytest_packed.txt")"
     timeout 150 python3 scripts/gpu_int4_ahead_ab.py 2>"$OUT/int4_ahead.err" | tee "$OUT/int4_ahead.jsonl" | cut -c1-400

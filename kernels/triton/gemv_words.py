@@ -7,6 +7,9 @@ while a step computes: Triton pipelines only loads that feed ``tl.dot``, and wit
 one-step prefetch the compiler issued the load at the end of the loop body, just before
 its use. At one row a GEMV is all weight stream, so bytes in flight are what keeps the
 memory system busy.
+
+They (and the FP8 tiles) also read per-row scales with :func:`row_values`, in the layout
+of the tile they scale, so no step waits on a layout change through shared memory.
 """
 
 from __future__ import annotations
