@@ -58,6 +58,7 @@
 #   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
 #                                   config's ahead): the packed steps' GPU tests, then A/B against loading them in
 #                                   the step (scripts/gpu_int4_ahead_ab.py)
+#   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
@@ -536,6 +537,15 @@ weight-tests)
     # the quantized-weight GPU tests alone, with room to finish
     timeout "${TESTS_S:-300}" python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py \
         tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
+    ;;
+profile-quant)
+    # the 27B step at c=1 per WEIGHT_FORMATS under the profiler, kernel kind by kind: session 24's
+    # int4 GEMMs summed to 7.3 ms alone against 8.3 for FP8, yet its step took 10.20 ms to FP8's 9.89
+    for fmt in ${WEIGHT_FORMATS:-@gptq @fp8-block @bf16}; do
+        limit=$(left); [ "$limit" -gt 180 ] && limit=180
+        timeout "$limit" python3 scripts/gpu_step_profile.py "random:qwen3.6-27b${fmt%@bf16}" --concurrency 1 \
+            --steps 20 --top 30 2>&1 | tee "$OUT/profile_27b${fmt}.jsonl" | cut -c1-9000 | tail -40
+    done
     ;;
 probe)
     timeout 170 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency 1,8 --steps 20 \
