@@ -59,11 +59,13 @@ def row_values(ptrs, ASM: tl.constexpr):
     must all be valid (point rows past the end at a real one)."""
     if not ASM:
         return tl.load(ptrs).to(tl.float32)
-    # integer registers out, the float type by bitcast (the plainest constraints PTX has)
+    # 64-bit addresses in and integer registers out, the float type by bitcast: the
+    # plainest operands inline PTX takes
+    addrs = ptrs.to(tl.int64)
     if ptrs.dtype.element_ty.primitive_bitwidth == 32:
-        bits = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+        bits = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [addrs], dtype=tl.int32,
                                          is_pure=True, pack=1)
     else:
-        bits = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [ptrs], dtype=tl.int16,
+        bits = tl.inline_asm_elementwise("ld.global.nc.b16 $0, [$1];", "=h,l", [addrs], dtype=tl.int16,
                                          is_pure=True, pack=1)
     return bits.to(ptrs.dtype.element_ty, bitcast=True).to(tl.float32)
