@@ -112,13 +112,7 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
         tok_ok = offs_n >= 0
     k_ok = d_ok[:, None] & tok_ok[None, :]
     v_ok = tok_ok[:, None] & dv_ok[None, :]
-    # start is a multiple of BLOCK_N (split bounds are; tiles step by it), so a key's slot
-    # depends on start only through start % PAGE (0 when BLOCK_N >= PAGE): a constant
-    # tensor Triton can lay out as each use needs. offs_n % PAGE came from the pipelined
-    # loop's carried offs_n and was converted into the other layouts every tile (sm_90
-    # code of the one-launch decode: 1,108 -> 1,089 instructions a 128-key tile, 752 -> 711
-    # a 64-key one).
-    slot = start % PAGE + tl.arange(0, BLOCK_N) % PAGE
+    slot = offs_n % PAGE
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
                    tok_ok[None, :], KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
