@@ -5,6 +5,13 @@ pipelined (async copies), layout round trips through shared memory. The TTGIR go
 ``--out`` for reading.
 
 Triton's wheel ships ptxas, so ``triton.compile`` with a ``GPUTarget`` needs no device.
+Compile with the GPU machine's Triton before drawing conclusions: versions lay out and
+pipeline differently (session 25: a change that saved 2% under 3.9 tripled a loop under
+3.6). That version installs beside the project's without disturbing it:
+
+    python -m pip download triton==3.6.0 --no-deps -d /tmp/wheels
+    python -m pip install --no-deps --target /tmp/triton36 /tmp/wheels/triton-3.6.0-cp311-*.whl
+    PYTHONPATH=/tmp/triton36 python scripts/triton_ir.py ...
 Arguments are described, not passed: pointers by element type, integers by a sample value
 (a value divisible by 16 gets Triton's divisibility hint, as the JIT gives it at run time,
 and a value of 1 is specialised away; without the hints every load looks unaligned and
