@@ -73,7 +73,8 @@ def _load_x(a_rows, row_ok, cols, col_ok, stride_ak):
 def _block_scales(s_ptr, offs_n, n_ok, k0, stride_sn, stride_sk, group_n, group_k, ASM: tl.constexpr):
     """float32 [BLOCK_N]: the block scale of each of rows ``offs_n`` at the K step ``k0``, in
     the layout the product needs (:func:`.gemv_words.row_values`; rows past N read row 0's)."""
-    if tl.constexpr(group_n) % offs_n.shape[0] == 0:  # one block of rows (tiles start at multiples of their size): one number
+    # one block of rows (tiles start at multiples of their size): one number
+    if tl.constexpr(group_n) % offs_n.shape[0] == 0:
         s = tl.load(s_ptr + (tl.min(offs_n, 0) // group_n) * stride_sn + (k0 // group_k) * stride_sk)
         return tl.full(offs_n.shape, 0.0, tl.float32) + s
     rows = tl.where(n_ok, offs_n, 0)
