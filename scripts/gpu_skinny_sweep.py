@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_timing import bench, captured  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import bench, captured, rel_err  # noqa: E402 (scripts/ is on sys.path)
 
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_single_token as t_one
@@ -81,11 +81,6 @@ def linear_shapes(shape: str) -> dict[tuple[int, int], str]:
             if n > 1:
                 found.setdefault((n, k), name)
     return found
-
-
-def rel_err(got, want) -> float:
-    want = want.double()
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 LINEAR_COMMENT = ("Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows -> the skinny kernel's launch "

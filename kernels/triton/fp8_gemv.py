@@ -111,13 +111,12 @@ def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, X_BF16: tl.constexpr, EVEN_
 @triton.jit
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
-                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False,
-                 X_AHEAD: tl.constexpr = False):
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
-    ``AHEAD`` a step's block scale, with ``X_AHEAD`` its columns of x, are loaded one step
-    before (as int4's can be: :func:`.int4_fp16.int4_gemv_row`; a table entry's ``ahead``)."""
+    ``AHEAD`` a step's block scale and its columns of x are loaded one step before (as
+    int4's can be: :func:`.int4_fp16.int4_gemv_row`; a table entry's ``ahead``)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)
@@ -126,27 +125,23 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     following = step_words(w_rows, n_ok, k_begin, k_end, 1, 4, WORDS, EVEN_K)
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
     scale_row = s_ptr + row_block * stride_sn
-    if SCALE == 1 and AHEAD:
-        next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk)
-    if X_AHEAD:
+    next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk) if SCALE == 1 and AHEAD else 1.0
+    if AHEAD:
         n0, n1, n2, n3 = _step_x(x_pairs, k_begin, k_end, WORDS, X_BF16, EVEN_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
-        if SCALE == 1:
-            if AHEAD:  # the next step's (none past the end)
-                s = next_s
-                next_s = tl.load(scale_row + ((k0 + BLOCK_K) // group_k) * stride_sk, mask=k0 + BLOCK_K < k_end,
-                                 other=0.0)
-            else:
-                s = tl.load(scale_row + (k0 // group_k) * stride_sk)
-        if X_AHEAD:
-            x0, x1, x2, x3 = n0, n1, n2, n3
-            # the next step's; after the last, whole steps read the last again (no masks)
+        if AHEAD:
+            s, x0, x1, x2, x3 = next_s, n0, n1, n2, n3
+            # the next step's; after the last, the last group and (whole steps) the last
+            # columns again: no masks
+            if SCALE == 1:
+                next_s = tl.load(scale_row + (tl.minimum(k0 + BLOCK_K, k_end - 1) // group_k) * stride_sk)
             k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k0 + BLOCK_K
             n0, n1, n2, n3 = _step_x(x_pairs, k_next, k_end, WORDS, X_BF16, EVEN_K)
         else:
+            s = tl.load(scale_row + (k0 // group_k) * stride_sk) if SCALE == 1 else 1.0
             x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
         if SCALE == 1:
             x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s

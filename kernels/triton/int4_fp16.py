@@ -252,7 +252,7 @@ def _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE: tl.c
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
-                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False, X_AHEAD: tl.constexpr = False):
+                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
@@ -264,12 +264,12 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
 
     * the weight words are loaded two steps ahead (see .gemv_words);
     * each row's scale and zero point are read in the weight tile's own layout
-      (:func:`.gemv_words.row_values`): no barrier in the loop, where a layout change through shared
-      memory made all the program's warps wait for the slowest twice a step;
-    * with ``AHEAD`` the group's scale and zero point are loaded one step ahead, and with
-      ``X_AHEAD`` x's columns too, already made into fp16 pairs (carrying the raw tile
-      instead sent it through shared memory, with barriers). A table entry's ``ahead``
-      turns both on where it measured faster (``scripts/gpu_int4_ahead_ab.py``).
+      (:func:`.gemv_words.row_values`): no barrier in the loop, where a layout change
+      through shared memory made all the program's warps wait for the slowest twice a step;
+    * with ``AHEAD`` the group's scale and zero point are loaded one step ahead, and x's
+      columns too, already made into fp16 pairs (carrying the raw tile instead sent it
+      through shared memory, with barriers). A table entry's ``ahead`` turns it on where
+      it measured faster (``scripts/gpu_int4_ahead_ab.py``).
 
     Each gives the same sums bit for bit (tests/test_packed_gemv.py)."""
     WORDS: tl.constexpr = BLOCK_K // 8
@@ -283,28 +283,22 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
     if AHEAD:
         next_s, next_z = _step_group(s_rows, z_rows, k_begin, group_k, stride_sk, stride_zk, EMULATE)
-    if X_AHEAD:
         n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_begin, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
         after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
-        if not X_AHEAD:
-            raw = _step_x(x_pairs, k0, k_end, WORDS, EVEN_K)
         if AHEAD:
-            s, z = next_s, next_z
-            # the next step's; after the last, the last group again (no masks)
-            k_next = tl.minimum(k0 + BLOCK_K, k_end - 1)
-            next_s, next_z = _step_group(s_rows, z_rows, k_next, group_k, stride_sk, stride_zk, EMULATE)
-        else:
-            s, z = _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE)
-        if X_AHEAD:
-            x0, x1, x2, x3 = n0, n1, n2, n3
-            # the next step's; after the last, whole steps read the last again (no masks)
+            s, z, x0, x1, x2, x3 = next_s, next_z, n0, n1, n2, n3
+            # the next step's; after the last, the last group and (whole steps) the last
+            # columns again: no masks
+            next_s, next_z = _step_group(s_rows, z_rows, tl.minimum(k0 + BLOCK_K, k_end - 1), group_k, stride_sk,
+                                         stride_zk, EMULATE)
             k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k0 + BLOCK_K
             n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_next, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
         else:
-            x0, x1, x2, x3 = _x_pairs(raw, WORDS, X_BF16, EMULATE)
+            s, z = _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE)
+            x0, x1, x2, x3 = _x_pairs(_step_x(x_pairs, k0, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
         z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)
         z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)
         if EMULATE:

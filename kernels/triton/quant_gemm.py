@@ -80,7 +80,7 @@ class QuantGemmConfig:
     #: (:func:`.quant_tiles.quant_tile`'s ``SWAP``); BLOCK_N then wants 64 or more
     swap: bool = False
     #: one-row packed steps only: each step's scales and x are loaded a step before it
-    #: (``AHEAD`` and ``X_AHEAD`` of :func:`.int4_fp16.int4_gemv_row` and
+    #: (``AHEAD`` of :func:`.int4_fp16.int4_gemv_row` and
     #: :func:`.fp8_gemv.fp8_gemv_row`): no load left in the step, for about 30 registers more
     ahead: bool = False
     #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
@@ -236,7 +236,7 @@ def _quant_gemm_kernel(
     ROUND: tl.constexpr, QROUND: tl.constexpr, USE_PDL: tl.constexpr, SWAP: tl.constexpr, HALF: tl.constexpr,
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
     FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
-    EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = False, X_AHEAD: tl.constexpr = False,
+    EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = False,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -251,11 +251,11 @@ def _quant_gemm_kernel(
     if PACKED and FORMAT == 0:  # FP8, one row a program: whole words (.fp8_gemv)
         acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                            stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,
-                           X_BF16, EVEN_K, EMULATE, AHEAD, X_AHEAD)
+                           X_BF16, EVEN_K, EMULATE, AHEAD)
     elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
-                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD, X_AHEAD)
+                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD)
     elif GEMV:
         acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
                               k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
@@ -364,7 +364,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
     block_k = options.pop("BLOCK_K")
     options.update(packed_options(x, op, options, block_m, block_n, block_k))
-    options["AHEAD"] = options["X_AHEAD"] = config.ahead and options["PACKED"]  # the same sums either way
+    options["AHEAD"] = config.ahead and options["PACKED"]  # the same sums either way
     x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
     k_per_split = triton.cdiv(triton.cdiv(op.k, config.SPLITS), block_k) * block_k  # whole K steps
