@@ -57,7 +57,7 @@
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
 #   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
 #                                   config's ahead): the packed steps' GPU tests, then A/B against loading them in
-#                                   the step (scripts/gpu_int4_ahead_ab.py)
+#                                   the step (scripts/gpu_int4_ahead_ab.py; AHEAD_AB=0: the tests alone)
 #   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
@@ -440,8 +440,8 @@ int4-ahead)
     # the one-row steps with x and the scales loaded a step ahead: GPU tests, then against loading them in the step
     timeout 240 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py > "$OUT/pytest_packed.txt" 2>&1
     echo "packed-step GPU tests: $(tail -1 "$OUT/pytest_packed.txt")"
-    timeout 150 python3 scripts/gpu_int4_ahead_ab.py 2>"$OUT/int4_ahead.err" | tee "$OUT/int4_ahead.jsonl" | cut -c1-400
-    tail -2 "$OUT/int4_ahead.err"
+    [ "${AHEAD_AB:-1}" = 1 ] && timeout 150 python3 scripts/gpu_int4_ahead_ab.py 2>"$OUT/int4_ahead.err" | tee "$OUT/int4_ahead.jsonl" | cut -c1-400
+    [ -f "$OUT/int4_ahead.err" ] && tail -2 "$OUT/int4_ahead.err"
     ;;
 gemv-ncu)
     # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)

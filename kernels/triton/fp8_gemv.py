@@ -119,11 +119,12 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     int4's can be: :func:`.int4_fp16.int4_gemv_row`; a table entry's ``ahead``)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
-    w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_n[:, None].to(tl.int64) * (stride_wn // 4)
+    safe_n = tl.where(n_ok, offs_n, 0)[:, None]  # rows past N read row 0, never stored: no masks
+    w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + safe_n.to(tl.int64) * (stride_wn // 4)
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
-    following = step_words(w_rows, n_ok, k_begin, k_end, 1, 4, WORDS, EVEN_K)
-    after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+    following = step_words(w_rows, None, k_begin, k_end, 1, 4, WORDS, EVEN_K)
+    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
     scale_row = s_ptr + row_block * stride_sn
     next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk) if SCALE == 1 and AHEAD else 1.0
     if AHEAD:
@@ -131,7 +132,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
-        after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
         if AHEAD:
             s, x0, x1, x2, x3 = next_s, n0, n1, n2, n3
             # the next step's; after the last, the last group and (whole steps) the last

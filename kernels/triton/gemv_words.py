@@ -20,14 +20,29 @@ import triton.language as tl
 
 @triton.jit
 def step_words(w_rows, n_ok, k0, k_end, stride_wk, VALUES: tl.constexpr, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
-    """int32 [BLOCK_N, WORDS]: the words of the K step at ``k0``, ``VALUES`` weights a word
-    (zeros from ``k_end`` on; ``EVEN_K``: every step is whole)."""
-    offs_w = tl.multiple_of(k0 // VALUES + tl.arange(0, WORDS), WORDS)
-    if EVEN_K:  # whole steps: one test for the step
-        w_ok = tl.zeros([WORDS], dtype=tl.int32) + k0 < k_end
+    """int32 [BLOCK_N, WORDS]: the words of the K step at ``k0``, ``VALUES`` weights a word.
+
+    ``n_ok`` None: every row of ``w_rows`` is a real one (the caller points rows past N at
+    row 0 and never stores them), so no row is masked. ``EVEN_K`` (every step whole): a
+    step from ``k_end`` on, a prefetch past the split's end, reads the split's last step
+    again, never used, rather than being masked. Without either mask the loads need no
+    predicates nor zeroed registers (4 x 16 bytes a step at 128 rows x 4 warps: 12 sm_90
+    instructions fewer of about 413); otherwise zeros from ``k_end`` on."""
+    if EVEN_K:
+        k_at = tl.minimum(k0, k_end - WORDS * VALUES)  # k_end is a whole step past k_begin
+        offs_w = tl.multiple_of(k_at // VALUES + tl.arange(0, WORDS), WORDS)
+        if n_ok is None:
+            words = tl.load(w_rows + offs_w[None, :] * stride_wk)
+        else:
+            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None], other=0)
     else:
+        offs_w = tl.multiple_of(k0 // VALUES + tl.arange(0, WORDS), WORDS)
         w_ok = offs_w < k_end // VALUES
-    return tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None] & w_ok[None, :], other=0)
+        if n_ok is None:
+            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=w_ok[None, :], other=0)
+        else:
+            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None] & w_ok[None, :], other=0)
+    return words
 
 
 @triton.jit

@@ -274,20 +274,20 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     Each gives the same sums bit for bit (tests/test_packed_gemv.py)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    safe_n = tl.where(n_ok, offs_n, 0)[:, None]
+    safe_n = tl.where(n_ok, offs_n, 0)[:, None]  # rows past N read row 0, never stored: no masks
+    w_rows = w_ptr + safe_n.to(tl.int64) * stride_wn
     s_rows = s_ptr + safe_n * stride_sn
     z_rows = z_ptr + safe_n * stride_zn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    following = step_words(w_rows, n_ok, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
-    after = step_words(w_rows, n_ok, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
+    following = step_words(w_rows, None, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
+    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
     if AHEAD:
         next_s, next_z = _step_group(s_rows, z_rows, k_begin, group_k, stride_sk, stride_zk, EMULATE)
         n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_begin, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
     for k0 in range(k_begin, k_end, BLOCK_K):
         words = following
         following = after
-        after = step_words(w_rows, n_ok, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
+        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
         if AHEAD:
             s, z, x0, x1, x2, x3 = next_s, next_z, n0, n1, n2, n3
             # the next step's; after the last, the last group and (whole steps) the last
