@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -239,15 +241,15 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
     """The no-tl.dot kernel's shapes: exactly ``rows`` rows, K parts to fill the SMs. At one
     row the packed steps (kernels/triton/int4_fp16.py, fp8_gemv.py) share x's conversion
     among the rows a thread holds: wider tiles too, and each with its loads a step ahead
-    (``ahead``) and without."""
+    (``ahead``), without, and with its loop unrolled three times (``unroll``)."""
     found = []
     shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4), (256, 4)) if rows == 1 else ())
     for block_n, warps in shapes:
         tiles = triton.cdiv(n, block_n)
         fill = k_parts_to_fill(tiles, k, sms)
-        for ahead in (False, True) if rows == 1 else (False,):
+        for ahead, unroll in ((False, 1), (True, 1), (False, 3)) if rows == 1 else ((False, 1),):
             found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True,
-                                            ahead=ahead))
+                                            ahead=ahead, unroll=unroll))
     return found
 
 
@@ -272,6 +274,64 @@ def table_name() -> str:
     return f"{qg.device_name(torch.device('cuda'))}.json"
 
 
+def tune_jobs(only: str = "") -> list[tuple[str, int]]:
+    """(format, rows) to tune, the goals first: batch-1 decode, prefill; then the other
+    decode sizes; NVFP4 last. ``only`` ("fp8:1,fp8:4"): these jobs alone."""
+    jobs = ([("fp8", 1), ("int4", 1)] + [(fmt, rows) for fmt in ("fp8", "int4") for rows in PREFILL_TUNE_ROWS]
+            + [(fmt, rows) for rows in TUNE_ROWS[1:] for fmt in ("fp8", "int4")]
+            + [("nvfp4", rows) for rows in (*TUNE_ROWS, *PREFILL_TUNE_ROWS)])
+    return [j for j in jobs if f"{j[0]}:{j[1]}" in only.split(",")] if only else jobs
+
+
+def tune_cases(only: str, fp8_tensor_cores: bool, gen: torch.Generator):
+    """Each tuned (format, rows, N, K) of the 27B shapes: (its key, a first weight, x, the
+    candidates), generated one at a time so only one case's weights are alive."""
+    sms = qg.sm_count(torch.device("cuda"))
+    shapes = [s for s, name in all_linear_shapes().items() if name.startswith("qwen3.6-27b:model.")]
+    for fmt, rows in tune_jobs(only):
+        for n, k in shapes:
+            first = random_weight(fmt, n, k, gen=gen)
+            x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
+            candidates = (prefill_candidates(fmt, x, first) if rows > qg.DECODE_ROWS
+                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores,
+                                                 cp.block_scaled_available(x, first)))
+            yield (fmt, rows, n, k), first, x, candidates
+
+
+def warm(only: str, fp8_tensor_cores: bool, share: str) -> None:
+    """Compile this worker's share ("i/P") of the tune's candidates by running each once,
+    so Triton's file cache has them when the tune times them: a kernel source change
+    leaves hundreds of launch shapes to compile (a few seconds each, on one core), and
+    ``--warm P`` spreads them over P processes first."""
+    index, count = (int(v) for v in share.split("/"))
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    seen = 0
+    for _, first, x, candidates in tune_cases(only, fp8_tensor_cores, gen):
+        for cfg in candidates:
+            seen += 1
+            if seen % count == index:
+                try:
+                    qg.quant_matmul(x, first, None, cfg)
+                except Exception:  # noqa: BLE001  (out of resources: the tune reports it)
+                    pass
+    torch.cuda.synchronize()
+
+
+def warm_in_parallel(args, timeout: float) -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "--parts", "warm", "--jobs", args.jobs,
+                               "--warm-share", f"{i}/{args.warm}"]
+                              + (["--fp8-tensor-cores"] if args.fp8_tensor_cores else []),
+                              stdout=subprocess.DEVNULL)
+             for i in range(args.warm)]
+    end = time.time() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(1.0, end - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    emit({"warm": args.warm, "s": round(timeout - max(0.0, end - time.time()), 1)})
+
+
 def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dict:
     """The winners, merged into the device's current table (or a copy of its stand-in's,
     :func:`table_to_extend`): entries not re-tuned here (other formats, row counts, shapes;
@@ -280,42 +340,28 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
     table["_comment"] = ("Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
                          "the quantized GEMM's launch shape (fastest measured); absent: the heuristic.")
     gen = torch.Generator(device="cuda").manual_seed(2)
-    sms = qg.sm_count(torch.device("cuda"))
-    shapes = [s for s, name in all_linear_shapes().items() if name.startswith("qwen3.6-27b:model.")]
-    # the goals first: batch-1 decode, prefill; then the other decode sizes; NVFP4 last
-    jobs = ([("fp8", 1), ("int4", 1)] + [(fmt, rows) for fmt in ("fp8", "int4") for rows in PREFILL_TUNE_ROWS]
-            + [(fmt, rows) for rows in TUNE_ROWS[1:] for fmt in ("fp8", "int4")]
-            + [("nvfp4", rows) for rows in (*TUNE_ROWS, *PREFILL_TUNE_ROWS)])
-    if only:  # "fp8:1,fp8:4": these jobs alone
-        jobs = [j for j in jobs if f"{j[0]}:{j[1]}" in only.split(",")]
-    for fmt, rows in jobs:
-        for n, k in shapes:
-            if time.time() > deadline:
-                emit({"tune": "stopped: budget spent"})
-                return table
-            first = random_weight(fmt, n, k, gen=gen)
-            ws = [first] + [random_weight(fmt, n, k, gen=gen) for _ in range(copies_for(nbytes(first), rows) - 1)]
-            x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
-            want = x.float() @ first.dequantize().T
-            best = None
-            candidates = (prefill_candidates(fmt, x, first) if rows > qg.DECODE_ROWS
-                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores,
-                                                 cp.block_scaled_available(x, first)))
-            for cfg in candidates:
-                try:
-                    us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])
-                except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
-                    emit({"tune": fmt, "n": n, "k": k, "rows": rows, "config": cfg.to_json(), "error": str(exc)[:100]})
-                    continue
-                if best is None or us < best[0]:
-                    best = (us, cfg)
-            err = rel_err(qg.quant_matmul(x, ws[0], None, best[1]), want)
-            emit({"tune": fmt, "n": n, "k": k, "rows": rows, "best_us": round(best[0], 2),
-                  "pct_copy_bw": pct(nbytes(first), best[0]), "config": best[1].to_json(), "rel_err": err})
-            if err < (5e-2 if best[1].act_quant else 1e-2):  # x in e4m3 (block-scaled cuBLAS too)
-                key = qg.table_key(qg.operands(first).tag, n, k, DTYPE)
-                table.setdefault(key, {})[str(rows)] = best[1].to_json()
-            del ws, first, want
+    for (fmt, rows, n, k), first, x, candidates in tune_cases(only, fp8_tensor_cores, gen):
+        if time.time() > deadline:
+            emit({"tune": "stopped: budget spent"})
+            return table
+        ws = [first] + [random_weight(fmt, n, k, gen=gen) for _ in range(copies_for(nbytes(first), rows) - 1)]
+        want = x.float() @ first.dequantize().T
+        best = None
+        for cfg in candidates:
+            try:
+                us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])
+            except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
+                emit({"tune": fmt, "n": n, "k": k, "rows": rows, "config": cfg.to_json(), "error": str(exc)[:100]})
+                continue
+            if best is None or us < best[0]:
+                best = (us, cfg)
+        err = rel_err(qg.quant_matmul(x, ws[0], None, best[1]), want)
+        emit({"tune": fmt, "n": n, "k": k, "rows": rows, "best_us": round(best[0], 2),
+              "pct_copy_bw": pct(nbytes(first), best[0]), "config": best[1].to_json(), "rel_err": err})
+        if err < (5e-2 if best[1].act_quant else 1e-2):  # x in e4m3 (block-scaled cuBLAS too)
+            key = qg.table_key(qg.operands(first).tag, n, k, DTYPE)
+            table.setdefault(key, {})[str(rows)] = best[1].to_json()
+        del ws, first, want
     return table
 
 
@@ -328,15 +374,23 @@ def main() -> None:
     ap.add_argument("--jobs", default="", help="tune only these format:rows pairs, e.g. fp8:1,fp8:4")
     ap.add_argument("--fp8-tensor-cores", action="store_true",
                     help="FP8 decode candidates with x quantized only (one numeric path for every row count)")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="before tuning, compile the candidates in this many processes (up to 40%% of the budget)")
+    ap.add_argument("--warm-share", default="0/1", help=argparse.SUPPRESS)
     args = ap.parse_args()
     start = time.time()
     parts = args.parts.split(",")
+    if parts == ["warm"]:  # one worker of --warm
+        warm(args.jobs, args.fp8_tensor_cores, args.warm_share)
+        return
     # the report parts take what they need; tuning gets the rest
     if "linear" in parts:
         report_linear(start + args.budget_s * (0.55 if "tune" in parts else 0.85))
     if "moe" in parts:
         report_moe(start + args.budget_s * (0.7 if "tune" in parts else 1.0))
     if "tune" in parts:
+        if args.warm > 1:
+            warm_in_parallel(args, 0.4 * args.budget_s)
         table = tune(start + args.budget_s, args.jobs, args.fp8_tensor_cores)
         name = table_name()
         text = json.dumps(table, indent=1) + "\n"

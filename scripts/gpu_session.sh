@@ -46,7 +46,8 @@
 #                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
 #                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
-#                                   BENCH_C concurrencies, BENCH_S seconds a bench)
+#                                   BENCH_C concurrencies, BENCH_S seconds a bench; TUNE_WARM (12) processes
+#                                   compile the candidates first, in up to 40% of TUNE_S)
 #   scripts/gpu_session.sh gemv         the packed FP8/int4 steps for GEMV_WEIGHTS (@fp8-block or @gptq): the
 #                                   table tuned at one row, then GEMV_MODEL (qwen3.6-27b) decode at BENCH_C (1)
 #                                   packed and value by value (NINFER_PACKED_STEPS=0), beside bf16 (TUNE_S)
@@ -397,7 +398,7 @@ quant-sweep)
 quant-tune)
     # tune the quantized GEMM launch table (written in place, a copy in $OUT), then the 27B decode with it
     timeout "$(( ${TUNE_S:-180} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
-        --budget-s "${TUNE_S:-180}" --jobs "${TUNE_JOBS:-}" ${TUNE_ARGS:-} --write --out-dir "$OUT" \
+        --budget-s "${TUNE_S:-180}" --warm "${TUNE_WARM:-12}" --jobs "${TUNE_JOBS:-}" ${TUNE_ARGS:-} --write --out-dir "$OUT" \
         > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
@@ -413,7 +414,7 @@ gemv)
     weights="${GEMV_WEIGHTS:-@fp8-block}"
     job=$([ "$weights" = "@fp8-block" ] && echo fp8:1 || echo int4:1)
     timeout "$(( ${TUNE_S:-120} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
-        --budget-s "${TUNE_S:-120}" --jobs "$job" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
+        --budget-s "${TUNE_S:-120}" --warm "${TUNE_WARM:-12}" --jobs "$job" --write --out-dir "$OUT" > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for packed in 1 0; do
         NINFER_PACKED_STEPS=$packed bench 110 "random:${GEMV_MODEL:-qwen3.6-27b}$weights" --dtype bf16 --only bandwidth,decode \
@@ -460,7 +461,7 @@ gemv-ncu)
 prefill-quant)
     # #22's prefill goal: the table's prefill rows (our tiles against the cuBLAS routes), then 8k prefills
     timeout "$(( ${TUNE_S:-150} + 60 ))" python3 scripts/gpu_quant_gemm_sweep.py --parts tune \
-        --budget-s "${TUNE_S:-150}" --jobs "${TUNE_JOBS:-fp8:8192,int4:8192,fp8:1024,int4:1024}" --write \
+        --budget-s "${TUNE_S:-150}" --warm "${TUNE_WARM:-12}" --jobs "${TUNE_JOBS:-fp8:8192,int4:8192,fp8:1024,int4:1024}" --write \
         --out-dir "$OUT" > "$OUT/quant_tune.jsonl" 2> "$OUT/quant_tune.err"
     tail -3 "$OUT/quant_tune.err"; grep best_us "$OUT/quant_tune.jsonl" | cut -c1-200
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @gptq @bf16}; do

@@ -160,15 +160,20 @@ def test_one_token_moe_takes_the_one_row_steps(monkeypatch, fmt):
     assert seen == [False, False]  # sorted runs of several tokens keep the tiles
 
 
-def _ahead_and_in_step(monkeypatch, x, w, config):
-    """The one-row step with its scales and x loaded a step ahead (``ahead``), and in the step."""
+def _packed_outputs(monkeypatch, x, w, configs):
+    """The product under each config, each checked to have run the one-row packed step."""
     real = qg.packed_options
     packed: list[bool] = []
     monkeypatch.setattr(qg, "packed_options", lambda *a: packed.append(real(*a)["PACKED"]) or real(*a))
-    outs = [qg.quant_matmul(x, w, None, replace(config, ahead=ahead)) for ahead in (True, False)]
+    outs = [qg.quant_matmul(x, w, None, config) for config in configs]
     monkeypatch.undo()
-    assert packed == [True, True]
+    assert packed == [True] * len(configs)
     return outs
+
+
+def _ahead_and_in_step(monkeypatch, x, w, config):
+    """The one-row step with its scales and x loaded a step ahead (``ahead``), and in the step."""
+    return _packed_outputs(monkeypatch, x, w, [replace(config, ahead=ahead) for ahead in (True, False)])
 
 
 AHEAD_CASES = [("int4", 40, 640, 1), ("int4", 40, 640, 3), ("int4", 33, 384, 2), ("fp8", 160, 640, 1),
@@ -206,6 +211,24 @@ def test_loads_a_step_ahead_change_nothing_on_cuda(monkeypatch, fmt, n, k, split
     x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
     ahead, in_step = _ahead_and_in_step(monkeypatch, x, w, config)
     assert torch.equal(ahead, in_step)
+
+
+UNROLL_CASES = [(fmt, n, 128 * steps, splits) for fmt in ("int4", "fp8") for n, steps, splits in
+                ((40, 1, 1), (40, 2, 1), (40, 4, 1), (40, 7, 1), (33, 8, 3), (160, 11, 2))] + [("fp8", 40, 1000, 1)]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt,n,k,splits", UNROLL_CASES, ids=[f"{c[0]}-n{c[1]}-k{c[2]}-{c[3]}-splits"
+                                                            for c in UNROLL_CASES])
+def test_an_unrolled_k_loop_changes_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
+    """The one-row steps' K loop unrolled three times (a config's ``unroll``) is the same sum
+    bit for bit, whatever the steps a split leaves to the loop after the unrolled one (0,
+    1 or 2). Only compiled code unrolls: the interpreter runs the loop as written."""
+    x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
+    outs = _packed_outputs(monkeypatch, x, w, [replace(config, unroll=unroll) for unroll in (3, 1)])
+    assert torch.equal(*outs)
+    assert rel_err(outs[0], F.linear(x.float(), w.dequantize().float())) <= TOL
 
 
 @pytest.mark.parametrize("config", [ONE_ROW, qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2)],

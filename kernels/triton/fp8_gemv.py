@@ -111,7 +111,8 @@ def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, X_BF16: tl.constexpr, EVEN_
 @triton.jit
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
-                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False):
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False,
+                 UNROLL: tl.constexpr = 1):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
@@ -129,7 +130,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk) if SCALE == 1 and AHEAD else 1.0
     if AHEAD:
         n0, n1, n2, n3 = _step_x(x_pairs, k_begin, k_end, WORDS, X_BF16, EVEN_K)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    for k0 in tl.range(k_begin, k_end, BLOCK_K, loop_unroll_factor=UNROLL):
         words = following
         following = after
         after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
