@@ -353,6 +353,7 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False) -> dic
             except Exception as exc:  # noqa: BLE001  (out of resources: skip it)
                 emit({"tune": fmt, "n": n, "k": k, "rows": rows, "config": cfg.to_json(), "error": str(exc)[:100]})
                 continue
+            emit({"timed": fmt, "n": n, "k": k, "rows": rows, "us": round(us, 2), "config": cfg.to_json()})
             if best is None or us < best[0]:
                 best = (us, cfg)
         err = rel_err(qg.quant_matmul(x, ws[0], None, best[1]), want)
