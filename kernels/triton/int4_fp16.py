@@ -307,5 +307,6 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
             part = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [words, x0, x1, x2, x3, z_lo, z_hi],
                                              dtype=tl.int32, is_pure=True, pack=1)
             part = part.to(tl.float32, bitcast=True)
-        acc += part * (s * _WEIGHT_DIVISOR)
-    return tl.sum(acc, 1)[None, :]
+        acc += part * s
+    # the weights' 1/64 made up once, not per row and step: a power of two, so the same sums
+    return tl.sum(acc, 1)[None, :] * _WEIGHT_DIVISOR
