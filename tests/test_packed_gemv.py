@@ -8,7 +8,7 @@ emulation compiled for the GPU."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -190,7 +190,8 @@ def _ahead_case(fmt, n, k, splits, device):
         w = qf.Int4Group(w.qweight, w.scales, zeros, w.group_size)
     x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
     config = replace(ONE_ROW, SPLITS=splits)
-    return x.to(device), w.to(device) if device != "cpu" else w, config
+    on_device = {f.name: getattr(w, f.name).to(device) for f in fields(w) if isinstance(getattr(w, f.name), torch.Tensor)}
+    return x.to(device), replace(w, **on_device), config
 
 
 @pytest.mark.parametrize("fmt,n,k,splits", AHEAD_CASES, ids=AHEAD_IDS)
