@@ -16,6 +16,8 @@
 #                                   PDL_27B=1: the 27B at c=1 both ways too)
 #   scripts/gpu_session.sh skinny-ab  35B-A3B decode with its projections on the few-row kernel (swept, taken
 #                                   within SKINNY_MARGIN of cuBLAS), then with the committed table
+#   scripts/gpu_session.sh segments   the dense rows beside quantized ones (SEGMENT_MODELS' in_proj b/a) swept
+#                                   for the few-row kernel against cuBLAS at rows 1 and 8
 #   scripts/gpu_session.sh gate-tests the output gate in the decode kernels, graph decode, the MoE kernels (CUDA tests)
 #   scripts/gpu_session.sh presets  27B decode with the family's sampler presets beside plain greedy
 #   scripts/gpu_session.sh skinny   the few-row linear and one-token MoE kernels: GPU tests, the sweep
@@ -212,6 +214,14 @@ pdl-ab)
                 --decode-output-len 128 --no-transformers
         done
     fi
+    ;;
+segments)
+    # the dense rows quantized checkpoints keep beside quantized ones (the 27B in_proj's 96
+    # b/a rows, cuBLAS's 64x8 tile at about 9 us a layer in session 26's profile) on the
+    # few-row kernel where it beats cuBLAS (table written in place, a copy in $OUT)
+    timeout 200 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models "${SEGMENT_MODELS:-qwen3.6-27b}" \
+        --rows 1,8 --dense-segments --write --out-dir "$OUT" > "$OUT/segments_sweep.jsonl" 2>&1
+    grep '"linear"' "$OUT/segments_sweep.jsonl" | cut -c1-300
     ;;
 skinny-ab)
     # projections on the few-row kernel in whole steps. The sweep times back-to-back calls of

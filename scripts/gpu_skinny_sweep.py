@@ -65,21 +65,35 @@ def emit(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def linear_shapes(shape: str) -> dict[tuple[int, int], str]:
-    """{(N, K): first module name} of the model's Linear layers, LM head and 1-row gates aside."""
+def linear_shapes(shape: str, segments: bool = False) -> dict[tuple[int, int], str]:
+    """{(N, K): first module name} of the model's Linear layers, LM head and 1-row gates aside.
+
+    ``segments``: the products a quantized checkpoint of the shape runs instead, where a
+    fused layer holds shards that released checkpoints keep dense (Gated DeltaNet's
+    ``in_proj_b`` / ``in_proj_a``, :data:`ninfer_plugins.weights.tiny_targets.KEPT_DENSE`): its
+    quantized rows and its dense rows as two shapes, the dense one named ``...[dense]``
+    (the 27B's in_proj: 16,384 quantized rows and 96 dense ones, not one of 16,480)."""
     from ninfer.model import random_weights as rw
     from ninfer.model.loader import find_family, read_config
     from ninfer.plugins import load_registry
     from ninfer_plugins.models.layers import Linear
+    from ninfer_plugins.weights.tiny_targets import KEPT_DENSE
 
     cfg = read_config(rw.config_dir(shape, Path(tempfile.mkdtemp())))
     model = find_family(load_registry(), cfg).build(cfg, DTYPE, torch.device("meta"))
+    dense_rows: dict[str, set[int]] = {}
+    for name, module in model.named_modules() if segments else ():
+        for shard, (target, rows) in getattr(module, "fused_shards", dict)().items():
+            if shard in KEPT_DENSE:
+                dense_rows.setdefault(f"{name}.{target}", set()).update(range(*rows.indices(1 << 30)))
     found: dict[tuple[int, int], str] = {}
     for name, module in model.named_modules():
         if isinstance(module, Linear) and not module.keep_row_major and "lm_head" not in name:
             n, k = module.weight.shape
-            if n > 1:
-                found.setdefault((n, k), name)
+            dense = dense_rows.get(name, set())
+            for rows, is_dense in ((n - len(dense), False), (len(dense), True)):
+                if rows > 1:
+                    found.setdefault((rows, k), name + ("[dense]" if is_dense else ""))
     return found
 
 
@@ -87,13 +101,17 @@ LINEAR_COMMENT = ("Written by scripts/gpu_skinny_sweep.py: (N, K, dtype) -> rows
                   "shape, where it measured faster than cuBLAS; absent: cuBLAS.")
 
 
-def sweep_linear(margin: float, models: list[str], rows_swept=ROWS) -> dict[str, dict[str, dict | None]]:
-    """Per shape and swept row count, the kernel's config where it is taken, else None (cuBLAS)."""
+def sweep_linear(margin: float, models: list[str], rows_swept=ROWS,
+                 dense_segments: bool = False) -> dict[str, dict[str, dict | None]]:
+    """Per shape and swept row count, the kernel's config where it is taken, else None
+    (cuBLAS). ``dense_segments``: only the dense rows quantized checkpoints keep beside
+    quantized ones (:func:`linear_shapes`' ``[dense]`` shapes)."""
     verdicts: dict[str, dict[str, dict | None]] = {}
     shapes: dict[tuple[int, int], str] = {}
     for model in models:
-        for key, name in linear_shapes(model).items():
-            shapes.setdefault(key, f"{model}:{name}")
+        for key, name in linear_shapes(model, segments=dense_segments).items():
+            if name.endswith("[dense]") or not dense_segments:
+                shapes.setdefault(key, f"{model}:{name}")
     for (n, k), name in shapes.items():
         copies = max(2, min(MAX_COPIES, ROTATION_BYTES // (n * k * 2)))
         ws = [(torch.randn(n, k, device="cuda", dtype=DTYPE) * k**-0.5).t().contiguous().t()  # as stored
@@ -207,6 +225,8 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.03, help="how much faster than cuBLAS to take the kernel "
                     "(negative: also kernels slower by at most that share, for whole-step A/Bs)")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="the linear part's row counts")
+    ap.add_argument("--dense-segments", action="store_true", help="the linear part sweeps only the dense rows "
+                    "quantized checkpoints keep beside quantized ones (Gated DeltaNet's in_proj_b/a)")
     ap.add_argument("--write", action="store_true", help="update the tables in the source tree")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -214,7 +234,8 @@ def main() -> None:
     device = t_fused.device_name(torch.device("cuda"))
     written = []
     if "linear" in parts:
-        verdicts = sweep_linear(args.margin, args.linear_models.split(","), [int(r) for r in args.rows.split(",")])
+        verdicts = sweep_linear(args.margin, args.linear_models.split(","), [int(r) for r in args.rows.split(",")],
+                                args.dense_segments)
         table = merge_linear(table_to_extend(sk.CONFIG_DIR, device), verdicts)
         path = sk.CONFIG_DIR / f"{device}.json"
         if args.write:
