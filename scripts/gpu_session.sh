@@ -220,7 +220,7 @@ segments)
     # b/a rows, cuBLAS's 64x8 tile at about 9 us a layer in session 26's profile) on the
     # few-row kernel where it beats cuBLAS (table written in place, a copy in $OUT)
     timeout 200 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models "${SEGMENT_MODELS:-qwen3.6-27b}" \
-        --rows 1,8 --dense-segments --write --out-dir "$OUT" > "$OUT/segments_sweep.jsonl" 2>&1
+        --rows "${SEGMENT_ROWS:-1,8}" --dense-segments --write --out-dir "$OUT" > "$OUT/segments_sweep.jsonl" 2>&1
     grep '"linear"' "$OUT/segments_sweep.jsonl" | cut -c1-300
     ;;
 skinny-ab)
