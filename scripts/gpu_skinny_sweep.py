@@ -114,8 +114,10 @@ def sweep_linear(margin: float, models: list[str], rows_swept=ROWS,
                 shapes.setdefault(key, f"{model}:{name}")
     for (n, k), name in shapes.items():
         copies = max(2, min(MAX_COPIES, ROTATION_BYTES // (n * k * 2)))
-        ws = [(torch.randn(n, k, device="cuda", dtype=DTYPE) * k**-0.5).t().contiguous().t()  # as stored
-              for _ in range(copies)]
+        # as stored: Linear weights column-major (store_linears_column_major), a quantized
+        # layer's dense segments row-major as the checkpoint has them
+        ws = [torch.randn(n, k, device="cuda", dtype=DTYPE) * k**-0.5 for _ in range(copies)]
+        ws = ws if name.endswith("[dense]") else [w.t().contiguous().t() for w in ws]
         entry = {}
         for rows in rows_swept:
             x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
