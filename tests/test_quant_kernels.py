@@ -229,6 +229,25 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
         qg.load_table.cache_clear()
 
 
+def test_a_shape_the_table_lacks_takes_the_nearest_tuned_n_within_five_percent():
+    """The 27B's in_proj runs 16,384 quantized rows where the sweep tuned 16,480: the tuned
+    entry serves it, the nearer of two if both are in reach; other formats, K and dtypes,
+    and Ns further than 5%, do not."""
+    near, nearer, far = (qg.QuantGemmConfig(1, b, 128, 3, 1, 8, 4, gemv=True) for b in (128, 256, 64))
+    table = {qg.table_key("int4g128", 16480, 5120, torch.bfloat16): {1: near},
+             qg.table_key("int4g128", 16400, 5120, torch.bfloat16): {1: nearer},
+             qg.table_key("int4g128", 20000, 5120, torch.bfloat16): {1: far},
+             qg.table_key("fp8b128x128", 16384, 5120, torch.bfloat16): {1: far},
+             qg.table_key("int4g128", 16384, 6144, torch.bfloat16): {1: far},
+             qg.table_key("int4g128", 16384, 5120, torch.float16): {1: far}}
+    assert qg.table_entries(table, "int4g128", 16384, 5120, torch.bfloat16) == {1: nearer}
+    del table[qg.table_key("int4g128", 16400, 5120, torch.bfloat16)]
+    assert qg.table_entries(table, "int4g128", 16384, 5120, torch.bfloat16) == {1: near}
+    assert qg.table_entries(table, "int4g128", 19500, 5120, torch.bfloat16) == {1: far}  # its own 5%
+    assert qg.table_entries(table, "int4g128", 18000, 5120, torch.bfloat16) == {}
+    assert qg.table_entries(table, "int4g128", 16384, 6144, torch.bfloat16) == {1: far}  # exact wins
+
+
 # -- fused MoE -------------------------------------------------------------------------------
 def moe_case(fmt: str, tokens: int, gen: torch.Generator, e=4, h=128, i=128, top_k=2, device="cpu"):
     """Quantized experts and a quantized shared expert (id e), routed tokens and the

@@ -190,11 +190,34 @@ def heuristic_config(fmt: int, rows: int, n: int, k: int, sms: int = 132) -> Qua
     return QuantGemmConfig(64, 128, 128, 1, GROUP_M=8, num_warps=4, num_stages=3, act_quant=fmt == FP8, route=route)
 
 
+#: how far (a share of N) a tuned shape's N may be from a product's for its entries to serve
+#: it when the table lacks the product's own shape
+NEAR_N = 0.05
+
+
+def table_entries(table: dict[str, dict[int, QuantGemmConfig]], tag: str, n: int, k: int,
+                  dtype: torch.dtype) -> dict[int, QuantGemmConfig]:
+    """The entries of this shape, or else of the tuned shape with the same format, K and
+    dtype whose N is nearest, within :data:`NEAR_N`. A launch shape depends on N through the
+    tile count alone, which a few percent hardly moves; and the fused shape a sweep tuned
+    may differ from the one a checkpoint runs by a few rows (the 27B's in_proj: 16,480 rows
+    tuned, 16,384 quantized beside 96 dense ones in every released checkpoint)."""
+    exact = table.get(table_key(tag, n, k, dtype))
+    if exact is not None:
+        return exact
+    prefix, suffix = f"{tag},N=", f",K={k},{str(dtype).removeprefix('torch.')}"
+    near = [(abs(int(key[len(prefix):-len(suffix)]) - n), key) for key in table
+            if key.startswith(prefix) and key.endswith(suffix) and key[len(prefix):-len(suffix)].isdigit()]
+    near = [(gap, key) for gap, key in near if gap <= NEAR_N * n]
+    return table[min(near)[1]] if near else {}
+
+
 def choose_config(x: torch.Tensor, op: Operands) -> QuantGemmConfig:
-    """The tuned entry for the nearest row count at or above x's, or the heuristic when
-    this device, shape or row count has none (a decode entry never serves a prefill)."""
+    """The tuned entry (:func:`table_entries`) for the nearest row count at or above x's,
+    or the heuristic when this device, shape or row count has none (a decode entry never
+    serves a prefill)."""
     rows = x.shape[0]
-    per_rows = load_table(device_name(x.device)).get(table_key(op.tag, op.n, op.k, x.dtype), {})
+    per_rows = table_entries(load_table(device_name(x.device)), op.tag, op.n, op.k, x.dtype)
     decode = rows <= DECODE_ROWS
     at_or_above = [m for m in per_rows if m >= rows and (m <= DECODE_ROWS) == decode]
     if not at_or_above:
