@@ -435,8 +435,10 @@ gemv)
     ;;
 ratio)
     # FP8-block 27B decode beside bf16, from the committed tuned table (no tuning): the #22 ratio
-    bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@fp8-block" --dtype bf16 --only bandwidth,decode \
-        --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    for fmt in ${RATIO_WEIGHTS:-@fp8-block}; do
+        bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}$fmt" --dtype bf16 --only bandwidth,decode \
+            --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
     bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
         --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
