@@ -1,6 +1,6 @@
 """The one-row int4 and FP8 steps with their scales and x loaded a step ahead (a config's
-``ahead``), and with their K loop unrolled three times (``unroll``), against neither, at
-the 27B's projections: int4 with
+``ahead``), and with their K loop unrolled three times (``unroll``, with 16- and 8-byte
+loads: ``vec``), against neither, at the 27B's projections: int4 with
 the device's table shapes, FP8 on the gemv step with the H100 table's shapes (the H200's
 table takes tensor-core tiles there). Microseconds a product (graph replays over enough
 weight copies to read past the L2) and the share of copy bandwidth. Run on the GPU:
@@ -39,10 +39,10 @@ def main() -> None:
             config = (qg.choose_config(x, qg.operands(first)) if fmt == "int4" else
                       qg.QuantGemmConfig(1, 128, 128, SPLITS=FP8_SPLITS[(n, k)], num_stages=4, gemv=True))
             row = {"format": fmt, "n": n, "k": k, "config": config.to_json()}
-            for ahead, unroll in ((True, 1), (False, 1), (False, 3)):
-                cfg = replace(config, ahead=ahead, unroll=unroll)
+            for ahead, unroll, vec in ((True, 1, 4), (False, 1, 4), (False, 3, 4), (False, 3, 2)):
+                cfg = replace(config, ahead=ahead, unroll=unroll, vec=vec)
                 us = time_us([lambda w=w, cfg=cfg: qg.quant_matmul(x, w, None, cfg) for w in ws])
-                row[f"ahead={ahead},unroll={unroll}"] = {"us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us),
+                row[f"ahead={ahead},unroll={unroll},vec={vec}"] = {"us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us),
                                          "rel_err": round(rel_err(qg.quant_matmul(x, first, None, cfg), want), 5)}
             print(json.dumps(row), flush=True)
             del ws, first

@@ -243,15 +243,17 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
     """The no-tl.dot kernel's shapes: exactly ``rows`` rows, K parts to fill the SMs. At one
     row the packed steps (kernels/triton/int4_fp16.py, fp8_gemv.py) share x's conversion
     among the rows a thread holds: wider tiles too, and each with its loads a step ahead
-    (``ahead``), without, and with its loop unrolled three times (``unroll``)."""
+    (``ahead``), without, and with its loop unrolled three times (``unroll``), that also
+    with 8-byte loads (``vec``)."""
     found = []
     shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4), (256, 4)) if rows == 1 else ())
     for block_n, warps in shapes:
         tiles = triton.cdiv(n, block_n)
         fill = k_parts_to_fill(tiles, k, sms)
-        for ahead, unroll in ((False, 1), (True, 1), (False, 3)) if rows == 1 else ((False, 1),):
+        for ahead, unroll, vec in ((False, 1, 4), (True, 1, 4), (False, 3, 4), (False, 3, 2)) if rows == 1 else (
+                (False, 1, 4),):
             found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True,
-                                            ahead=ahead, unroll=unroll))
+                                            ahead=ahead, unroll=unroll, vec=vec))
     return found
 
 

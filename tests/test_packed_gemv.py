@@ -232,6 +232,24 @@ def test_an_unrolled_k_loop_changes_nothing_on_cuda(monkeypatch, fmt, n, k, spli
     assert rel_err(outs[0], F.linear(x.float(), w.dequantize().float())) <= TOL
 
 
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt,n,k,splits", UNROLL_CASES, ids=[f"{c[0]}-n{c[1]}-k{c[2]}-{c[3]}-splits"
+                                                            for c in UNROLL_CASES])
+def test_eight_byte_word_loads_give_the_same_products_on_cuda(monkeypatch, fmt, n, k, splits):
+    """A config's ``vec`` 2 (two words a thread-load, so more rows a thread) against 4: the
+    same products, summed across a row's words in another order: not bit for bit, and an
+    output rounded to bf16 the other way differs by one unit there (2**-8), with and
+    without the unrolled loop."""
+    x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
+    want = F.linear(x.float(), w.dequantize().float())
+    wide, *narrow = _packed_outputs(monkeypatch, x, w, [config, replace(config, vec=2),
+                                                         replace(config, vec=2, unroll=3)])
+    for out in narrow:
+        assert rel_err(out, wide) <= 2**-8
+        assert rel_err(out, want) <= TOL
+
+
 @pytest.mark.parametrize("config", [ONE_ROW, qg.QuantGemmConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_stages=2)],
                          ids=["one-row", "tiles"])
 def test_int4_zero_points_at_their_extremes(monkeypatch, config):

@@ -112,7 +112,7 @@ def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, X_BF16: tl.constexpr, EVEN_
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
                  X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False,
-                 UNROLL: tl.constexpr = 1):
+                 UNROLL: tl.constexpr = 1, VEC: tl.constexpr = 4):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
@@ -124,8 +124,8 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + safe_n.to(tl.int64) * (stride_wn // 4)
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
-    following = step_words(w_rows, None, k_begin, k_end, 1, 4, WORDS, EVEN_K)
-    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+    following = step_words(w_rows, None, k_begin, k_end, 1, 4, WORDS, EVEN_K, VEC)
+    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K, VEC)
     scale_row = s_ptr + row_block * stride_sn
     next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk) if SCALE == 1 and AHEAD else 1.0
     if AHEAD:
@@ -133,7 +133,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     for k0 in tl.range(k_begin, k_end, BLOCK_K, loop_unroll_factor=UNROLL):
         words = following
         following = after
-        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K)
+        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, 1, 4, WORDS, EVEN_K, VEC)
         if AHEAD:
             s, x0, x1, x2, x3 = next_s, n0, n1, n2, n3
             # the next step's; after the last, the last group and (whole steps) the last

@@ -252,7 +252,8 @@ def _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE: tl.c
 def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_wk,
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
-                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False, UNROLL: tl.constexpr = 1):
+                  EMULATE: tl.constexpr, AHEAD: tl.constexpr = False, UNROLL: tl.constexpr = 1,
+                  VEC: tl.constexpr = 4):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
@@ -279,15 +280,15 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     s_rows = s_ptr + safe_n * stride_sn
     z_rows = z_ptr + safe_n * stride_zn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    following = step_words(w_rows, None, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K)
-    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
+    following = step_words(w_rows, None, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
+    after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
     if AHEAD:
         next_s, next_z = _step_group(s_rows, z_rows, k_begin, group_k, stride_sk, stride_zk, EMULATE)
         n0, n1, n2, n3 = _x_pairs(_step_x(x_pairs, k_begin, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
     for k0 in tl.range(k_begin, k_end, BLOCK_K, loop_unroll_factor=UNROLL):
         words = following
         following = after
-        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K)
+        after = step_words(w_rows, None, k0 + 2 * BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
         if AHEAD:
             s, z, x0, x1, x2, x3 = next_s, next_z, n0, n1, n2, n3
             # the next step's; after the last, the last group and (whole steps) the last

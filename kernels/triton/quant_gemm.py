@@ -89,6 +89,9 @@ class QuantGemmConfig:
     #: under Triton 3.6, int4 128 rows x 4 warps: 404 -> 377 instructions a step; FP8 64
     #: rows: 275 -> 233). Not with ``ahead``: its unrolled remainder loop waits on barriers
     unroll: int = 1
+    #: one-row packed steps only: the weight words a thread loads from a row at once, 4 (16
+    #: bytes) or 2 (more rows a thread, fewer of x's columns to convert: gemv_words.step_words)
+    vec: int = 4
     #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
     #: dequantizing the weight (``dense``, for prefill sizes) or on block-scaled FP8
     #: (``block_scaled``, any size): :mod:`.cublas_prefill`; the tile fields then unused
@@ -266,6 +269,7 @@ def _quant_gemm_kernel(
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
     FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
     EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = False, UNROLL: tl.constexpr = 1,
+    VEC: tl.constexpr = 4,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -280,11 +284,11 @@ def _quant_gemm_kernel(
     if PACKED and FORMAT == 0:  # FP8, one row a program: whole words (.fp8_gemv)
         acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                            stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,
-                           X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL)
+                           X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC)
     elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
-                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL)
+                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC)
     elif GEMV:
         acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
                               k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
@@ -395,6 +399,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     options.update(packed_options(x, op, options, block_m, block_n, block_k))
     options["AHEAD"] = config.ahead and options["PACKED"]  # the same sums either way
     options["UNROLL"] = config.unroll if options["PACKED"] else 1
+    options["VEC"] = config.vec if options["PACKED"] else 4
     x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
     k_per_split = triton.cdiv(triton.cdiv(op.k, config.SPLITS), block_k) * block_k  # whole K steps
