@@ -287,32 +287,33 @@ def tune_jobs(only: str = "") -> list[tuple[str, int]]:
     return [j for j in jobs if f"{j[0]}:{j[1]}" in only.split(",")] if only else jobs
 
 
-def tune_cases(only: str, fp8_tensor_cores: bool, gen: torch.Generator, only_shapes: str = ""):
-    """Each tuned (format, rows, N, K) of the 27B shapes (``only_shapes`` "NxK,...": those
-    alone): (its key, a first weight, x, the candidates), generated one at a time so only
-    one case's weights are alive."""
+def tune_cases(args, gen: torch.Generator):
+    """Each tuned (format, rows, N, K): ``args.jobs`` of ``args.tune_models``' projections
+    (``args.shapes`` "NxK,...": those alone), as (its key, a first weight, x, the
+    candidates), generated one at a time so only one case's weights are alive."""
     sms = qg.sm_count(torch.device("cuda"))
-    shapes = [s for s, name in all_linear_shapes().items() if name.startswith("qwen3.6-27b:model.")
-              and (not only_shapes or f"{s[0]}x{s[1]}" in only_shapes.split(","))]
-    for fmt, rows in tune_jobs(only):
+    models = args.tune_models.split(",")
+    shapes = [s for s, name in all_linear_shapes().items() if name.split(":")[0] in models and ":model." in name
+              and (not args.shapes or f"{s[0]}x{s[1]}" in args.shapes.split(","))]
+    for fmt, rows in tune_jobs(args.jobs):
         for n, k in shapes:
             first = random_weight(fmt, n, k, gen=gen)
             x = torch.randn(rows, k, device="cuda", dtype=DTYPE)
             candidates = (prefill_candidates(fmt, x, first) if rows > qg.DECODE_ROWS
-                          else decode_candidates(fmt, rows, n, k, sms, fp8_tensor_cores,
+                          else decode_candidates(fmt, rows, n, k, sms, args.fp8_tensor_cores,
                                                  cp.block_scaled_available(x, first)))
             yield (fmt, rows, n, k), first, x, candidates
 
 
-def warm(only: str, fp8_tensor_cores: bool, share: str, only_shapes: str = "") -> None:
-    """Compile this worker's share ("i/P") of the tune's candidates by running each once,
-    so Triton's file cache has them when the tune times them: a kernel source change
-    leaves hundreds of launch shapes to compile (a few seconds each, on one core), and
-    ``--warm P`` spreads them over P processes first."""
-    index, count = (int(v) for v in share.split("/"))
+def warm(args) -> None:
+    """Compile this worker's share (``args.warm_share``, "i/P") of the tune's candidates by
+    running each once, so Triton's file cache has them when the tune times them: a kernel
+    source change leaves hundreds of launch shapes to compile (a few seconds each, on one
+    core), and ``--warm P`` spreads them over P processes first."""
+    index, count = (int(v) for v in args.warm_share.split("/"))
     gen = torch.Generator(device="cuda").manual_seed(2)
     seen = 0
-    for _, first, x, candidates in tune_cases(only, fp8_tensor_cores, gen, only_shapes):
+    for _, first, x, candidates in tune_cases(args, gen):
         for cfg in candidates:
             seen += 1
             if seen % count == index:
@@ -325,7 +326,8 @@ def warm(only: str, fp8_tensor_cores: bool, share: str, only_shapes: str = "") -
 
 def warm_in_parallel(args, timeout: float) -> None:
     procs = [subprocess.Popen([sys.executable, __file__, "--parts", "warm", "--jobs", args.jobs,
-                               "--shapes", args.shapes, "--warm-share", f"{i}/{args.warm}"]
+                               "--shapes", args.shapes, "--tune-models", args.tune_models,
+                               "--warm-share", f"{i}/{args.warm}"]
                               + (["--fp8-tensor-cores"] if args.fp8_tensor_cores else []),
                               stdout=subprocess.DEVNULL)
              for i in range(args.warm)]
@@ -338,7 +340,7 @@ def warm_in_parallel(args, timeout: float) -> None:
     emit({"warm": args.warm, "s": round(timeout - max(0.0, end - time.time()), 1)})
 
 
-def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False, only_shapes: str = "") -> dict:
+def tune(deadline: float, args) -> dict:
     """The winners, merged into the device's current table (or a copy of its stand-in's,
     :func:`table_to_extend`): entries not re-tuned here (other formats, row counts, shapes;
     or a budget that ran out) keep their shapes."""
@@ -346,7 +348,7 @@ def tune(deadline: float, only: str = "", fp8_tensor_cores: bool = False, only_s
     table["_comment"] = ("Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
                          "the quantized GEMM's launch shape (fastest measured); absent: the heuristic.")
     gen = torch.Generator(device="cuda").manual_seed(2)
-    for (fmt, rows, n, k), first, x, candidates in tune_cases(only, fp8_tensor_cores, gen, only_shapes):
+    for (fmt, rows, n, k), first, x, candidates in tune_cases(args, gen):
         if time.time() > deadline:
             emit({"tune": "stopped: budget spent"})
             return table
@@ -383,13 +385,14 @@ def main() -> None:
                     help="FP8 decode candidates with x quantized only (one numeric path for every row count)")
     ap.add_argument("--warm", type=int, default=0,
                     help="before tuning, compile the candidates in this many processes (up to 40%% of the budget)")
-    ap.add_argument("--shapes", default="", help="tune only these 27B shapes, e.g. 16384x5120,5120x6144")
+    ap.add_argument("--tune-models", default="qwen3.6-27b", help="the shapes whose projections the tune takes")
+    ap.add_argument("--shapes", default="", help="tune only these of their shapes, e.g. 16384x5120,5120x6144")
     ap.add_argument("--warm-share", default="0/1", help=argparse.SUPPRESS)
     args = ap.parse_args()
     start = time.time()
     parts = args.parts.split(",")
     if parts == ["warm"]:  # one worker of --warm
-        warm(args.jobs, args.fp8_tensor_cores, args.warm_share, args.shapes)
+        warm(args)
         return
     # the report parts take what they need; tuning gets the rest
     if "linear" in parts:
@@ -399,7 +402,7 @@ def main() -> None:
     if "tune" in parts:
         if args.warm > 1:
             warm_in_parallel(args, 0.4 * args.budget_s)
-        table = tune(start + args.budget_s, args.jobs, args.fp8_tensor_cores, args.shapes)
+        table = tune(start + args.budget_s, args)
         name = table_name()
         text = json.dumps(table, indent=1) + "\n"
         targets = ([qg.CONFIG_DIR / name] if args.write else []) + (

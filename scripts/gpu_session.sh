@@ -47,7 +47,8 @@
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
 #                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
 #   scripts/gpu_session.sh quant-tune   the quantized GEMM table tuned in place, then 27B decode per WEIGHT_FORMATS
-#                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores;
+#                                   (TUNE_S budget, TUNE_JOBS e.g. fp8:1, TUNE_ARGS e.g. --fp8-tensor-cores or
+#                                   --tune-models qwen3.6-27b,qwen3.6-35b-a3b or --shapes 16384x5120;
 #                                   BENCH_C concurrencies, BENCH_S seconds a bench; TUNE_WARM (12) processes
 #                                   compile the candidates first, in up to 40% of TUNE_S)
 #   scripts/gpu_session.sh gemv         the packed FP8/int4 steps for GEMV_WEIGHTS (@fp8-block or @gptq): the
