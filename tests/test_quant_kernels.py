@@ -214,6 +214,10 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
     assert qg.heuristic_config(qt.FP8, 1, 34816, 5120, sms=132).SPLITS == 1
     assert qg.heuristic_config(qt.FP8, 4096, 5120, 5120).act_quant
     assert not qg.heuristic_config(qt.INT4, 4096, 5120, 5120).act_quant
+    one_row = qg.heuristic_config(qt.INT4, 1, 5120, 6144, sms=132)  # int4's packed step, unrolled
+    assert one_row.gemv and one_row.unroll == 3 and one_row.BLOCK_M == 1 and one_row.SPLITS * 40 >= 132
+    assert qg.heuristic_config(qt.INT4, 1, 34816, 5120, sms=132).SPLITS == 1
+    assert not qg.heuristic_config(qt.INT4, 2, 5120, 6144).gemv  # two rows: the tiles
 
     entry = qg.QuantGemmConfig(16, 128, 128, 2, 1, 8, 4)
     key = qg.table_key("int4g128", 64, 256, torch.bfloat16)
