@@ -195,12 +195,6 @@ def routing_for(tokens: int, e: int, top_k: int, gen: torch.Generator):
     return torch.cat([w, torch.rand(tokens, 1, device="cuda", generator=gen)], dim=1).contiguous(), ids.contiguous()
 
 
-def k_parts_to_fill(tiles: int, k: int, sms: int) -> int:
-    """K parts that give ``tiles`` column tiles about two programs an SM (each part at least
-    four 128-column steps); one when the tiles alone fill the SMs."""
-    return 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
-
-
 def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                       fp8_tensor_cores: bool = False, block_scaled: bool = False) -> list[qg.QuantGemmConfig]:
     """``fp8_tensor_cores``: FP8 only on the tensor-core path (x quantized), as prefill always
@@ -212,13 +206,13 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
     for act in (False, True) if fmt == "fp8" else (False,):
         for block_n, warps, stages in ((32, 4, 4), (64, 4, 3), (64, 8, 4), (128, 4, 3), (128, 8, 4)):
             tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
-            fill = k_parts_to_fill(tiles, k, sms)
+            fill = qg.k_parts_to_fill(tiles, k, sms)
             for splits in sorted({fill, 2 * fill} if fill > 1 or tiles < 2 * sms else {1}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=act))
     if fmt == "fp8" and rows <= 16:  # the weight tile as the MMA's wide first operand
         for block_n, warps, stages in ((64, 4, 4), (64, 4, 6), (128, 4, 4), (128, 8, 4), (128, 4, 6)):
             tiles = triton.cdiv(n, block_n)
-            fill = k_parts_to_fill(tiles, k, sms)
+            fill = qg.k_parts_to_fill(tiles, k, sms)
             for splits in sorted({fill, 2 * fill}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, act_quant=True,
                                                 swap=True))
@@ -227,7 +221,7 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
         # older 16-row MMA (session 22; on the H100 in session 23 it won no 27B shape at one row)
         for block_n, warps, stages in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (128, 8, 4)):
             tiles = triton.cdiv(n, block_n)
-            fill = k_parts_to_fill(tiles, k, sms)
+            fill = qg.k_parts_to_fill(tiles, k, sms)
             for splits in sorted({fill, 2 * fill}):
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, swap=True))
     if fmt != "nvfp4" and rows <= 4:
@@ -249,7 +243,7 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
     shapes = ((32, 4), (16, 4), (64, 8)) + (((128, 8), (256, 8), (128, 4), (256, 4)) if rows == 1 else ())
     for block_n, warps in shapes:
         tiles = triton.cdiv(n, block_n)
-        fill = k_parts_to_fill(tiles, k, sms)
+        fill = qg.k_parts_to_fill(tiles, k, sms)
         for ahead, unroll, vec in ((False, 1, 4), (True, 1, 4), (False, 3, 4), (False, 3, 2)) if rows == 1 else (
                 (False, 1, 4),):
             found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True,

@@ -435,7 +435,7 @@ gemv)
         --decode-output-len 64 --no-transformers
     ;;
 ratio)
-    # FP8-block 27B decode beside bf16, from the committed tuned table (no tuning): the #22 ratio
+    # RATIO_WEIGHTS (@fp8-block) 27B decode beside bf16, from the committed tuned table (no tuning): #22's ratios
     for fmt in ${RATIO_WEIGHTS:-@fp8-block}; do
         bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}$fmt" --dtype bf16 --only bandwidth,decode \
             --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers

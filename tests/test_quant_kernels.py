@@ -224,6 +224,7 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
     (tmp_path / "cpu.json").write_text(json.dumps({"_comment": "test", key: {"4": entry.to_json()}}))
     monkeypatch.setattr(qg, "CONFIG_DIR", tmp_path)
     qg.load_table.cache_clear()
+    qg.tuned_entries.cache_clear()
     try:
         op = qg.operands(random_weight("int4", 64, 256, gen=torch.Generator()))
         assert qg.choose_config(torch.zeros(3, 256, dtype=torch.bfloat16), op) == entry
@@ -231,6 +232,7 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
         assert past == qg.heuristic_config(qt.INT4, 9, 64, 256)  # past the table: the heuristic
     finally:
         qg.load_table.cache_clear()
+        qg.tuned_entries.cache_clear()
 
 
 def test_a_shape_the_table_lacks_takes_the_nearest_tuned_n_within_five_percent():

@@ -34,26 +34,21 @@ def step_words(w_rows, n_ok, k0, k_end, stride_wk, VALUES: tl.constexpr, WORDS: 
     128-row, 8-warp tile holds 2 rows x 4 words, at 2 it holds 4 rows x 2 words: half the
     columns of x to convert for as many words (sm_90 under Triton 3.6, int4 with
     ``unroll``: 224 -> 200 instructions a step; FP8 64 rows x 8 warps: 157 -> 133)."""
-    if EVEN_K:
-        k_at = tl.minimum(k0, k_end - WORDS * VALUES)  # k_end is a whole step past k_begin
-        if VEC < 4:  # the hints sized as the loads should be (a hint binds where its value is made)
-            offs_w = tl.max_contiguous(tl.multiple_of(k_at // VALUES + tl.arange(0, WORDS), VEC), VEC)
-        else:
-            offs_w = tl.multiple_of(k_at // VALUES + tl.arange(0, WORDS), WORDS)
-        if n_ok is None:
-            words = tl.load(w_rows + offs_w[None, :] * stride_wk)
-        else:
-            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None], other=0)
+    # a prefetch past the split's end reads its last step again (k_end is a whole step past k_begin)
+    k_at = tl.minimum(k0, k_end - WORDS * VALUES) if EVEN_K else k0
+    if VEC < 4:  # the hints sized as the loads should be (a hint binds where its value is made)
+        offs_w = tl.max_contiguous(tl.multiple_of(k_at // VALUES + tl.arange(0, WORDS), VEC), VEC)
     else:
-        if VEC < 4:
-            offs_w = tl.max_contiguous(tl.multiple_of(k0 // VALUES + tl.arange(0, WORDS), VEC), VEC)
-        else:
-            offs_w = tl.multiple_of(k0 // VALUES + tl.arange(0, WORDS), WORDS)
-        w_ok = offs_w < k_end // VALUES
-        if n_ok is None:
-            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=w_ok[None, :], other=0)
-        else:
-            words = tl.load(w_rows + offs_w[None, :] * stride_wk, mask=n_ok[:, None] & w_ok[None, :], other=0)
+        offs_w = tl.multiple_of(k_at // VALUES + tl.arange(0, WORDS), WORDS)
+    ptrs = w_rows + offs_w[None, :] * stride_wk
+    if EVEN_K and n_ok is None:
+        words = tl.load(ptrs)
+    elif EVEN_K:
+        words = tl.load(ptrs, mask=n_ok[:, None], other=0)
+    elif n_ok is None:
+        words = tl.load(ptrs, mask=(offs_w < k_end // VALUES)[None, :], other=0)
+    else:
+        words = tl.load(ptrs, mask=n_ok[:, None] & (offs_w < k_end // VALUES)[None, :], other=0)
     return words
 
 

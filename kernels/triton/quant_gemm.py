@@ -179,6 +179,12 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
+def k_parts_to_fill(tiles: int, k: int, sms: int, block_k: int = 128) -> int:
+    """K parts that give ``tiles`` column tiles about two programs an SM (each part at least
+    four K steps); one when the tiles alone fill the SMs."""
+    return 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, block_k) // 4))
+
+
 def heuristic_config(fmt: int, rows: int, n: int, k: int, sms: int = 132) -> QuantGemmConfig:
     """Untuned shapes. Decode: 16-row tiles, 64 columns, and enough K parts for about two
     programs per SM (each part at least four K steps); int4 at one row the packed step on
@@ -187,15 +193,12 @@ def heuristic_config(fmt: int, rows: int, n: int, k: int, sms: int = 132) -> Qua
     long). Prefill: 64 x 128 tiles (FP8 on its tensor cores); int4 and NVFP4 from
     :data:`DENSE_ROWS` rows dequantized for cuBLAS."""
     if rows == 1 and fmt == INT4:
-        tiles = triton.cdiv(n, 128)
-        splits = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, 128) // 4))
+        splits = k_parts_to_fill(triton.cdiv(n, 128), k, sms)
         return QuantGemmConfig(1, 128, 128, splits, GROUP_M=1, num_warps=8, num_stages=4, gemv=True, unroll=3)
     if rows <= DECODE_ROWS:
         block_m = max(16, triton.next_power_of_2(rows))
-        block_n, block_k = 64, 128
-        tiles = triton.cdiv(rows, block_m) * triton.cdiv(n, block_n)
-        splits = 1 if tiles >= sms else max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(k, block_k) // 4))
-        return QuantGemmConfig(block_m, block_n, block_k, splits, GROUP_M=1, num_warps=4, num_stages=4)
+        splits = k_parts_to_fill(triton.cdiv(rows, block_m) * triton.cdiv(n, 64), k, sms)
+        return QuantGemmConfig(block_m, 64, 128, splits, GROUP_M=1, num_warps=4, num_stages=4)
     route = "dense" if fmt in (INT4, NVFP4) and rows >= DENSE_ROWS else "triton"
     return QuantGemmConfig(64, 128, 128, 1, GROUP_M=8, num_warps=4, num_stages=3, act_quant=fmt == FP8, route=route)
 
@@ -222,12 +225,19 @@ def table_entries(table: dict[str, dict[int, QuantGemmConfig]], tag: str, n: int
     return table[min(near)[1]] if near else {}
 
 
+@functools.lru_cache(maxsize=None)
+def tuned_entries(name: str, tag: str, n: int, k: int, dtype: torch.dtype) -> dict[int, QuantGemmConfig]:
+    """:func:`table_entries` of device table ``name``, resolved once a shape (prefill calls
+    :func:`choose_config` for every product of every chunk)."""
+    return table_entries(load_table(name), tag, n, k, dtype)
+
+
 def choose_config(x: torch.Tensor, op: Operands) -> QuantGemmConfig:
     """The tuned entry (:func:`table_entries`) for the nearest row count at or above x's,
     or the heuristic when this device, shape or row count has none (a decode entry never
     serves a prefill)."""
     rows = x.shape[0]
-    per_rows = table_entries(load_table(device_name(x.device)), op.tag, op.n, op.k, x.dtype)
+    per_rows = tuned_entries(device_name(x.device), op.tag, op.n, op.k, x.dtype)
     decode = rows <= DECODE_ROWS
     at_or_above = [m for m in per_rows if m >= rows and (m <= DECODE_ROWS) == decode]
     if not at_or_above:
