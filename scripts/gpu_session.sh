@@ -63,6 +63,8 @@
 #                                   config's ahead): the packed steps' GPU tests, then A/B against loading them in
 #                                   the step (scripts/gpu_int4_ahead_ab.py; AHEAD_AB=0: the tests alone)
 #   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
+#   scripts/gpu_session.sh int4-mma     int4 on the tensor cores (kernels/triton/int4_mma.py): its GPU tests, then
+#                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
@@ -456,6 +458,14 @@ int4-ahead)
     echo "packed-step GPU tests: $(tail -1 "$OUT/pytest_packed.txt")"
     [ "${AHEAD_AB:-1}" = 1 ] && timeout 150 python3 scripts/gpu_int4_ahead_ab.py 2>"$OUT/int4_ahead.err" | tee "$OUT/int4_ahead.jsonl" | cut -c1-400
     [ -f "$OUT/int4_ahead.err" ] && tail -2 "$OUT/int4_ahead.err"
+    ;;
+int4-mma)
+    timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_int4_mma.py > "$OUT/pytest_mma.txt" 2>&1
+    echo "int4 MMA GPU tests: $(tail -1 "$OUT/pytest_mma.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mma.txt" | head -8
+    limit=$(left); [ "$limit" -gt 300 ] && limit=300
+    timeout "$limit" python3 scripts/gpu_int4_mma_ab.py --rows "${MMA_ROWS:-1,8}" 2>"$OUT/int4_mma.err" \
+        | tee "$OUT/int4_mma.jsonl" | cut -c1-700
+    tail -2 "$OUT/int4_mma.err"
     ;;
 gemv-ncu)
     # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)

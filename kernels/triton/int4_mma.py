@@ -1,0 +1,385 @@
+"""int4 weights times up to eight rows of x on the tensor cores (``mma.sync`` m16n8k16),
+from a layout made for it once at load time (:func:`mma_layout`).
+
+Why: the packed one-row step (:mod:`.int4_fp16`) multiplies on the CUDA cores, about 25
+sm_90 instructions a 32-bit weight word (eight weights) for nibbles, zero points, x's fp16
+pairs, eight products and their fp32 sum. A Hopper SM streams 3.5 (H100) to 4.6 (H200)
+such words a cycle from HBM and issues 128 thread-instructions a cycle, so that step
+cannot keep up with the memory on the H200 and barely on the H100 (38-63% of copy
+bandwidth). Here a word is one thread's whole share of one MMA: three shifts, four
+``lop3`` and four bf16 subtractions make its eight weights, exact, and one ``mma.sync``
+per warp multiplies 32 such words by x (about 15 instructions a word in all). Marlin
+(IST-DASLab) showed the approach; this is our own layout and code.
+
+The MMA's A operand is 16 weight rows by 16 columns and B is 16 columns by 8 rows of x,
+so up to eight rows of x cost the same instructions as one. Lane ``l`` of a warp holds A's
+rows ``g = l // 4`` and ``g + 8`` at columns ``2t, 2t + 1, 2t + 8, 2t + 9`` (``t = l % 4``),
+B's column ``g`` at those columns, and gets D's rows ``g, g + 8`` at x rows ``2t, 2t + 1``.
+
+Layout (:func:`mma_layout`): physical row ``P = 8 T + g`` holds logical rows
+``16 T + g`` and ``16 T + g + 8``. A K step is 64 columns, 16 words a physical row: word
+``c = 4 t + i`` is what lane ``(g, t)`` feeds its ``i``-th MMA of the step. Its nibble ``j``
+is row ``16 T + g + 8 (j & 1)``, x pair ``p = 8 t + 2 i + ((j >> 1) & 1)`` of the step,
+column ``2 p + (j >> 2)``. So ``lop3(word >> 4 s, 0x000f000f, 0x43004300)`` for s = 0..3 are
+the lane's four A registers as bf16 pairs ``128 + q`` (nibbles ``s`` and ``s + 4``), and a
+lane's x for its four words are pairs ``8 t .. 8 t + 7`` of the step, each word's B
+registers side by side: two 16-byte loads land them where the MMAs read them, with no
+conversion (x stays bf16 or fp16; the MMA takes either) and no register moves.
+Which K column goes with which MMA position is free (a sum does not care) as long as
+weight and x agree: the layout picks the one that makes x's loads whole. (A 32-word step
+would not do: Triton lays a 32-column tile out eight threads wide, not four.)
+
+Each step's group scales (and zero points) are one 32-bit pair a physical row: rows
+``16 T + g`` and ``16 T + g + 8`` in the low and high halves, in x's dtype (the dtype the
+loaded scales already have). Zero points are stored as ``-(128 + z)`` (bf16) or
+``-(1024 + z)`` (fp16) pairs, ready for the subtraction; a symmetric weight has none.
+
+The kernel relies on Triton giving a ``[BLOCK_P, 16]`` int32 tile loaded 16 bytes a
+thread the blocked layout ``sizePerThread [1, 4]``, ``threadsPerWarp [8, 4]``,
+``warpsPerCTA [num_warps, 1]`` (lane ``l`` holds row ``l // 4`` of its warp's eight,
+words ``4 (l % 4)`` onward), and ``pack=4`` handing one inline-asm call those four words: ``scripts/triton_ir.py`` shows the layout, and the GPU tests compare with
+the reference. Under the interpreter (``EMULATE``) the same sums are made with Triton
+operations from the same layout, so CPU tests check the packing, addressing and splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer_kernels import quant_formats as qf
+from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.rounding import round_to
+
+#: rows of x one launch covers (the MMA's n)
+MMA_ROWS = 8
+#: K columns a step (16 words a physical row)
+STEP = 64
+_STEP = tl.constexpr(STEP)
+#: x's dtype -> (the exponent bits that make a nibble q the float magic + q, magic)
+_MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+#: -(magic + 8) twice: a symmetric weight's zero-point pair, bf16 and fp16
+_SYMMETRIC_BF16 = tl.constexpr(-1022835960)
+_SYMMETRIC_F16 = tl.constexpr(-469179384)
+
+
+@dataclass
+class Int4Mma:
+    """An :class:`~ninfer_kernels.quant_formats.Int4Group` weight in the MMA layout (module
+    docstring): ``words`` int32 ``[ceil(N / 16) * 8, K // 4]``, ``scales`` int32 pairs
+    ``[ceil(N / 16) * 8, K // group_size]``, ``zeros`` likewise (``-(magic + z)``) or None
+    (symmetric), all for x of ``dtype``."""
+
+    words: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    n: int
+    k: int
+    group_size: int
+    dtype: torch.dtype
+
+
+def serves(w: qf.Int4Group, dtype: torch.dtype) -> bool:
+    """Whether :func:`mma_layout` takes ``w`` for x of ``dtype``."""
+    steps = w.group_size // STEP  # a group's steps: a power of two, so a step's group is a shift
+    return (w.qweight.dim() == 2 and dtype in _MAGIC and w.group_size % STEP == 0 and steps & (steps - 1) == 0
+            and w.shape[-1] % STEP == 0)
+
+
+def _pairs(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """int32 words with 16-bit ``lo`` in the low half and ``hi`` in the high half."""
+    lo16 = lo.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    hi16 = hi.contiguous().view(torch.int16).to(torch.int32)
+    return lo16 | (hi16 << 16)
+
+
+def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
+    """``w`` (2-D) in the MMA layout for x of ``dtype`` (bf16 or fp16). Rows past N are
+    padded with zero weights and scales."""
+    if not serves(w, dtype):
+        raise ValueError(f"the int4 MMA layout takes a 2-D weight with K a multiple of {STEP} and groups of {STEP} "
+                         f"times a power of two, "
+                         f"and bf16 or fp16 x (got {tuple(w.shape)}, group {w.group_size}, {dtype})")
+    n, k = w.shape
+    dev = w.qweight.device
+    n16 = -(-n // 16) * 16
+    shifts = torch.arange(0, 32, 4, device=dev, dtype=torch.int32)
+    q = ((w.qweight.unsqueeze(-1) >> shifts) & 0xF).flatten(-2).to(torch.uint8)  # [N, K]
+    q = torch.nn.functional.pad(q, (0, 0, 0, n16 - n))
+    # for each (physical row, step, word, nibble): the logical row and column it holds
+    p_rows = n16 // 2
+    P = torch.arange(p_rows, device=dev).view(-1, 1, 1, 1)
+    s = torch.arange(k // STEP, device=dev).view(1, -1, 1, 1)
+    c = torch.arange(16, device=dev).view(1, 1, -1, 1)
+    j = torch.arange(8, device=dev).view(1, 1, 1, -1)
+    row = 16 * (P // 8) + P % 8 + 8 * (j & 1)
+    pair = 8 * (c // 4) + 2 * (c % 4) + ((j >> 1) & 1)
+    col = STEP * s + 2 * pair + (j >> 2)
+    packed = (q[row, col].to(torch.int64) << (4 * j)).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).view(p_rows, k // 4)
+
+    def row_pairs(values: torch.Tensor) -> torch.Tensor:
+        v = torch.nn.functional.pad(values.to(dtype), (0, 0, 0, n16 - n)).view(n16 // 16, 2, 8, -1)
+        return _pairs(v[:, 0], v[:, 1]).reshape(p_rows, -1).contiguous()
+
+    zeros = None if w.symmetric else row_pairs(-(_MAGIC[dtype][1] + w.zeros.float()))
+    return Int4Mma(packed.contiguous(), row_pairs(w.scales), zeros, n, k, w.group_size, dtype)
+
+
+# One pack of four words of a row (one lane's share of four MMAs) into D, then D scaled into
+# the accumulator. $0..$3 the new accumulator (float32 bits: rows g, g, g+8, g+8 at x rows
+# 2t, 2t+1, 2t, 2t+1), $4..$7 the words, $8..$11 and $12..$15 x's two pairs for each word
+# (B's k 2t..2t+1 and 2t+8..2t+9), $16..$19 the accumulator, $20 the scale pair, $24 the
+# negated zero-point pair (the other copies of both unused).
+def _word_asm(n: int, ty: str, magic: str) -> str:
+    w, xa, xb = f"${4 + n}", f"${8 + n}", f"${12 + n}"
+    return f"""shr.u32 t1, {w}, 4;
+shr.u32 t2, {w}, 8;
+shr.u32 t3, {w}, 12;
+lop3.b32 a0, {w}, 0x000f000f, {magic}, 0xea;
+lop3.b32 a1, t1, 0x000f000f, {magic}, 0xea;
+lop3.b32 a2, t2, 0x000f000f, {magic}, 0xea;
+lop3.b32 a3, t3, 0x000f000f, {magic}, 0xea;
+fma.rn.{ty}x2 a0, a0, one, zg;
+fma.rn.{ty}x2 a1, a1, one, zg8;
+fma.rn.{ty}x2 a2, a2, one, zg;
+fma.rn.{ty}x2 a3, a3, one, zg8;
+mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{{xa}, {xb}}}, {{d0, d1, d2, d3}};
+"""
+
+
+def _pack_asm(ty: str) -> str:
+    magic = "0x43004300" if ty == "bf16" else "0x64006400"
+    one = "0x3f803f80" if ty == "bf16" else "0x3c003c00"
+    if ty == "bf16":  # a bf16's bits are a float32's high half
+        scales = "shl.b32 sg, $20, 16;\nand.b32 sg8, $20, 0xffff0000;\nmov.b32 fg, sg;\nmov.b32 fg8, sg8;\n"
+    else:
+        scales = "mov.b32 {hg, hg8}, $20;\ncvt.f32.f16 fg, hg;\ncvt.f32.f16 fg8, hg8;\n"
+    body = "".join(_word_asm(n, ty, magic) for n in range(4))
+    return f"""{{
+.reg .b32 t1, t2, t3, a0, a1, a2, a3, one, zg, zg8, sg, sg8;
+.reg .b16 hg, hg8;
+.reg .f32 d0, d1, d2, d3, fg, fg8, c0, c1, c2, c3;
+mov.b32 one, {one};
+prmt.b32 zg, $24, $24, 0x1010;
+prmt.b32 zg8, $24, $24, 0x3232;
+mov.f32 d0, 0f00000000;
+mov.f32 d1, 0f00000000;
+mov.f32 d2, 0f00000000;
+mov.f32 d3, 0f00000000;
+{body}{scales}mov.b32 c0, $16;
+mov.b32 c1, $17;
+mov.b32 c2, $18;
+mov.b32 c3, $19;
+fma.rn.f32 c0, d0, fg, c0;
+fma.rn.f32 c1, d1, fg, c1;
+fma.rn.f32 c2, d2, fg8, c2;
+fma.rn.f32 c3, d3, fg8, c3;
+mov.b32 $0, c0;
+mov.b32 $1, c1;
+mov.b32 $2, c2;
+mov.b32 $3, c3;
+}}"""
+
+
+_PACK_BF16 = tl.constexpr(_pack_asm("bf16"))
+_PACK_F16 = tl.constexpr(_pack_asm("f16"))
+_PACK_OPERANDS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 24))
+# one 32-bit load for four elements (a physical row's pair, the same for all four)
+_ROW_PAIR = tl.constexpr("ld.global.nc.b32 $0, [$4];\nmov.b32 $1, $0;\nmov.b32 $2, $0;\nmov.b32 $3, $0;")
+# a lane's x for its four words: eight pairs from $8 (its first) plus $12 bytes, the two
+# pairs of word i into $i and $(4 + i), which the pack reads as one MMA's B registers
+_X_PAIRS = tl.constexpr("""{
+.reg .u64 a;
+add.s64 a, $8, $12;
+ld.global.v4.b32 {$0, $4, $1, $5}, [a];
+ld.global.v4.b32 {$2, $6, $3, $7}, [a+16];
+}""")
+
+
+@triton.jit
+def _row_pairs(ptrs, EMULATE: tl.constexpr):
+    """int32 [BLOCK_P, 16]: each physical row's pair at ``ptrs`` (one address a row), one
+    load per four words."""
+    if EMULATE:
+        return tl.load(ptrs)
+    return tl.inline_asm_elementwise(_ROW_PAIR, "=r,=r,=r,=r,l,l,l,l", [ptrs.to(tl.int64)], dtype=tl.int32,
+                                     is_pure=True, pack=4)
+
+
+@triton.jit
+def _x_pairs(lane_ptrs, offset):
+    """Two int32 [BLOCK_P, 16]: each word's x pairs (B's k 2t..2t+1 and 2t+8..2t+9), from
+    ``lane_ptrs`` (the lane's first pair, the same across its four words) plus ``offset``
+    bytes."""
+    return tl.inline_asm_elementwise(_X_PAIRS, "=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,l,l",
+                                     [lane_ptrs.to(tl.int64), offset], dtype=(tl.int32, tl.int32),
+                                     is_pure=True, pack=4)
+
+
+@triton.jit
+def _half_value(pair, HIGH: tl.constexpr, X_BF16: tl.constexpr):
+    """float32 of the low or high 16-bit float of int32 ``pair`` (bf16 or fp16)."""
+    if X_BF16:
+        if HIGH:
+            return (pair & -65536).to(tl.float32, bitcast=True)
+        return (pair << 16).to(tl.float32, bitcast=True)
+    if HIGH:
+        return ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _emulated_step(words, x_ptr, stride_xm, k0, M, s_pair, z_pair, SYMMETRIC: tl.constexpr, X_BF16: tl.constexpr):
+    """What the pack of one step adds to the accumulator, in Triton operations on the same
+    layout: every word's eight weights against every x row, summed per physical row into
+    D (rows g and g + 8 by x row), scaled, and placed where the MMA leaves it (lane t's
+    slots u = 0..3: rows g, g, g+8, g+8 at x rows 2t, 2t+1, 2t, 2t+1)."""
+    c = tl.arange(0, 16)
+    j = tl.arange(0, 8)
+    pair = 8 * (c // 4)[:, None] + 2 * (c % 4)[:, None] + ((j[None, :] >> 1) & 1)  # [16, 8]
+    col = 2 * pair + (j[None, :] >> 2)
+    xr = tl.arange(0, 8)
+    x_rows = tl.where(xr < M, xr, 0)
+    xv = tl.load(x_ptr + x_rows[:, None, None] * stride_xm + k0 + col[None, :, :]).to(tl.float32)  # [8, 16, 8]
+    q = ((words[:, :, None] >> (4 * j)[None, None, :]) & 0xF).to(tl.float32)  # [BLOCK_P, 16, 8]
+    if SYMMETRIC:
+        v = q - 8.0
+    else:
+        magic = 128.0 if X_BF16 else 1024.0
+        zg = _half_value(z_pair, False, X_BF16)[:, :, None]
+        zg8 = _half_value(z_pair, True, X_BF16)[:, :, None]
+        v = q + magic + tl.where((j & 1)[None, None, :] == 0, zg, zg8)
+    odd = (j & 1)[None, None, None, :] == 1
+    prod = v[:, None, :, :] * xv[None, :, :, :]  # [BLOCK_P, 8 x rows, 16, 8]
+    d_g = tl.sum(tl.sum(tl.where(odd, 0.0, prod), 3), 2)  # [BLOCK_P, 8]
+    d_g8 = tl.sum(tl.sum(tl.where(odd, prod, 0.0), 3), 2)
+    u = c % 4
+    sel = xr[None, :] == (2 * (c // 4) + (u & 1))[:, None]  # [16, 8]
+    picked_g = tl.sum(tl.where(sel[None, :, :], d_g[:, None, :], 0.0), 2)  # [BLOCK_P, 16]
+    picked_g8 = tl.sum(tl.where(sel[None, :, :], d_g8[:, None, :], 0.0), 2)
+    s_g = _half_value(s_pair, False, X_BF16)
+    s_g8 = _half_value(s_pair, True, X_BF16)
+    return tl.where((u >> 1)[None, :] == 1, picked_g8 * s_g8, picked_g * s_g)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                     M, N, P_ROWS, steps_per_split, K_STEPS, splits, stride_xm, stride_wp, stride_sp, stride_zp,
+                     stride_om, GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, SYMMETRIC: tl.constexpr,
+                     X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    safe_p = tl.where(offs_p < P_ROWS, offs_p, 0)[:, None]  # rows past the end read row 0, never stored
+    c = tl.arange(0, 16)[None, :]
+    w_rows = w_ptr + safe_p.to(tl.int64) * stride_wp
+    s_rows = tl.broadcast_to(s_ptr + safe_p * stride_sp, [BLOCK_P, 16])
+    z_rows = tl.broadcast_to(z_ptr + safe_p * stride_zp, [BLOCK_P, 16])
+    # lane (g, t) feeds B's column g: x row g (rows past M read row 0; their D is never
+    # stored), pairs 8t .. 8t + 7 of each step
+    g = offs_p[:, None] % 8
+    x_first = tl.where(g < M, g, 0).to(tl.int64) * (stride_xm // 2)
+    x_lanes = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + x_first + 8 * (c // 4)
+    st_begin = split * steps_per_split
+    st_end = tl.minimum(st_begin + steps_per_split, K_STEPS)
+    if USE_PDL:  # x comes from the kernel before
+        pdl.wait()
+    acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
+    # the words of the next two steps stay in flight while a step computes (.gemv_words);
+    # a prefetch past the split's end reads its last step again, never used
+    following = tl.load(w_rows + (st_begin * 16 + c))
+    after = tl.load(w_rows + (tl.minimum(st_begin + 1, st_end - 1) * 16 + c))
+    for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
+        words = following
+        following = after
+        after = tl.load(w_rows + (tl.minimum(st + 2, st_end - 1) * 16 + c))
+        group = st >> GROUP_SHIFT  # steps are never negative: a shift, not a division
+        s_pair = _row_pairs(s_rows + group, EMULATE)
+        if SYMMETRIC:  # -(magic + 8) twice, no load
+            z_pair = tl.full([BLOCK_P, 16], _SYMMETRIC_BF16 if X_BF16 else _SYMMETRIC_F16, tl.int32)
+        else:
+            z_pair = _row_pairs(z_rows + group, EMULATE)
+        if EMULATE:
+            acc += _emulated_step(words, x_ptr, stride_xm, st * _STEP, M, s_pair, z_pair, SYMMETRIC, X_BF16)
+        else:
+            xa, xb = _x_pairs(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
+            bits = tl.inline_asm_elementwise(_PACK_BF16 if X_BF16 else _PACK_F16, _PACK_OPERANDS,
+                                             [words, xa, xb, acc.to(tl.int32, bitcast=True), s_pair, z_pair],
+                                             dtype=tl.int32, is_pure=True, pack=4)
+            acc = bits.to(tl.float32, bitcast=True)
+    # lane t's slot u: weight row g + 8 (u >> 1) of the tile at x row 2t + (u & 1)
+    t = c // 4
+    u = c % 4
+    w_row = 16 * (offs_p[:, None] // 8) + g + 8 * (u >> 1)
+    x_row = 2 * t + (u & 1)
+    ok = (w_row < N) & (x_row < M) & (offs_p[:, None] < P_ROWS)
+    dest = out_ptr + x_row.to(tl.int64) * stride_om + w_row
+    if not SPLIT_K:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + w_row, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dest, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=ok)
+    else:
+        parts = part_ptr + x_row * N + w_row
+        tl.store(parts + split * M * N, acc, mask=ok)
+        tl.debug_barrier()  # every thread's part is stored before the counter moves
+        counter = count_ptr + pid
+        if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
+            total = tl.zeros_like(acc)
+            for s in range(splits):  # part order: the same sum every time
+                total += tl.load(parts + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + w_row, mask=ok, other=0.0).to(tl.float32)
+            tl.store(dest, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=ok)
+            tl.store(counter, 0)
+
+
+def mma_splits(w: Int4Mma, block_p: int, sms: int) -> int:
+    """K parts for about two programs an SM, each at least four steps."""
+    programs = triton.cdiv(w.words.shape[0], block_p)
+    return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), w.k // STEP // 4))
+
+
+def int4_mma_matmul(x: torch.Tensor, w: Int4Mma, bias: torch.Tensor | None = None, *, num_warps: int = 8,
+                    splits: int | None = None, unroll: int = 2) -> torch.Tensor:
+    """``x`` [M <= 8, K] (w's dtype, rows contiguous and 16-byte aligned) times ``w``:
+    [M, N] in x's dtype, float32 sums rounded once."""
+    rows = x.shape[0]
+    if (rows > MMA_ROWS or x.dtype != w.dtype or x.shape[-1] != w.k or x.stride(-1) != 1
+            or (rows > 1 and x.stride(0) % 8) or x.data_ptr() % 16):
+        raise ValueError("int4_mma_matmul takes up to 8 contiguous, 16-byte aligned rows of x in the weight's dtype")
+    out = torch.empty(rows, w.n, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    block_p = 8 * num_warps
+    p_rows = w.words.shape[0]
+    programs = triton.cdiv(p_rows, block_p)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        splits = mma_splits(w, block_p, sms)
+    k_steps = w.k // STEP
+    steps_per_split = triton.cdiv(k_steps, splits)
+    splits = triton.cdiv(k_steps, steps_per_split)
+    if splits > 1:
+        parts = torch.empty(splits, rows, w.n, dtype=torch.float32, device=x.device)
+        counters = counter_buffer("int4_mma", x.device, programs, 4096)
+    else:
+        parts = counters = out
+    use_pdl = pdl.enabled(x.device)
+    zeros = w.zeros if w.zeros is not None else w.scales
+    emulate = x.device.type != "cuda"
+    _int4_mma_kernel[(programs, splits)](
+        x, w.words, w.scales, zeros, bias if bias is not None else out, out, parts, counters,
+        rows, w.n, p_rows, steps_per_split, k_steps, splits, x.stride(0), w.words.stride(0), w.scales.stride(0),
+        zeros.stride(0), out.stride(0),
+        GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=block_p, SYMMETRIC=w.zeros is None, X_BF16=x.dtype == torch.bfloat16,
+        HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl, EMULATE=emulate,
+        ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
+        num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
+    )
+    return out

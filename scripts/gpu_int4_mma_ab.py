@@ -1,0 +1,79 @@
+"""int4 on the tensor cores (``kernels/triton/int4_mma.py``) against the tuned packed steps
+(``quant_gemm``'s table or heuristic) and bf16 cuBLAS, at the 27B's quantized projections
+(and ``--shapes``) for 1 and 8 rows of x. Microseconds a product (graph replays over enough
+weight copies to read past the L2), the share of copy bandwidth for the int4 bytes, the
+error against the dequantized reference. Run on the GPU:
+
+    python3 scripts/gpu_int4_mma_ab.py [--rows 1,8] [--shapes 16384x5120,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_quant_gemm_sweep import copies_for, nbytes, pct, random_weight, time_us  # noqa: E402
+from gpu_timing import rel_err  # noqa: E402
+
+from ninfer_kernels.triton import int4_mma as im  # noqa: E402
+from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+
+#: the 27B's quantized products: in_proj (its quantized rows), DeltaNet and attention out,
+#: gate/up, down, attention qkv
+SHAPES = ((16384, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (14336, 5120))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,8")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--unroll", default="2,3")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in args.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        first = random_weight("int4", n, k, gen=gen)
+        ws = [first] + [random_weight("int4", n, k, gen=gen) for _ in range(copies_for(nbytes(first), 1) - 1)]
+        mmas = [im.mma_layout(w, torch.bfloat16) for w in ws]
+        dense = [w.dequantize(torch.bfloat16) for w in ws[:max(2, copies_for(n * k * 2, 1))]]
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            want = x.float() @ first.dequantize().T
+            config = qg.choose_config(x, qg.operands(first))
+            row = {"n": n, "k": k, "rows": rows, "int4_bytes": nbytes(first)}
+            us = time_us([lambda w=w: qg.quant_matmul(x, w) for w in ws])
+            row["packed"] = {"config": config.to_json(), "us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us),
+                             "rel_err": round(rel_err(qg.quant_matmul(x, first), want), 5)}
+            us = time_us([lambda d=d: F.linear(x, d) for d in dense])
+            row["bf16"] = {"us": round(us, 2), "pct_copy_bw": pct(n * k * 2, us)}
+            best = None
+            for warps, unroll in itertools.product(map(int, args.warps.split(",")), map(int, args.unroll.split(","))):
+                auto = im.mma_splits(mmas[0], 8 * warps, sms)
+                for splits in sorted({max(1, auto // 2), auto, 2 * auto}):
+                    def call(m, warps=warps, unroll=unroll, splits=splits):
+                        return im.int4_mma_matmul(x, m, num_warps=warps, splits=splits, unroll=unroll)
+                    us = time_us([lambda m=m: call(m) for m in mmas])
+                    err = rel_err(call(mmas[0]), want)
+                    entry = {"warps": warps, "unroll": unroll, "splits": splits, "us": round(us, 2),
+                             "pct_copy_bw": pct(nbytes(first), us), "rel_err": round(err, 5)}
+                    print(json.dumps({"n": n, "k": k, "rows": rows, "mma": entry}), file=sys.stderr, flush=True)
+                    if best is None or us < best["us"]:
+                        best = entry
+            row["mma_best"] = best
+            row["mma_vs_packed"] = round(row["packed"]["us"] / best["us"], 3)
+            row["mma_vs_bf16"] = round(row["bf16"]["us"] / best["us"], 3)
+            print(json.dumps(row), flush=True)
+        del ws, mmas, dense
+
+
+if __name__ == "__main__":
+    main()
