@@ -6,10 +6,18 @@ sm_90 instructions a 32-bit weight word (eight weights) for nibbles, zero points
 pairs, eight products and their fp32 sum. A Hopper SM streams 3.5 (H100) to 4.6 (H200)
 such words a cycle from HBM and issues 128 thread-instructions a cycle, so that step
 cannot keep up with the memory on the H200 and barely on the H100 (38-63% of copy
-bandwidth). Here a word is one thread's whole share of one MMA: three shifts, four
-``lop3`` and four bf16 subtractions make its eight weights, exact, and one ``mma.sync``
-per warp multiplies 32 such words by x (about 15 instructions a word in all). Marlin
-(IST-DASLab) showed the approach; this is our own layout and code.
+bandwidth). Here a word is one thread's whole share of one MMA: three shifts and four
+``lop3`` make its eight weights, and one ``mma.sync`` per warp multiplies 32 such words
+by x (about 12 instructions a word in all). Marlin (IST-DASLab) showed the approach; this
+is our own layout and code.
+
+The weights enter the MMA as ``128 + q`` (bf16; ``1024 + q`` in fp16), exact, with no
+subtraction: ``sum (q - z) x = sum (128 + q) x - (128 + z) sum x``, and ``sum x`` comes
+from a second MMA of the same x with an A of ones. Both sums gather a whole call (one
+or two steps of a scale group) in float32 before the group's zero point and scale apply
+once: 1 MMA more a word instead of 4 subtractions. Products are exact, and float32 keeps
+``(128 + z) sum x`` exact enough to subtract: with |x| up to 1e3 the difference is off by
+about 1e-5 of itself.
 
 The MMA's A operand is 16 weight rows by 16 columns and B is 16 columns by 8 rows of x,
 so up to eight rows of x cost the same instructions as one. Lane ``l`` of a warp holds A's
@@ -29,16 +37,16 @@ Which K column goes with which MMA position is free (a sum does not care) as lon
 weight and x agree: the layout picks the one that makes x's loads whole. (A 32-word step
 would not do: Triton lays a 32-column tile out eight threads wide, not four.)
 
-Each step's group scales (and zero points) are one 32-bit pair a physical row: rows
+Each group's scales (and zero points) are one 32-bit pair a physical row: rows
 ``16 T + g`` and ``16 T + g + 8`` in the low and high halves, in x's dtype (the dtype the
-loaded scales already have). Zero points are stored as ``-(128 + z)`` (bf16) or
-``-(1024 + z)`` (fp16) pairs, ready for the subtraction; a symmetric weight has none.
+loaded scales already have). Zero points are stored as ``128 + z`` (bf16) or ``1024 + z``
+(fp16), exact; a symmetric weight has none (8 is a constant).
 
 The kernel relies on Triton giving a ``[BLOCK_P, 16]`` int32 tile loaded 16 bytes a
 thread the blocked layout ``sizePerThread [1, 4]``, ``threadsPerWarp [8, 4]``,
 ``warpsPerCTA [num_warps, 1]`` (lane ``l`` holds row ``l // 4`` of its warp's eight,
-words ``4 (l % 4)`` onward), and ``pack=4`` handing one inline-asm call those four words: ``scripts/triton_ir.py`` shows the layout, and the GPU tests compare with
-the reference. Under the interpreter (``EMULATE``) the same sums are made with Triton
+words ``4 (l % 4)`` onward), and ``pack=4`` handing one inline-asm call those four words:
+``scripts/triton_ir.py`` shows the layout, and the GPU tests compare with the reference. Under the interpreter (``EMULATE``) the same sums are made with Triton
 operations from the same layout, so CPU tests check the packing, addressing and splits.
 """
 
@@ -62,16 +70,11 @@ STEP = 64
 _STEP = tl.constexpr(STEP)
 #: x's dtype -> (the exponent bits that make a nibble q the float magic + q, magic)
 _MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
-#: -(magic + 8) twice: a symmetric weight's zero-point pair, bf16 and fp16
-_SYMMETRIC_BF16 = tl.constexpr(-1022835960)
-_SYMMETRIC_F16 = tl.constexpr(-469179384)
-
-
 @dataclass
 class Int4Mma:
     """An :class:`~ninfer_kernels.quant_formats.Int4Group` weight in the MMA layout (module
     docstring): ``words`` int32 ``[ceil(N / 16) * 8, K // 4]``, ``scales`` int32 pairs
-    ``[ceil(N / 16) * 8, K // group_size]``, ``zeros`` likewise (``-(magic + z)``) or None
+    ``[ceil(N / 16) * 8, K // group_size]``, ``zeros`` likewise (``magic + z``) or None
     (symmetric), all for x of ``dtype``."""
 
     words: torch.Tensor
@@ -126,59 +129,68 @@ def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
         v = torch.nn.functional.pad(values.to(dtype), (0, 0, 0, n16 - n)).view(n16 // 16, 2, 8, -1)
         return _pairs(v[:, 0], v[:, 1]).reshape(p_rows, -1).contiguous()
 
-    zeros = None if w.symmetric else row_pairs(-(_MAGIC[dtype][1] + w.zeros.float()))
+    zeros = None if w.symmetric else row_pairs(_MAGIC[dtype][1] + w.zeros.float())
     return Int4Mma(packed.contiguous(), row_pairs(w.scales), zeros, n, k, w.group_size, dtype)
 
 
-# One pack of four words of a row (one lane's share of four MMAs) into D, then D scaled into
-# the accumulator. $0..$3 the new accumulator (float32 bits: rows g, g, g+8, g+8 at x rows
-# 2t, 2t+1, 2t, 2t+1), $4..$7 the words, $8..$11 and $12..$15 x's two pairs for each word
-# (B's k 2t..2t+1 and 2t+8..2t+9), $16..$19 the accumulator, $20 the scale pair, $24 the
-# negated zero-point pair (the other copies of both unused).
-def _word_asm(n: int, ty: str, magic: str) -> str:
-    w, xa, xb = f"${4 + n}", f"${8 + n}", f"${12 + n}"
-    return f"""shr.u32 t1, {w}, 4;
+def call_steps(group_size: int, k: int) -> int:
+    """Steps one call of the kernel's inner code covers: two (a 128-column group, or two
+    steps of a larger one) where the group and K allow, else one."""
+    return 2 if group_size % (2 * STEP) == 0 and k % (2 * STEP) == 0 else 1
+
+
+def _pack_asm(ty: str, steps: int, symmetric: bool) -> str:
+    """PTX for one call: a lane's four words of each of ``steps`` steps (one MMA each, into
+    D) and their x (into S, against ones), then ``acc += s (D - (magic + z) S)`` for the
+    lane's four outputs. Operands: $0..$3 the new accumulator (float32 bits: rows g, g,
+    g+8, g+8 at x rows 2t, 2t+1, 2t, 2t+1); then per step the words, x's first pairs and
+    x's second pairs (four each); then the accumulator, the scale pairs and the zero
+    pairs (only the first of each four read)."""
+    magic = "0x43004300" if ty == "bf16" else "0x64006400"
+    one = "0x3f803f80" if ty == "bf16" else "0x3c003c00"
+    base = 4 + 12 * steps
+    acc, scale, zero = base, base + 4, base + 8
+    body = []
+    for st in range(steps):
+        for n in range(4):
+            w, xa, xb = f"${4 + 12 * st + n}", f"${8 + 12 * st + n}", f"${12 + 12 * st + n}"
+            body.append(f"""shr.u32 t1, {w}, 4;
 shr.u32 t2, {w}, 8;
 shr.u32 t3, {w}, 12;
 lop3.b32 a0, {w}, 0x000f000f, {magic}, 0xea;
 lop3.b32 a1, t1, 0x000f000f, {magic}, 0xea;
 lop3.b32 a2, t2, 0x000f000f, {magic}, 0xea;
 lop3.b32 a3, t3, 0x000f000f, {magic}, 0xea;
-fma.rn.{ty}x2 a0, a0, one, zg;
-fma.rn.{ty}x2 a1, a1, one, zg8;
-fma.rn.{ty}x2 a2, a2, one, zg;
-fma.rn.{ty}x2 a3, a3, one, zg8;
 mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{{xa}, {xb}}}, {{d0, d1, d2, d3}};
-"""
-
-
-def _pack_asm(ty: str) -> str:
-    magic = "0x43004300" if ty == "bf16" else "0x64006400"
-    one = "0x3f803f80" if ty == "bf16" else "0x3c003c00"
+mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{{xa}, {xb}}}, {{e0, e1, e2, e3}};
+""")
     if ty == "bf16":  # a bf16's bits are a float32's high half
-        scales = "shl.b32 sg, $20, 16;\nand.b32 sg8, $20, 0xffff0000;\nmov.b32 fg, sg;\nmov.b32 fg8, sg8;\n"
+        halves = lambda src, lo, hi: f"shl.b32 {lo}, {src}, 16;\nand.b32 {hi}, {src}, 0xffff0000;\n"  # noqa: E731
     else:
-        scales = "mov.b32 {hg, hg8}, $20;\ncvt.f32.f16 fg, hg;\ncvt.f32.f16 fg8, hg8;\n"
-    body = "".join(_word_asm(n, ty, magic) for n in range(4))
+        halves = lambda src, lo, hi: (f"mov.b32 {{h0, h1}}, {src};\ncvt.f32.f16 {lo}, h0;\n"  # noqa: E731
+                                      f"cvt.f32.f16 {hi}, h1;\n")
+    zeros = (f"mov.f32 zg, {'0f43080000' if ty == 'bf16' else '0f44810000'};\nmov.f32 zg8, zg;\n" if symmetric
+             else halves(f"${zero}", "zg", "zg8"))
+    clear = "".join(f"mov.f32 {r}, 0f00000000;\n" for r in ("d0", "d1", "d2", "d3", "e0", "e1", "e2", "e3"))
     return f"""{{
-.reg .b32 t1, t2, t3, a0, a1, a2, a3, one, zg, zg8, sg, sg8;
-.reg .b16 hg, hg8;
-.reg .f32 d0, d1, d2, d3, fg, fg8, c0, c1, c2, c3;
+.reg .b32 t1, t2, t3, a0, a1, a2, a3, one;
+.reg .b16 h0, h1;
+.reg .f32 d0, d1, d2, d3, e0, e1, e2, e3, sg, sg8, zg, zg8, c0, c1, c2, c3;
 mov.b32 one, {one};
-prmt.b32 zg, $24, $24, 0x1010;
-prmt.b32 zg8, $24, $24, 0x3232;
-mov.f32 d0, 0f00000000;
-mov.f32 d1, 0f00000000;
-mov.f32 d2, 0f00000000;
-mov.f32 d3, 0f00000000;
-{body}{scales}mov.b32 c0, $16;
-mov.b32 c1, $17;
-mov.b32 c2, $18;
-mov.b32 c3, $19;
-fma.rn.f32 c0, d0, fg, c0;
-fma.rn.f32 c1, d1, fg, c1;
-fma.rn.f32 c2, d2, fg8, c2;
-fma.rn.f32 c3, d3, fg8, c3;
+{clear}{"".join(body)}{halves(f"${scale}", "sg", "sg8")}{zeros}mov.b32 c0, ${acc};
+mov.b32 c1, ${acc + 1};
+mov.b32 c2, ${acc + 2};
+mov.b32 c3, ${acc + 3};
+neg.f32 zg, zg;
+neg.f32 zg8, zg8;
+fma.rn.f32 d0, zg, e0, d0;
+fma.rn.f32 d1, zg, e1, d1;
+fma.rn.f32 d2, zg8, e2, d2;
+fma.rn.f32 d3, zg8, e3, d3;
+fma.rn.f32 c0, d0, sg, c0;
+fma.rn.f32 c1, d1, sg, c1;
+fma.rn.f32 c2, d2, sg8, c2;
+fma.rn.f32 c3, d3, sg8, c3;
 mov.b32 $0, c0;
 mov.b32 $1, c1;
 mov.b32 $2, c2;
@@ -186,9 +198,14 @@ mov.b32 $3, c3;
 }}"""
 
 
-_PACK_BF16 = tl.constexpr(_pack_asm("bf16"))
-_PACK_F16 = tl.constexpr(_pack_asm("f16"))
-_PACK_OPERANDS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 24))
+def _operands(steps: int) -> str:
+    return ",".join(["=r"] * 4 + ["r"] * (12 * steps + 12))
+
+
+#: the PTX of one call and its operand constraints, by (x's dtype, steps a call, symmetric)
+PACKS = {(dtype, steps, sym): (_pack_asm(ty, steps, sym), _operands(steps))
+         for dtype, ty in ((torch.bfloat16, "bf16"), (torch.float16, "f16")) for steps in (1, 2)
+         for sym in (False, True)}
 # one 32-bit load for four elements (a physical row's pair, the same for all four)
 _ROW_PAIR = tl.constexpr("ld.global.nc.b32 $0, [$4];\nmov.b32 $1, $0;\nmov.b32 $2, $0;\nmov.b32 $3, $0;")
 # a lane's x for its four words: eight pairs from $8 (its first) plus $12 bytes, the two
@@ -199,6 +216,21 @@ add.s64 a, $8, $12;
 ld.global.v4.b32 {$0, $4, $1, $5}, [a];
 ld.global.v4.b32 {$2, $6, $3, $7}, [a+16];
 }""")
+
+
+@triton.jit
+def _pack(words, xa, xb, words2, xa2, xb2, acc, s_pair, z_pair, STEPS: tl.constexpr, PACK_ASM: tl.constexpr,
+          PACK_OPERANDS: tl.constexpr):
+    """The accumulator after one call (``STEPS`` steps, the second's operands ``*2``)."""
+    acc_bits = acc.to(tl.int32, bitcast=True)
+    if STEPS == 2:
+        bits = tl.inline_asm_elementwise(PACK_ASM, PACK_OPERANDS,
+                                         [words, xa, xb, words2, xa2, xb2, acc_bits, s_pair, z_pair],
+                                         dtype=tl.int32, is_pure=True, pack=4)
+    else:
+        bits = tl.inline_asm_elementwise(PACK_ASM, PACK_OPERANDS, [words, xa, xb, acc_bits, s_pair, z_pair],
+                                         dtype=tl.int32, is_pure=True, pack=4)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -249,11 +281,11 @@ def _emulated_step(words, x_ptr, stride_xm, k0, M, s_pair, z_pair, SYMMETRIC: tl
     q = ((words[:, :, None] >> (4 * j)[None, None, :]) & 0xF).to(tl.float32)  # [BLOCK_P, 16, 8]
     if SYMMETRIC:
         v = q - 8.0
-    else:
+    else:  # the pairs hold magic + z
         magic = 128.0 if X_BF16 else 1024.0
         zg = _half_value(z_pair, False, X_BF16)[:, :, None]
         zg8 = _half_value(z_pair, True, X_BF16)[:, :, None]
-        v = q + magic + tl.where((j & 1)[None, None, :] == 0, zg, zg8)
+        v = q + magic - tl.where((j & 1)[None, None, :] == 0, zg, zg8)
     odd = (j & 1)[None, None, None, :] == 1
     prod = v[:, None, :, :] * xv[None, :, :, :]  # [BLOCK_P, 8 x rows, 16, 8]
     d_g = tl.sum(tl.sum(tl.where(odd, 0.0, prod), 3), 2)  # [BLOCK_P, 8]
@@ -270,9 +302,11 @@ def _emulated_step(words, x_ptr, stride_xm, k0, M, s_pair, z_pair, SYMMETRIC: tl
 @triton.jit(do_not_specialize=["M"])
 def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                      M, N, P_ROWS, steps_per_split, K_STEPS, splits, stride_xm, stride_wp, stride_sp, stride_zp,
-                     stride_om, GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, SYMMETRIC: tl.constexpr,
+                     stride_om, GROUP_SHIFT: tl.constexpr, STEPS: tl.constexpr, BLOCK_P: tl.constexpr,
+                     SYMMETRIC: tl.constexpr,
                      X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr):
+                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, PACK_ASM: tl.constexpr,
+                     PACK_OPERANDS: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     offs_p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -291,28 +325,35 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
     if USE_PDL:  # x comes from the kernel before
         pdl.wait()
     acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
-    # the words of the next two steps stay in flight while a step computes (.gemv_words);
-    # a prefetch past the split's end reads its last step again, never used
+    # the words of the next two calls stay in flight while a call computes (.gemv_words);
+    # a prefetch past the split's end reads its last call again, never used
+    last = st_end - STEPS
     following = tl.load(w_rows + (st_begin * 16 + c))
-    after = tl.load(w_rows + (tl.minimum(st_begin + 1, st_end - 1) * 16 + c))
-    for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
-        words = following
-        following = after
-        after = tl.load(w_rows + (tl.minimum(st + 2, st_end - 1) * 16 + c))
+    following2 = tl.load(w_rows + ((st_begin + STEPS - 1) * 16 + c))
+    after = tl.load(w_rows + (tl.minimum(st_begin + STEPS, last) * 16 + c))
+    after2 = tl.load(w_rows + ((tl.minimum(st_begin + STEPS, last) + STEPS - 1) * 16 + c))
+    for st in tl.range(st_begin, st_end, STEPS, loop_unroll_factor=UNROLL):
+        words, words2 = following, following2
+        following, following2 = after, after2
+        ahead = tl.minimum(st + 2 * STEPS, last)
+        after = tl.load(w_rows + (ahead * 16 + c))
+        after2 = tl.load(w_rows + ((ahead + STEPS - 1) * 16 + c))
         group = st >> GROUP_SHIFT  # steps are never negative: a shift, not a division
         s_pair = _row_pairs(s_rows + group, EMULATE)
-        if SYMMETRIC:  # -(magic + 8) twice, no load
-            z_pair = tl.full([BLOCK_P, 16], _SYMMETRIC_BF16 if X_BF16 else _SYMMETRIC_F16, tl.int32)
-        else:
-            z_pair = _row_pairs(z_rows + group, EMULATE)
+        z_pair = s_pair if SYMMETRIC else _row_pairs(z_rows + group, EMULATE)  # symmetric: unread
         if EMULATE:
             acc += _emulated_step(words, x_ptr, stride_xm, st * _STEP, M, s_pair, z_pair, SYMMETRIC, X_BF16)
+            if STEPS == 2:
+                acc += _emulated_step(words2, x_ptr, stride_xm, (st + 1) * _STEP, M, s_pair, z_pair, SYMMETRIC,
+                                      X_BF16)
         else:
-            xa, xb = _x_pairs(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
-            bits = tl.inline_asm_elementwise(_PACK_BF16 if X_BF16 else _PACK_F16, _PACK_OPERANDS,
-                                             [words, xa, xb, acc.to(tl.int32, bitcast=True), s_pair, z_pair],
-                                             dtype=tl.int32, is_pure=True, pack=4)
-            acc = bits.to(tl.float32, bitcast=True)
+            at = tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP)  # bytes: a step is 128
+            xa, xb = _x_pairs(x_lanes, at)
+            if STEPS == 2:
+                xa2, xb2 = _x_pairs(x_lanes, at + 2 * _STEP)
+            else:
+                xa2, xb2 = xa, xb  # unread
+            acc = _pack(words, xa, xb, words2, xa2, xb2, acc, s_pair, z_pair, STEPS, PACK_ASM, PACK_OPERANDS)
     # lane t's slot u: weight row g + 8 (u >> 1) of the tile at x row 2t + (u & 1)
     t = c // 4
     u = c % 4
@@ -362,8 +403,8 @@ def int4_mma_matmul(x: torch.Tensor, w: Int4Mma, bias: torch.Tensor | None = Non
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         splits = mma_splits(w, block_p, sms)
-    k_steps = w.k // STEP
-    steps_per_split = triton.cdiv(k_steps, splits)
+    k_steps, steps = w.k // STEP, call_steps(w.group_size, w.k)
+    steps_per_split = triton.cdiv(triton.cdiv(k_steps, splits), steps) * steps  # whole calls
     splits = triton.cdiv(k_steps, steps_per_split)
     if splits > 1:
         parts = torch.empty(splits, rows, w.n, dtype=torch.float32, device=x.device)
@@ -373,13 +414,14 @@ def int4_mma_matmul(x: torch.Tensor, w: Int4Mma, bias: torch.Tensor | None = Non
     use_pdl = pdl.enabled(x.device)
     zeros = w.zeros if w.zeros is not None else w.scales
     emulate = x.device.type != "cuda"
+    code, operands = PACKS[x.dtype, steps, w.zeros is None]
     _int4_mma_kernel[(programs, splits)](
         x, w.words, w.scales, zeros, bias if bias is not None else out, out, parts, counters,
         rows, w.n, p_rows, steps_per_split, k_steps, splits, x.stride(0), w.words.stride(0), w.scales.stride(0),
         zeros.stride(0), out.stride(0),
-        GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=block_p, SYMMETRIC=w.zeros is None, X_BF16=x.dtype == torch.bfloat16,
+        GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, STEPS=steps, BLOCK_P=block_p, SYMMETRIC=w.zeros is None, X_BF16=x.dtype == torch.bfloat16,
         HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl, EMULATE=emulate,
         ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
-        num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
+        PACK_ASM=code, PACK_OPERANDS=operands, num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
     )
     return out
