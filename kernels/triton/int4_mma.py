@@ -113,17 +113,20 @@ def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
     shifts = torch.arange(0, 32, 4, device=dev, dtype=torch.int32)
     q = ((w.qweight.unsqueeze(-1) >> shifts) & 0xF).flatten(-2).to(torch.uint8)  # [N, K]
     q = torch.nn.functional.pad(q, (0, 0, 0, n16 - n))
-    # for each (physical row, step, word, nibble): the logical row and column it holds
-    p_rows = n16 // 2
-    P = torch.arange(p_rows, device=dev).view(-1, 1, 1, 1)
-    s = torch.arange(k // STEP, device=dev).view(1, -1, 1, 1)
-    c = torch.arange(16, device=dev).view(1, 1, -1, 1)
-    j = torch.arange(8, device=dev).view(1, 1, 1, -1)
-    row = 16 * (P // 8) + P % 8 + 8 * (j & 1)
+    # every 16-row, 64-column block maps to 8 physical rows x 16 words x 8 nibbles the same
+    # way: (g, word c, nibble j) holds the block's row g + 8 (j & 1), column 2 pair + (j >> 2)
+    g = torch.arange(8, device=dev).view(-1, 1, 1)
+    c = torch.arange(16, device=dev).view(1, -1, 1)
+    j = torch.arange(8, device=dev).view(1, 1, -1)
     pair = 8 * (c // 4) + 2 * (c % 4) + ((j >> 1) & 1)
-    col = STEP * s + 2 * pair + (j >> 2)
-    packed = (q[row, col].to(torch.int64) << (4 * j)).sum(-1)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32).view(p_rows, k // 4)
+    within = ((g + 8 * (j & 1)) * STEP + 2 * pair + (j >> 2)).flatten()  # [8 * 16 * 8] of the block's 16 x 64
+    p_rows, steps = n16 // 2, k // STEP
+    blocks = q.view(n16 // 16, 16, steps, STEP).transpose(1, 2).reshape(n16 // 16, steps, 16 * STEP)
+    nibbles = blocks[:, :, within].view(n16 // 16, steps, 8, 16, 8).to(torch.int32)
+    packed = nibbles[..., 0]
+    for jj in range(1, 8):  # int32 shifts wrap into the sign bit, as the word's top nibble should
+        packed = packed | (nibbles[..., jj] << (4 * jj))
+    packed = packed.permute(0, 2, 1, 3).reshape(p_rows, k // 4)  # physical row 8 T + g, word 16 s + c
 
     def row_pairs(values: torch.Tensor) -> torch.Tensor:
         v = torch.nn.functional.pad(values.to(dtype), (0, 0, 0, n16 - n)).view(n16 // 16, 2, 8, -1)
