@@ -65,6 +65,8 @@
 #   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh int4-mma     int4 on the tensor cores (kernels/triton/int4_mma.py): its GPU tests, then
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
+#   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) with the tensor-core copy
+#                                   (NINFER_INT4_MMA=1), then without it, then bf16: #22's int4 ratio both ways
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
@@ -466,6 +468,15 @@ int4-mma)
     timeout "$limit" python3 scripts/gpu_int4_mma_ab.py --rows "${MMA_ROWS:-1,8}" 2>"$OUT/int4_mma.err" \
         | tee "$OUT/int4_mma.jsonl" | cut -c1-700
     tail -2 "$OUT/int4_mma.err"
+    ;;
+mma-ratio)
+    for mma in 1 0; do
+        echo "{\"int4_mma\": $mma}" | tee -a "$OUT/bench.jsonl"
+        NINFER_INT4_MMA=$mma bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@gptq" --dtype bf16 --only bandwidth,decode \
+            --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
+    bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
+        --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
 gemv-ncu)
     # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)

@@ -54,6 +54,16 @@ def test_layout_holds_every_nibble_once():
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
+def test_layout_turns_back(symmetric):
+    """:func:`int4_group` undoes :func:`mma_layout` (ragged N)."""
+    gen = torch.Generator().manual_seed(3)
+    w = _weight(40, 384, gen, symmetric)
+    back = im.int4_group(im.mma_layout(w, torch.bfloat16))
+    assert torch.equal(back.qweight, w.qweight) and torch.equal(back.scales, w.scales)
+    assert torch.equal(back.zeros, w.zeros) and back.symmetric == symmetric and back.group_size == w.group_size
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_pairs_hold_scales_and_zero_points(symmetric, dtype):
     gen = torch.Generator().manual_seed(1)
@@ -137,3 +147,25 @@ def test_gpu_27b_shapes():
         x = torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16)
         got = im.int4_mma_matmul(x, im.mma_layout(w, torch.bfloat16))
         assert rel_err(got, qf.quant_linear(x.float(), w)) < 1e-2, (n, k)
+
+
+def test_quant_matmul_takes_the_mma_copy(monkeypatch):
+    """A weight carrying its MMA copy multiplies one to eight rows from it, more rows from
+    the row-major words; ``with_mma_layout`` makes none off CUDA."""
+    from dataclasses import replace
+
+    from ninfer_kernels import quant_rows
+    from ninfer_kernels.triton import quant_gemm as qg
+
+    gen = torch.Generator().manual_seed(7)
+    w = _weight(48, 256, gen, symmetric=True)
+    monkeypatch.setenv("NINFER_INT4_MMA", "1")
+    assert quant_rows.with_mma_layout(torch.nn.Module(), "w", w).mma is None  # CPU: nothing made
+    fast = replace(w, mma=im.mma_layout(w, torch.bfloat16))
+    calls = []
+    real = im.int4_mma_matmul
+    monkeypatch.setattr(im, "int4_mma_matmul", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    for rows in (1, 8, 9):
+        x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
+        assert rel_err(qg.quant_matmul(x, fast), qf.quant_linear(x.float(), w)) < 1e-2
+    assert calls == [1, 8]

@@ -70,6 +70,8 @@ STEP = 64
 _STEP = tl.constexpr(STEP)
 #: x's dtype -> (the exponent bits that make a nibble q the float magic + q, magic)
 _MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
+
+
 @dataclass
 class Int4Mma:
     """An :class:`~ninfer_kernels.quant_formats.Int4Group` weight in the MMA layout (module
@@ -100,6 +102,16 @@ def _pairs(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return lo16 | (hi16 << 16)
 
 
+def _block_pattern(device: torch.device) -> torch.Tensor:
+    """Where each (physical row g, word c, nibble j) of a 16-row, 64-column block comes from
+    in the block (row-major): row ``g + 8 (j & 1)``, column ``2 pair + (j >> 2)``."""
+    g = torch.arange(8, device=device).view(-1, 1, 1)
+    c = torch.arange(16, device=device).view(1, -1, 1)
+    j = torch.arange(8, device=device).view(1, 1, -1)
+    pair = 8 * (c // 4) + 2 * (c % 4) + ((j >> 1) & 1)
+    return ((g + 8 * (j & 1)) * STEP + 2 * pair + (j >> 2)).flatten()
+
+
 def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
     """``w`` (2-D) in the MMA layout for x of ``dtype`` (bf16 or fp16). Rows past N are
     padded with zero weights and scales."""
@@ -113,16 +125,9 @@ def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
     shifts = torch.arange(0, 32, 4, device=dev, dtype=torch.int32)
     q = ((w.qweight.unsqueeze(-1) >> shifts) & 0xF).flatten(-2).to(torch.uint8)  # [N, K]
     q = torch.nn.functional.pad(q, (0, 0, 0, n16 - n))
-    # every 16-row, 64-column block maps to 8 physical rows x 16 words x 8 nibbles the same
-    # way: (g, word c, nibble j) holds the block's row g + 8 (j & 1), column 2 pair + (j >> 2)
-    g = torch.arange(8, device=dev).view(-1, 1, 1)
-    c = torch.arange(16, device=dev).view(1, -1, 1)
-    j = torch.arange(8, device=dev).view(1, 1, -1)
-    pair = 8 * (c // 4) + 2 * (c % 4) + ((j >> 1) & 1)
-    within = ((g + 8 * (j & 1)) * STEP + 2 * pair + (j >> 2)).flatten()  # [8 * 16 * 8] of the block's 16 x 64
     p_rows, steps = n16 // 2, k // STEP
     blocks = q.view(n16 // 16, 16, steps, STEP).transpose(1, 2).reshape(n16 // 16, steps, 16 * STEP)
-    nibbles = blocks[:, :, within].view(n16 // 16, steps, 8, 16, 8).to(torch.int32)
+    nibbles = blocks[:, :, _block_pattern(dev)].view(n16 // 16, steps, 8, 16, 8).to(torch.int32)
     packed = nibbles[..., 0]
     for jj in range(1, 8):  # int32 shifts wrap into the sign bit, as the word's top nibble should
         packed = packed | (nibbles[..., jj] << (4 * jj))
@@ -134,6 +139,32 @@ def mma_layout(w: qf.Int4Group, dtype: torch.dtype) -> Int4Mma:
 
     zeros = None if w.symmetric else row_pairs(_MAGIC[dtype][1] + w.zeros.float())
     return Int4Mma(packed.contiguous(), row_pairs(w.scales), zeros, n, k, w.group_size, dtype)
+
+
+def _unpair(pairs: torch.Tensor, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """:func:`mma_layout`'s row pairs back to ``[N, groups]`` values of ``dtype``."""
+    lo = (pairs & 0xFFFF).to(torch.int16).view(dtype)
+    hi = (pairs >> 16).to(torch.int16).view(dtype)
+    return torch.stack((lo.view(-1, 8, lo.shape[-1]), hi.view(-1, 8, hi.shape[-1])), 1).reshape(-1, lo.shape[-1])[:n]
+
+
+def int4_group(m: Int4Mma) -> qf.Int4Group:
+    """The row-major :class:`~ninfer_kernels.quant_formats.Int4Group` ``m`` was made from
+    (what the reference and the cuBLAS prefill route dequantize)."""
+    dev, p_rows, steps = m.words.device, m.words.shape[0], m.k // STEP
+    shifts = torch.arange(0, 32, 4, device=dev, dtype=torch.int32)
+    nibbles = ((m.words.view(p_rows // 8, 8, steps, 16).permute(0, 2, 1, 3).unsqueeze(-1) >> shifts) & 0xF)
+    blocks = torch.empty(p_rows // 8, steps, 16 * STEP, dtype=torch.int32, device=dev)
+    blocks[:, :, _block_pattern(dev)] = nibbles.reshape(p_rows // 8, steps, -1)
+    q = blocks.view(p_rows // 8, steps, 16, STEP).transpose(1, 2).reshape(2 * p_rows, m.k)[:m.n]
+    words = q.view(m.n, m.k // 8, 8) << shifts
+    qweight = words[..., 0]
+    for jj in range(1, 8):
+        qweight = qweight | words[..., jj]
+    scales = _unpair(m.scales, m.dtype, m.n)
+    if m.zeros is None:
+        return qf.Int4Group(qweight, scales, torch.full_like(scales, 8), m.group_size, symmetric=True)
+    return qf.Int4Group(qweight, scales, _unpair(m.zeros, m.dtype, m.n) - _MAGIC[m.dtype][1], m.group_size)
 
 
 def call_steps(group_size: int, k: int) -> int:
@@ -389,13 +420,18 @@ def mma_splits(w: Int4Mma, block_p: int, sms: int) -> int:
     return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), w.k // STEP // 4))
 
 
+def takes(x: torch.Tensor, w: Int4Mma) -> bool:
+    """Whether :func:`int4_mma_matmul` serves ``x`` (else the row-major kernels do)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MMA_ROWS and x.dtype == w.dtype and x.shape[1] == w.k
+            and x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0)
+
+
 def int4_mma_matmul(x: torch.Tensor, w: Int4Mma, bias: torch.Tensor | None = None, *, num_warps: int = 8,
                     splits: int | None = None, unroll: int = 2) -> torch.Tensor:
     """``x`` [M <= 8, K] (w's dtype, rows contiguous and 16-byte aligned) times ``w``:
     [M, N] in x's dtype, float32 sums rounded once."""
     rows = x.shape[0]
-    if (rows > MMA_ROWS or x.dtype != w.dtype or x.shape[-1] != w.k or x.stride(-1) != 1
-            or (rows > 1 and x.stride(0) % 8) or x.data_ptr() % 16):
+    if rows and not takes(x, w):
         raise ValueError("int4_mma_matmul takes up to 8 contiguous, 16-byte aligned rows of x in the weight's dtype")
     out = torch.empty(rows, w.n, dtype=x.dtype, device=x.device)
     if rows == 0:
