@@ -67,10 +67,6 @@ class Int4Group:
     zeros: torch.Tensor
     group_size: int
     symmetric: bool = False
-    #: the same weight in the tensor-core layout of ``triton/int4_mma.py``, where the CUDA
-    #: path made one (:func:`ninfer_kernels.quant_rows.with_mma_layout`); one to eight rows
-    #: of x then multiply from it
-    mma: object = None
 
     @property
     def shape(self) -> torch.Size:

@@ -24,7 +24,6 @@ one weight when the layout allows it, so the layer stays one matmul:
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional, Sequence
 
 import torch
@@ -52,22 +51,6 @@ def register_params(module: torch.nn.Module, prefix: str, weight: QuantWeight) -
         params[name] = torch.nn.Parameter(tensor, requires_grad=False)
         module.register_parameter(f"{prefix}_{name}", params[name])
     return dataclasses.replace(weight, **params)
-
-
-def with_mma_layout(module: torch.nn.Module, prefix: str, weight: QuantWeight) -> QuantWeight:
-    """``weight`` with its tensor-core copy (:class:`Int4Group`'s ``mma``) made and registered
-    as parameters of ``module`` (``{prefix}_mma_{field}``), where that path is on: a 2-D int4
-    weight on CUDA the layout serves, ``NINFER_INT4_MMA=1``. Opt-in while it is new: the
-    copy doubles the weight's bytes (the row-major words still serve more rows)."""
-    if (not isinstance(weight, Int4Group) or weight.qweight.device.type != "cuda"
-            or os.environ.get("NINFER_INT4_MMA", "0") != "1"):
-        return weight
-    from ninfer_kernels.triton import int4_mma  # CUDA only: Triton
-
-    if not int4_mma.serves(weight, weight.scales.dtype):
-        return weight
-    mma = int4_mma.mma_layout(weight, weight.scales.dtype)
-    return dataclasses.replace(weight, mma=register_params(module, f"{prefix}_mma", mma))
 
 
 def nbytes(weight: QuantWeight | torch.Tensor) -> int:

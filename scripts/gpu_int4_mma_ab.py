@@ -43,7 +43,6 @@ def main() -> None:
         n, k = map(int, shape.split("x"))
         first = random_weight("int4", n, k, gen=gen)
         ws = [first] + [random_weight("int4", n, k, gen=gen) for _ in range(copies_for(nbytes(first), 1) - 1)]
-        mmas = [im.mma_layout(w, torch.bfloat16) for w in ws]
         dense = [w.dequantize(torch.bfloat16) for w in ws[:max(2, copies_for(n * k * 2, 1))]]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -57,12 +56,12 @@ def main() -> None:
             row["bf16"] = {"us": round(us, 2), "pct_copy_bw": pct(n * k * 2, us)}
             best = None
             for warps, unroll in itertools.product(map(int, args.warps.split(",")), map(int, args.unroll.split(","))):
-                auto = im.mma_splits(mmas[0], 8 * warps, sms)
+                auto = im.mma_splits(n, k, warps, sms)
                 for splits in sorted({max(1, auto // 2), auto, 2 * auto}):
                     def call(m, warps=warps, unroll=unroll, splits=splits):
                         return im.int4_mma_matmul(x, m, num_warps=warps, splits=splits, unroll=unroll)
-                    us = time_us([lambda m=m: call(m) for m in mmas])
-                    err = rel_err(call(mmas[0]), want)
+                    us = time_us([lambda w=w: call(w) for w in ws])
+                    err = rel_err(call(first), want)
                     entry = {"warps": warps, "unroll": unroll, "splits": splits, "us": round(us, 2),
                              "pct_copy_bw": pct(nbytes(first), us), "rel_err": round(err, 5)}
                     print(json.dumps({"n": n, "k": k, "rows": rows, "mma": entry}), file=sys.stderr, flush=True)
@@ -72,7 +71,7 @@ def main() -> None:
             row["mma_vs_packed"] = round(row["packed"]["us"] / best["us"], 3)
             row["mma_vs_bf16"] = round(row["bf16"]["us"] / best["us"], 3)
             print(json.dumps(row), flush=True)
-        del ws, mmas, dense
+        del ws, dense
 
 
 if __name__ == "__main__":

@@ -392,8 +392,8 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
                  config: QuantGemmConfig | None = None) -> torch.Tensor:
     """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
     accumulation rounded once. ``config`` overrides the table (tests, the sweep)."""
-    if config is None and isinstance(weight, qf.Int4Group) and weight.mma is not None and int4_mma.takes(x, weight.mma):
-        return int4_mma.int4_mma_matmul(x, weight.mma, bias)
+    if config is None and isinstance(weight, qf.Int4Group) and int4_mma.enabled() and int4_mma.takes(x, weight):
+        return int4_mma.int4_mma_matmul(x, weight, bias)
     op = operands(weight)
     if weight.shape[:-2]:
         raise ValueError(f"quant_linear takes a 2-D weight, got {tuple(weight.shape)}")

@@ -44,7 +44,7 @@ class QuantLinear(nn.Module):
             param = nn.Parameter(segment, requires_grad=False)
             self.register_parameter(f"part{index}_weight", param)
             return param
-        return quant_rows.with_mma_layout(self, f"part{index}", quant_rows.register_params(self, f"part{index}", segment))
+        return quant_rows.register_params(self, f"part{index}", segment)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.segments) == 1:
