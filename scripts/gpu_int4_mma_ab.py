@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--unroll", default="2,3")
+    ap.add_argument("--unroll", default="2")
+    ap.add_argument("--tiles", default="1,2")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(4)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -55,14 +56,15 @@ def main() -> None:
             us = time_us([lambda d=d: F.linear(x, d) for d in dense])
             row["bf16"] = {"us": round(us, 2), "pct_copy_bw": pct(n * k * 2, us)}
             best = None
-            for warps, unroll in itertools.product(map(int, args.warps.split(",")), map(int, args.unroll.split(","))):
-                auto = im.mma_splits(n, k, warps, sms)
+            for warps, unroll, tiles in itertools.product(*(map(int, v.split(",")) for v in (args.warps, args.unroll,
+                                                                                            args.tiles))):
+                auto = im.mma_splits(n, k, warps, sms, tiles)
                 for splits in sorted({max(1, auto // 2), auto, 2 * auto}):
-                    def call(m, warps=warps, unroll=unroll, splits=splits):
-                        return im.int4_mma_matmul(x, m, num_warps=warps, splits=splits, unroll=unroll)
+                    def call(m, warps=warps, unroll=unroll, splits=splits, tiles=tiles):
+                        return im.int4_mma_matmul(x, m, num_warps=warps, splits=splits, unroll=unroll, tiles=tiles)
                     us = time_us([lambda w=w: call(w) for w in ws])
                     err = rel_err(call(first), want)
-                    entry = {"warps": warps, "unroll": unroll, "splits": splits, "us": round(us, 2),
+                    entry = {"warps": warps, "unroll": unroll, "tiles": tiles, "splits": splits, "us": round(us, 2),
                              "pct_copy_bw": pct(nbytes(first), us), "rel_err": round(err, 5)}
                     print(json.dumps({"n": n, "k": k, "rows": rows, "mma": entry}), file=sys.stderr, flush=True)
                     if best is None or us < best["us"]:

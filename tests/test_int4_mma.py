@@ -33,14 +33,16 @@ def _weight(n, k, gen, symmetric, dtype=torch.bfloat16, device="cpu"):
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_matches_reference(rows, symmetric):
-    """Ragged N (a partial warp and a partial program), three K parts, a bias."""
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_matches_reference(rows, symmetric, tiles):
+    """Ragged N (a partial warp and a partial program), three K parts, a bias; one or two
+    16-row tiles a warp."""
     gen = torch.Generator().manual_seed(2 + rows)
-    n, k = 40, 384
+    n, k = 40 if tiles == 1 else 88, 384
     w = _weight(n, k, gen, symmetric)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    got = im.int4_mma_matmul(x, w, bias, num_warps=2, splits=3)
+    got = im.int4_mma_matmul(x, w, bias, num_warps=2, splits=3, tiles=tiles)
     want = qf.quant_linear(x.float(), w, bias.float())
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
     assert rel_err(got, want) < 1e-2
@@ -102,9 +104,9 @@ def test_gpu_matches_reference(rows, symmetric, dtype):
     x = torch.randn(rows, k, generator=gen, device="cuda").to(dtype)
     bias = torch.randn(n, generator=gen, device="cuda").to(dtype)
     want = qf.quant_linear(x.float(), w, bias.float())
-    for warps, splits, unroll in ((8, None, 2), (4, 3, 1), (2, 1, 3)):
-        got = im.int4_mma_matmul(x, w, bias, num_warps=warps, splits=splits, unroll=unroll)
-        assert rel_err(got, want) < 1e-2, (warps, splits, unroll)
+    for warps, splits, unroll, tiles in ((8, None, 2, 1), (4, 3, 1, 1), (2, 1, 3, 1), (8, None, 2, 2), (4, 3, 1, 2)):
+        got = im.int4_mma_matmul(x, w, bias, num_warps=warps, splits=splits, unroll=unroll, tiles=tiles)
+        assert rel_err(got, want) < 1e-2, (warps, splits, unroll, tiles)
 
 
 @gpu
@@ -128,4 +130,6 @@ def test_gpu_27b_shapes():
     for n, k in ((16384, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (14336, 5120)):
         w = _weight(n, k, gen, symmetric=True, device="cuda")
         x = torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16)
-        assert rel_err(im.int4_mma_matmul(x, w), qf.quant_linear(x.float(), w)) < 1e-2, (n, k)
+        want = qf.quant_linear(x.float(), w)
+        for tiles in (1, 2):
+            assert rel_err(im.int4_mma_matmul(x, w, tiles=tiles), want) < 1e-2, (n, k, tiles)

@@ -79,24 +79,33 @@ def takes(x: torch.Tensor, w: qf.Int4Group) -> bool:
             and w.qweight.stride(1) == 1 and w.qweight.stride(0) % 4 == 0 and w.qweight.data_ptr() % 16 == 0)
 
 
-def _pack_asm(ty: str, symmetric: bool) -> str:
-    """PTX for one step of a lane: its four words of rows g and g + 8 (two MMAs each, into
-    D) and x's words (into S, against ones), then ``acc += s (D - (magic + z) S)`` for its
-    four outputs. Operands: $0..$3 the new accumulator (float32 bits: rows g, g, g+8, g+8 at
-    x rows 2t, 2t+1, 2t, 2t+1); $4..$7 row g's words, $8..$11 row g+8's; $12..$27 x's words
-    (four for each word: columns c .. c+7 in pairs, word i's in $(12 + 4 j + i)); $28..$31
-    the accumulator; $32 the scale pair (rows g, g+8), $36 the zero-point pair (only the first
-    of each four read)."""
+def _pack_asm(ty: str, symmetric: bool, tiles: int = 1) -> str:
+    """PTX for one step of a lane: for each of ``tiles`` 16-row tiles its four words of rows
+    g and g + 8 (two MMAs each, into D), x's words once (into S, against ones), then
+    ``acc += s (D - (magic + z) S)`` for the tile's four outputs. Operands, for T tiles:
+    $0 .. $(4T - 1) the new accumulators (float32 bits; tile j's slot u at 4j + u: rows g, g,
+    g+8, g+8 at x rows 2t, 2t+1, 2t, 2t+1); from W = 4T each tile's words, row g's then row
+    g+8's (tile j's at W + 8j); from X = W + 8T x's words (four for each word: columns c ..
+    c+7 in pairs, word i's j-th at X + 4j + i); from A = X + 16 the accumulators; from A + 4T
+    the scale pairs (rows g, g+8), from A + 8T the zero-point pairs (tile j's at + 4j; only
+    the first of each four read)."""
     magic = "0x43004300" if ty == "bf16" else "0x64006400"
     one = "0x3f803f80" if ty == "bf16" else "0x3c003c00"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32"
+    w0, x0 = 4 * tiles, 12 * tiles
+    acc0, scale0, zero0 = x0 + 16, x0 + 16 + 4 * tiles, x0 + 16 + 8 * tiles
     body = []
     for i in range(4):
-        wa, wb = f"${4 + i}", f"${8 + i}"
-        xs = [f"${12 + 4 * j + i}" for j in range(4)]
+        xs = [f"${x0 + 4 * j + i}" for j in range(4)]
         for h in range(2):  # nibbles 2h, 2h+4 and 2h+1, 2h+5: columns c+2h, c+2h+4, c+2h+1, c+2h+5
             lo, hi = 8 * h, 8 * h + 4
-            body.append(f"""{"mov.b32 ta, " + wa if h == 0 else f"shr.u32 ta, {wa}, {lo}"};
+            body.append(f"""prmt.b32 b0, {xs[h]}, {xs[h + 2]}, 0x5410;
+prmt.b32 b1, {xs[h]}, {xs[h + 2]}, 0x7632;
+{mma} {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{b0, b1}}, {{e0, e1, e2, e3}};
+""")
+            for tile in range(tiles):
+                wa, wb, d = f"${w0 + 8 * tile + i}", f"${w0 + 8 * tile + 4 + i}", f"d{tile}_"
+                body.append(f"""{"mov.b32 ta, " + wa if h == 0 else f"shr.u32 ta, {wa}, {lo}"};
 shr.u32 tb, {wa}, {hi};
 {"mov.b32 tc, " + wb if h == 0 else f"shr.u32 tc, {wb}, {lo}"};
 shr.u32 td, {wb}, {hi};
@@ -104,10 +113,7 @@ lop3.b32 a0, ta, 0x000f000f, {magic}, 0xea;
 lop3.b32 a1, tc, 0x000f000f, {magic}, 0xea;
 lop3.b32 a2, tb, 0x000f000f, {magic}, 0xea;
 lop3.b32 a3, td, 0x000f000f, {magic}, 0xea;
-prmt.b32 b0, {xs[h]}, {xs[h + 2]}, 0x5410;
-prmt.b32 b1, {xs[h]}, {xs[h + 2]}, 0x7632;
-{mma} {{d0, d1, d2, d3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{d0, d1, d2, d3}};
-{mma} {{e0, e1, e2, e3}}, {{one, one, one, one}}, {{b0, b1}}, {{e0, e1, e2, e3}};
+{mma} {{{d}0, {d}1, {d}2, {d}3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{{d}0, {d}1, {d}2, {d}3}};
 """)
     if ty == "bf16":  # a bf16's bits are a float32's high half
         def halves(src, lo, hi):
@@ -116,40 +122,37 @@ prmt.b32 b1, {xs[h]}, {xs[h + 2]}, 0x7632;
         def halves(src, lo, hi):
             return f"mov.b32 {{h0, h1}}, {src};\ncvt.f32.f16 {lo}, h0;\ncvt.f32.f16 {hi}, h1;\n"
     offset = "0f43000000" if ty == "bf16" else "0f44800000"  # 128, 1024
-    if symmetric:
-        zeros = f"mov.f32 zg, {'0f43080000' if ty == 'bf16' else '0f44810000'};\nmov.f32 zg8, zg;\n"  # magic + 8
-    else:
-        zeros = halves("$36", "zg", "zg8") + f"add.f32 zg, zg, {offset};\nadd.f32 zg8, zg8, {offset};\n"
-    clear = "".join(f"mov.f32 {r}, 0f00000000;\n" for r in ("d0", "d1", "d2", "d3", "e0", "e1", "e2", "e3"))
+    regs = [f"d{tile}_{u}" for tile in range(tiles) for u in range(4)] + ["e0", "e1", "e2", "e3"]
+    tail = []
+    for tile in range(tiles):
+        d, acc = f"d{tile}_", acc0 + 4 * tile
+        if symmetric:
+            zeros = f"mov.f32 zg, {'0f43080000' if ty == 'bf16' else '0f44810000'};\nmov.f32 zg8, zg;\n"  # magic + 8
+        else:
+            zeros = (halves(f"${zero0 + 4 * tile}", "zg", "zg8")
+                     + f"add.f32 zg, zg, {offset};\nadd.f32 zg8, zg8, {offset};\n")
+        tail.append(halves(f"${scale0 + 4 * tile}", "sg", "sg8") + zeros + "neg.f32 zg, zg;\nneg.f32 zg8, zg8;\n")
+        for u in range(4):
+            z, sc = ("zg", "sg") if u < 2 else ("zg8", "sg8")
+            tail.append(f"fma.rn.f32 {d}{u}, {z}, e{u}, {d}{u};\nmov.b32 c, ${acc + u};\n"
+                        f"fma.rn.f32 c, {d}{u}, {sc}, c;\nmov.b32 ${4 * tile + u}, c;\n")
+    clear = "".join(f"mov.f32 {r}, 0f00000000;\n" for r in regs)
     return f"""{{
 .reg .b32 ta, tb, tc, td, a0, a1, a2, a3, b0, b1, one;
 .reg .b16 h0, h1;
-.reg .f32 d0, d1, d2, d3, e0, e1, e2, e3, sg, sg8, zg, zg8, c0, c1, c2, c3;
+.reg .f32 {", ".join(regs)}, sg, sg8, zg, zg8, c;
 mov.b32 one, {one};
-{clear}{"".join(body)}{halves("$32", "sg", "sg8")}{zeros}mov.b32 c0, $28;
-mov.b32 c1, $29;
-mov.b32 c2, $30;
-mov.b32 c3, $31;
-neg.f32 zg, zg;
-neg.f32 zg8, zg8;
-fma.rn.f32 d0, zg, e0, d0;
-fma.rn.f32 d1, zg, e1, d1;
-fma.rn.f32 d2, zg8, e2, d2;
-fma.rn.f32 d3, zg8, e3, d3;
-fma.rn.f32 c0, d0, sg, c0;
-fma.rn.f32 c1, d1, sg, c1;
-fma.rn.f32 c2, d2, sg8, c2;
-fma.rn.f32 c3, d3, sg8, c3;
-mov.b32 $0, c0;
-mov.b32 $1, c1;
-mov.b32 $2, c2;
-mov.b32 $3, c3;
-}}"""
+{clear}{"".join(body)}{"".join(tail)}}}"""
 
 
-#: the PTX of one step and its operand constraints, by (x's dtype, symmetric)
-PACKS = {(dtype, sym): (_pack_asm(ty, sym), ",".join(["=r"] * 4 + ["r"] * 36))
-         for dtype, ty in ((torch.bfloat16, "bf16"), (torch.float16, "f16")) for sym in (False, True)}
+def _operands(tiles: int) -> str:
+    return ",".join(["=r"] * (4 * tiles) + ["r"] * (20 * tiles + 16))
+
+
+#: the PTX of one step and its operand constraints, by (x's dtype, symmetric, tiles)
+PACKS = {(dtype, sym, tiles): (_pack_asm(ty, sym, tiles), _operands(tiles))
+         for dtype, ty in ((torch.bfloat16, "bf16"), (torch.float16, "f16")) for sym in (False, True)
+         for tiles in (1, 2)}
 # two 16-bit values (a row's and the row 8 below's, at $4 and $8) as one pair, for four elements
 _ROW_PAIR = tl.constexpr("""{
 .reg .b16 lo, hi;
@@ -240,62 +243,11 @@ def _x_words(lane_ptrs, offset):
                                      is_pure=True, pack=4)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-                     M, N, steps_per_split, K_STEPS, splits, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
-                     GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, SYMMETRIC: tl.constexpr,
-                     X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, PACK_ASM: tl.constexpr,
-                     PACK_OPERANDS: tl.constexpr):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    offs_p = tl.arange(0, BLOCK_P)
-    g = offs_p % 8
-    rows_a = pid * 2 * BLOCK_P + 16 * (offs_p // 8) + g  # each warp: 16 rows, g and g + 8 a lane
-    rows_b = rows_a + 8
-    safe_a = tl.where(rows_a < N, rows_a, 0)[:, None]  # rows past N read row 0, never stored
-    safe_b = tl.where(rows_b < N, rows_b, 0)[:, None]
-    c = tl.arange(0, 16)[None, :]
-    w_a = w_ptr + safe_a.to(tl.int64) * stride_wn
-    w_b = w_ptr + safe_b.to(tl.int64) * stride_wn
-    s_a = tl.broadcast_to(s_ptr + safe_a * stride_sn, [BLOCK_P, 16])
-    s_b = tl.broadcast_to(s_ptr + safe_b * stride_sn, [BLOCK_P, 16])
-    z_a = tl.broadcast_to(z_ptr + safe_a * stride_zn, [BLOCK_P, 16])
-    z_b = tl.broadcast_to(z_ptr + safe_b * stride_zn, [BLOCK_P, 16])
-    # lane (g, t) feeds B's column g: x row g (rows past M read row 0; their D is never
-    # stored), columns 32t .. 32t + 31 of each step
-    x_first = tl.where(g < M, g, 0)[:, None].to(tl.int64) * (stride_xm // 2)
-    x_lanes = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + x_first + 16 * (c // 4)
-    st_begin = split * steps_per_split
-    st_end = tl.minimum(st_begin + steps_per_split, K_STEPS)
-    if USE_PDL:  # x comes from the kernel before
-        pdl.wait()
-    acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
-    # the words of the next two steps stay in flight while a step computes (.gemv_words);
-    # a prefetch past the split's end reads its last step again, never used
-    last = st_end - 1
-    following_a = tl.load(w_a + (st_begin * 16 + c))
-    following_b = tl.load(w_b + (st_begin * 16 + c))
-    after_a = tl.load(w_a + (tl.minimum(st_begin + 1, last) * 16 + c))
-    after_b = tl.load(w_b + (tl.minimum(st_begin + 1, last) * 16 + c))
-    for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
-        words_a, words_b = following_a, following_b
-        following_a, following_b = after_a, after_b
-        ahead = tl.minimum(st + 2, last) * 16 + c
-        after_a = tl.load(w_a + ahead)
-        after_b = tl.load(w_b + ahead)
-        group = st >> GROUP_SHIFT  # steps are never negative: a shift, not a division
-        s_pair = _row_pair(s_a + group, s_b + group, EMULATE)
-        z_pair = s_pair if SYMMETRIC else _row_pair(z_a + group, z_b + group, EMULATE)  # symmetric: unread
-        if EMULATE:
-            acc += _emulated_step(words_a, words_b, x_ptr, stride_xm, st * _STEP, M, s_pair, z_pair, SYMMETRIC, X_BF16)
-        else:
-            x0, x1, x2, x3 = _x_words(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
-            bits = tl.inline_asm_elementwise(PACK_ASM, PACK_OPERANDS,
-                                             [words_a, words_b, x0, x1, x2, x3, acc.to(tl.int32, bitcast=True),
-                                              s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
-            acc = bits.to(tl.float32, bitcast=True)
-    # lane t's slot u: row g + 8 (u >> 1) of the warp's 16 at x row 2t + (u & 1)
+@triton.jit
+def _finish(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, counter, split, splits, stride_om,
+            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, ROUND: tl.constexpr):
+    """Store a tile's outputs, or (split K) its part, the last part to arrive summing all of
+    them in part order. Lane t's slot u is row g + 8 (u >> 1) of the tile at x row 2t + (u & 1)."""
     u = c % 4
     w_row = tl.where((u >> 1) == 1, rows_b[:, None], rows_a[:, None])
     x_row = 2 * (c // 4) + (u & 1)
@@ -309,7 +261,6 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
         parts = part_ptr + x_row * N + w_row
         tl.store(parts + split * M * N, acc, mask=ok)
         tl.debug_barrier()  # every thread's part is stored before the counter moves
-        counter = count_ptr + pid
         if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
             total = tl.zeros_like(acc)
             for s in range(splits):  # part order: the same sum every time
@@ -320,44 +271,136 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
             tl.store(counter, 0)
 
 
+@triton.jit(do_not_specialize=["M"])
+def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+                     M, N, steps_per_split, K_STEPS, splits, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
+                     GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, TILES: tl.constexpr, SYMMETRIC: tl.constexpr,
+                     X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, PACK_ASM: tl.constexpr,
+                     PACK_OPERANDS: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_p = tl.arange(0, BLOCK_P)
+    g = offs_p % 8
+    # each warp: TILES tiles of 16 rows, a lane's rows g and g + 8 of each
+    rows_a = pid * 2 * TILES * BLOCK_P + 16 * TILES * (offs_p // 8) + g
+    rows_b = rows_a + 8
+    rows_a2 = rows_a + 16 * (TILES - 1)  # the second tile (TILES 1: the first again, unused)
+    rows_b2 = rows_a2 + 8
+    c = tl.arange(0, 16)[None, :]
+    w_a, s_a, z_a = _row_ptrs(rows_a, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
+    w_b, s_b, z_b = _row_ptrs(rows_b, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
+    w_a2, s_a2, z_a2 = _row_ptrs(rows_a2, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
+    w_b2, s_b2, z_b2 = _row_ptrs(rows_b2, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
+    # lane (g, t) feeds B's column g: x row g (rows past M read row 0; their D is never
+    # stored), columns 32t .. 32t + 31 of each step
+    x_first = tl.where(g < M, g, 0)[:, None].to(tl.int64) * (stride_xm // 2)
+    x_lanes = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + x_first + 16 * (c // 4)
+    st_begin = split * steps_per_split
+    st_end = tl.minimum(st_begin + steps_per_split, K_STEPS)
+    if USE_PDL:  # x comes from the kernel before
+        pdl.wait()
+    acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
+    # the words of the next two steps stay in flight while a step computes (.gemv_words);
+    # a prefetch past the split's end reads its last step again, never used
+    last = st_end - 1
+    first = st_begin * 16 + c
+    second = tl.minimum(st_begin + 1, last) * 16 + c
+    following_a, following_b = tl.load(w_a + first), tl.load(w_b + first)
+    after_a, after_b = tl.load(w_a + second), tl.load(w_b + second)
+    if TILES == 2:
+        following_a2, following_b2 = tl.load(w_a2 + first), tl.load(w_b2 + first)
+        after_a2, after_b2 = tl.load(w_a2 + second), tl.load(w_b2 + second)
+    else:
+        following_a2, following_b2, after_a2, after_b2 = following_a, following_b, after_a, after_b
+    for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
+        words_a, words_b, words_a2, words_b2 = following_a, following_b, following_a2, following_b2
+        following_a, following_b, following_a2, following_b2 = after_a, after_b, after_a2, after_b2
+        ahead = tl.minimum(st + 2, last) * 16 + c
+        after_a, after_b = tl.load(w_a + ahead), tl.load(w_b + ahead)
+        group = st >> GROUP_SHIFT  # steps are never negative: a shift, not a division
+        s_pair = _row_pair(s_a + group, s_b + group, EMULATE)
+        z_pair = s_pair if SYMMETRIC else _row_pair(z_a + group, z_b + group, EMULATE)  # symmetric: unread
+        if TILES == 2:
+            after_a2, after_b2 = tl.load(w_a2 + ahead), tl.load(w_b2 + ahead)
+            s_pair2 = _row_pair(s_a2 + group, s_b2 + group, EMULATE)
+            z_pair2 = s_pair2 if SYMMETRIC else _row_pair(z_a2 + group, z_b2 + group, EMULATE)
+        else:
+            after_a2, after_b2, s_pair2, z_pair2 = after_a, after_b, s_pair, z_pair
+        if EMULATE:
+            acc += _emulated_step(words_a, words_b, x_ptr, stride_xm, st * _STEP, M, s_pair, z_pair, SYMMETRIC, X_BF16)
+            if TILES == 2:
+                acc2 += _emulated_step(words_a2, words_b2, x_ptr, stride_xm, st * _STEP, M, s_pair2, z_pair2,
+                                       SYMMETRIC, X_BF16)
+        else:
+            x0, x1, x2, x3 = _x_words(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
+            if TILES == 2:
+                bits, bits2 = tl.inline_asm_elementwise(
+                    PACK_ASM, PACK_OPERANDS,
+                    [words_a, words_b, words_a2, words_b2, x0, x1, x2, x3, acc.to(tl.int32, bitcast=True),
+                     acc2.to(tl.int32, bitcast=True), s_pair, s_pair2, z_pair, z_pair2],
+                    dtype=(tl.int32, tl.int32), is_pure=True, pack=4)
+                acc2 = bits2.to(tl.float32, bitcast=True)
+            else:
+                bits = tl.inline_asm_elementwise(PACK_ASM, PACK_OPERANDS,
+                                                 [words_a, words_b, x0, x1, x2, x3, acc.to(tl.int32, bitcast=True),
+                                                  s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
+            acc = bits.to(tl.float32, bitcast=True)
+    _finish(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
+            stride_om, HAS_BIAS, SPLIT_K, ROUND)
+    if TILES == 2:
+        _finish(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
+                splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
 
-def mma_splits(n: int, k: int, num_warps: int, sms: int) -> int:
+
+@triton.jit
+def _row_ptrs(rows, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P: tl.constexpr):
+    """A tile row's words, scales and zero points (scales and zeros as [BLOCK_P, 16] for the
+    pair loads); rows past N read row 0, never stored."""
+    safe = tl.where(rows < N, rows, 0)[:, None]
+    return (w_ptr + safe.to(tl.int64) * stride_wn, tl.broadcast_to(s_ptr + safe * stride_sn, [BLOCK_P, 16]),
+            tl.broadcast_to(z_ptr + safe * stride_zn, [BLOCK_P, 16]))
+
+
+def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
     """K parts for about two programs an SM, each at least four steps."""
-    programs = triton.cdiv(n, 16 * num_warps)
+    programs = triton.cdiv(n, 16 * tiles * num_warps)
     return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
 
 
 def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None = None, *, num_warps: int = 8,
-                    splits: int | None = None, unroll: int = 2) -> torch.Tensor:
+                    splits: int | None = None, unroll: int = 2, tiles: int = 1) -> torch.Tensor:
     """``x`` [M <= 8, K] (bf16 or fp16; see :func:`takes`) times ``w``: [M, N] in x's dtype,
     float32 sums rounded once. ``w``'s scales and zero points are in x's dtype (as
-    :func:`ninfer_kernels.quant_rows.to_device` leaves them)."""
+    :func:`ninfer_kernels.quant_rows.to_device` leaves them). A warp owns ``tiles`` (1 or 2)
+    16-row tiles: two share x's loads, pairs and sums between them."""
     if not takes(x, w):
         raise ValueError("int4_mma_matmul takes 1 to 8 aligned rows of bf16/fp16 x and a 2-D int4 weight with "
                          "groups and K in multiples of 128")
     rows, (n, k) = x.shape[0], w.shape
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, 16 * num_warps)
+    programs = triton.cdiv(n, 16 * tiles * num_warps)
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        splits = mma_splits(n, k, num_warps, sms)
+        splits = mma_splits(n, k, num_warps, sms, tiles)
     k_steps = k // STEP
     steps_per_split = triton.cdiv(k_steps, splits)
     splits = triton.cdiv(k_steps, steps_per_split)
     if splits > 1:
         parts = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        counters = counter_buffer("int4_mma", x.device, programs, 4096)
+        counters = counter_buffer("int4_mma", x.device, programs * tiles, 4096)
     else:
         parts = counters = out
     use_pdl = pdl.enabled(x.device)
     scales, zeros = w.scales.to(x.dtype), w.zeros.to(x.dtype)  # no copies where loading left them so
     emulate = x.device.type != "cuda"
-    code, operands = PACKS[x.dtype, w.symmetric]
+    code, operands = PACKS[x.dtype, w.symmetric, tiles]
     _int4_mma_kernel[(programs, splits)](
         x, w.qweight, scales, zeros, bias if bias is not None else out, out, parts, counters,
         rows, n, steps_per_split, k_steps, splits, x.stride(0), w.qweight.stride(0), scales.stride(0),
         zeros.stride(0), out.stride(0),
-        GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, SYMMETRIC=w.symmetric,
+        GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, TILES=tiles, SYMMETRIC=w.symmetric,
         X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl,
         EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
         PACK_ASM=code, PACK_OPERANDS=operands, num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
