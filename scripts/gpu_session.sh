@@ -462,7 +462,8 @@ int4-ahead)
     [ -f "$OUT/int4_ahead.err" ] && tail -2 "$OUT/int4_ahead.err"
     ;;
 int4-mma)
-    timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_int4_mma.py > "$OUT/pytest_mma.txt" 2>&1
+    # compiling is most of it: eight processes
+    timeout 200 python3 -m pytest -q -rf --tb=short -n 8 -m gpu tests/test_int4_mma.py > "$OUT/pytest_mma.txt" 2>&1
     echo "int4 MMA GPU tests: $(tail -1 "$OUT/pytest_mma.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mma.txt" | head -8
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
     timeout "$limit" python3 scripts/gpu_int4_mma_ab.py --rows "${MMA_ROWS:-1,8}" ${MMA_ARGS:-} 2>"$OUT/int4_mma.err" \
