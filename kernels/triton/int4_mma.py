@@ -52,6 +52,7 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.gemv_words import x_of
 from ninfer_kernels.triton.rounding import round_to
 
 #: rows of x one launch covers (the MMA's n)
@@ -188,18 +189,6 @@ def _row_pair(ptrs_a, ptrs_b, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _half_value(pair, HIGH: tl.constexpr, X_BF16: tl.constexpr):
-    """float32 of the low or high 16-bit float of int32 ``pair`` (bf16 or fp16)."""
-    if X_BF16:
-        if HIGH:
-            return (pair & -65536).to(tl.float32, bitcast=True)
-        return (pair << 16).to(tl.float32, bitcast=True)
-    if HIGH:
-        return ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _emulated_rows(words, xv, s_pair, z_pair, HIGH: tl.constexpr, SYMMETRIC: tl.constexpr, X_BF16: tl.constexpr):
     """float32 [BLOCK_P, 8]: each tile row's step (``words``, the pairs' low or high half
     for its scale and zero point) against x's eight rows ``xv`` [8, 16, 8], scaled."""
@@ -208,9 +197,9 @@ def _emulated_rows(words, xv, s_pair, z_pair, HIGH: tl.constexpr, SYMMETRIC: tl.
     if SYMMETRIC:
         v = q - 8.0
     else:
-        v = q - _half_value(z_pair, HIGH, X_BF16)[:, :, None]
+        v = q - x_of(z_pair, HIGH, X_BF16)[:, :, None]
     d = tl.sum(tl.sum(v[:, None, :, :] * xv[None, :, :, :], 3), 2)  # [BLOCK_P, 8 x rows]
-    return d * tl.max(_half_value(s_pair, HIGH, X_BF16), 1)[:, None]  # the same along a row
+    return d * tl.max(x_of(s_pair, HIGH, X_BF16), 1)[:, None]  # the same along a row
 
 
 @triton.jit
