@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ SHAPES = ((16384, 5120), (5120, 6144), (34816, 5120), (5120, 17408), (14336, 512
 
 
 def main() -> None:
+    os.environ["NINFER_INT4_MMA"] = "0"  # quant_matmul: the packed steps, the peer (this kernel is called directly)
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))

@@ -74,9 +74,9 @@ def test_takes_only_what_it_serves():
         im.int4_mma_matmul(torch.zeros(9, 256, dtype=torch.bfloat16), w)
 
 
-def test_quant_matmul_takes_it_when_on(monkeypatch):
-    """``NINFER_INT4_MMA=1``: one to eight rows go through this kernel, more rows through
-    the row-major kernels; off, none do."""
+def test_quant_matmul_takes_it_unless_off(monkeypatch):
+    """One to eight rows go through this kernel, more rows through the other kernels;
+    ``NINFER_INT4_MMA=0``: none do."""
     gen = torch.Generator().manual_seed(7)
     w = _weight(48, 256, gen, symmetric=True)
     calls = []

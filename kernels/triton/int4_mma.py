@@ -64,9 +64,16 @@ _MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}
 
 
 def enabled() -> bool:
-    """``NINFER_INT4_MMA=1`` takes this kernel for int4 products of one to eight rows (read per
-    call). Off by default until its GPU tests have passed."""
-    return os.environ.get("NINFER_INT4_MMA", "0") == "1"
+    """``NINFER_INT4_MMA=0`` keeps int4 products of one to eight rows on the CUDA-core steps
+    (read per call, for comparisons)."""
+    return os.environ.get("NINFER_INT4_MMA", "1") != "0"
+
+
+def launch_shape(rows: int) -> tuple[int, int]:
+    """(warps, tiles a warp) by x's rows. H200, session 27 (``scripts/gpu_int4_mma_ab.py``
+    at the 27B's five projections): at one row 8 warps of one tile won four of five (the
+    fifth by 3%), at eight rows 4 warps of two tiles won four of five."""
+    return (8, 1) if rows <= 2 else (4, 2)
 
 
 def takes(x: torch.Tensor, w: qf.Int4Group) -> bool:
@@ -358,8 +365,9 @@ def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
     return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
 
 
-def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None = None, *, num_warps: int = 8,
-                    splits: int | None = None, unroll: int = 2, tiles: int = 1) -> torch.Tensor:
+def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None = None, *,
+                    num_warps: int | None = None, splits: int | None = None, unroll: int = 2,
+                    tiles: int | None = None) -> torch.Tensor:
     """``x`` [M <= 8, K] (bf16 or fp16; see :func:`takes`) times ``w``: [M, N] in x's dtype,
     float32 sums rounded once. ``w``'s scales and zero points are in x's dtype (as
     :func:`ninfer_kernels.quant_rows.to_device` leaves them). A warp owns ``tiles`` (1 or 2)
@@ -368,6 +376,8 @@ def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None 
         raise ValueError("int4_mma_matmul takes 1 to 8 aligned rows of bf16/fp16 x and a 2-D int4 weight with "
                          "groups and K in multiples of 128")
     rows, (n, k) = x.shape[0], w.shape
+    warps_for, tiles_for = launch_shape(rows)
+    num_warps, tiles = num_warps or warps_for, tiles or tiles_for
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     programs = triton.cdiv(n, 16 * tiles * num_warps)
     if splits is None:
