@@ -67,6 +67,8 @@
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
 #   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) on the tensor-core kernel (the default)
 #                                   (NINFER_INT4_MMA=1), then without it, then bf16: #22's int4 ratio both ways
+#   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
+#                                   int4 decode at BENCH_C (8) on it
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
 #                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
@@ -477,6 +479,14 @@ mma-ratio)
             --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
     bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
+        --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    ;;
+int4-check)
+    timeout 120 python3 -m pytest -q -rf --tb=short -n 8 -m gpu tests/test_weight_formats_gpu.py -k "awq or gptq or w4a16" \
+        > "$OUT/pytest_int4_models.txt" 2>&1
+    echo "int4 models on CUDA: $(tail -1 "$OUT/pytest_int4_models.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_int4_models.txt" | head -8
+    bench 120 "random:${GEMV_MODEL:-qwen3.6-27b}@gptq" --dtype bf16 --only decode --concurrency "${BENCH_C:-8}" \
         --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
 gemv-ncu)
