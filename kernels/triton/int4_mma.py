@@ -62,7 +62,7 @@ MMA_ROWS = 8
 #: K columns a step: 16 words a row, four a lane
 STEP = 128
 _STEP = tl.constexpr(STEP)
-_MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}
+_X_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def enabled() -> bool:
@@ -84,10 +84,11 @@ def takes(x: torch.Tensor, w: qf.Int4Group) -> bool:
     fp16 x (rows 16-byte aligned), a 2-D weight with K a multiple of 128 and groups of 128
     times a power of two."""
     steps = w.group_size // STEP  # a power of two: a step's group is a shift
-    return (x.dim() == 2 and 0 < x.shape[0] <= MMA_ROWS and x.dtype in _MAGIC and w.qweight.dim() == 2
-            and w.group_size % STEP == 0 and steps & (steps - 1) == 0 and w.shape[1] % STEP == 0 and x.shape[1] == w.shape[1]
-            and x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0
-            and w.qweight.stride(1) == 1 and w.qweight.stride(0) % 4 == 0 and w.qweight.data_ptr() % 16 == 0)
+    return (x.dim() == 2 and 0 < x.shape[0] <= MMA_ROWS and x.dtype in _X_DTYPES and w.qweight.dim() == 2
+            and w.group_size % STEP == 0 and steps & (steps - 1) == 0 and w.shape[1] % STEP == 0
+            and x.shape[1] == w.shape[1] and x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0)
+            and x.data_ptr() % 16 == 0 and w.qweight.stride(1) == 1 and w.qweight.stride(0) % 4 == 0
+            and w.qweight.data_ptr() % 16 == 0)
 
 
 def _pack_asm(ty: str, symmetric: bool, tiles: int = 1) -> str:
@@ -194,8 +195,9 @@ def _row_pair(ptrs_a, ptrs_b, EMULATE: tl.constexpr):
         lo = tl.load(ptrs_a).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         hi = tl.load(ptrs_b).to(tl.int16, bitcast=True).to(tl.int32)
         return lo | (hi << 16)
-    return tl.inline_asm_elementwise(_ROW_PAIR, "=r,=r,=r,=r,l,l,l,l,l,l,l,l", [ptrs_a.to(tl.int64), ptrs_b.to(tl.int64)],
-                                     dtype=tl.int32, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(_ROW_PAIR, "=r,=r,=r,=r,l,l,l,l,l,l,l,l",
+                                     [ptrs_a.to(tl.int64), ptrs_b.to(tl.int64)], dtype=tl.int32, is_pure=True,
+                                     pack=4)
 
 
 @triton.jit
