@@ -65,8 +65,8 @@
 #   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh int4-mma     int4 on the tensor cores (kernels/triton/int4_mma.py): its GPU tests, then
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
-#   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) on the tensor-core kernel (the default)
-#                                   (NINFER_INT4_MMA=1), then without it, then bf16: #22's int4 ratio both ways
+#   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) on the tensor-core kernel (the default),
+#                                   then on the packed steps (NINFER_INT4_MMA=0), then bf16: #22's int4 ratio both ways
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
 #                                   int4 decode at BENCH_C (8) on it
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and

@@ -15,7 +15,8 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
   layout shuffles), float32 products summed elementwise; at one row a program reads
   the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_fp16`). The table
-  picks what measured fastest per shape and row count.
+  picks what measured fastest per shape and row count. int4 at one to eight rows goes to
+  :mod:`.int4_mma` (the tensor cores, from the same words) before any of this.
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
@@ -391,7 +392,9 @@ def cublas_route(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
                  config: QuantGemmConfig | None = None) -> torch.Tensor:
     """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
-    accumulation rounded once. ``config`` overrides the table (tests, the sweep)."""
+    accumulation rounded once. ``config`` overrides the table (tests, the sweep). int4 at
+    one to eight rows runs on the tensor cores (:mod:`.int4_mma`) unless a config is given
+    or ``NINFER_INT4_MMA=0``."""
     if config is None and isinstance(weight, qf.Int4Group) and int4_mma.enabled() and int4_mma.takes(x, weight):
         return int4_mma.int4_mma_matmul(x, weight, bias)
     op = operands(weight)
