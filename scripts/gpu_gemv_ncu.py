@@ -8,12 +8,15 @@ number of warps in flight is the limit. Run under ``ncu`` (``gpu_session.sh gemv
     ncu --clock-control none --nvtx --nvtx-include "probe/" ... \\
         python3 scripts/gpu_gemv_ncu.py --format int4 --n 16480 --k 5120
 
-``--format bf16`` launches the dense cuBLAS product of the same shape, the peer.
+``--format bf16`` launches the dense cuBLAS product of the same shape, the peer; ``int4``
+is the tensor-core kernel at up to eight rows (``kernels/triton/int4_mma.py``, the default
+since session 27), ``int4-packed`` the packed CUDA-core step it replaced.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -22,12 +25,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_quant_gemm_sweep import random_weight  # noqa: E402
 
+from ninfer_kernels.triton import int4_mma  # noqa: E402
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--format", default="int4", choices=("fp8", "int4", "nvfp4", "bf16"))
+    ap.add_argument("--format", default="int4", choices=("fp8", "int4", "int4-packed", "nvfp4", "bf16"))
     ap.add_argument("--n", type=int, default=16480)
     ap.add_argument("--k", type=int, default=5120)
     ap.add_argument("--rows", type=int, default=1)
@@ -38,9 +42,14 @@ def main() -> None:
         dense = torch.randn(args.n, args.k, device="cuda", dtype=torch.bfloat16, generator=gen)
         fn = lambda: x @ dense.T  # noqa: E731
     else:
-        w = random_weight(args.format, args.n, args.k, gen=gen)
+        if args.format == "int4-packed":
+            os.environ["NINFER_INT4_MMA"] = "0"
+        w = random_weight(args.format.removesuffix("-packed"), args.n, args.k, gen=gen)
         fn = lambda: qg.quant_matmul(x, w)  # noqa: E731  (the committed table's shape)
-        print("config:", qg.choose_config(x, qg.operands(w)).to_json())
+        if args.format == "int4" and int4_mma.takes(x, w):
+            print("config: tensor cores, (warps, tiles)", int4_mma.launch_shape(args.rows))
+        else:
+            print("config:", qg.choose_config(x, qg.operands(w)).to_json())
     for _ in range(3):  # compiled and warm before the range opens
         fn()
     torch.cuda.synchronize()

@@ -69,8 +69,8 @@
 #                                   then on the packed steps (NINFER_INT4_MMA=0), then bf16: #22's int4 ratio both ways
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
 #                                   int4 decode at BENCH_C (8) on it
-#   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row FP8/int4 steps and
-#                                   bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
+#   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row int4 kernels (tensor
+#                                   cores, packed steps), FP8 and bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -492,7 +492,7 @@ int4-check)
 gemv-ncu)
     # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    for case in ${NCU_CASES:-int4:16480:5120 fp8:16480:5120 bf16:16480:5120 int4:5120:17408}; do
+    for case in ${NCU_CASES:-int4:16384:5120 int4-packed:16384:5120 bf16:16384:5120 int4:5120:17408}; do
         IFS=: read -r fmt n k <<<"$case"
         timeout 120 "$ncu_bin" --clock-control none --nvtx --nvtx-include "probe/" \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
