@@ -70,6 +70,11 @@ def test_takes_only_what_it_serves():
     assert not im.takes(x, small_groups)
     three_steps = qf.Int4Group(w.qweight, w.scales[:, :1], w.zeros[:, :1], 384)  # 384 = 3 x 128
     assert not im.takes(x, three_steps)
+    # a view whose rows are 36 words apart: Triton would not load four words a lane at once
+    wide = torch.zeros(32, 36, dtype=torch.int32)
+    assert not im.takes(x, qf.Int4Group(wide[:, :32], w.scales, w.zeros, 128))
+    assert im.takes(x, qf.Int4Group(torch.zeros(32, 48, dtype=torch.int32)[:, :32], w.scales, w.zeros, 128))
+    assert not im.takes(x, qf.Int4Group(w.qweight, w.scales.t().contiguous().t(), w.zeros, 128))
     with pytest.raises(ValueError, match="1 to 8 aligned rows"):
         im.int4_mma_matmul(torch.zeros(9, 256, dtype=torch.bfloat16), w)
 
@@ -133,3 +138,16 @@ def test_gpu_27b_shapes():
         want = qf.quant_linear(x.float(), w)
         for tiles in (1, 2):
             assert rel_err(im.int4_mma_matmul(x, w, tiles=tiles), want) < 1e-2, (n, k, tiles)
+
+
+@gpu
+@needs_cuda
+def test_gpu_wide_groups_and_padded_rows():
+    """Groups of 256 (a step's group a shift of one) and x rows further apart than K."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    n, k = 520, 1024
+    w = _weight(n, k, gen, symmetric=False, dtype=torch.float16, device="cuda")
+    w = qf.Int4Group(w.qweight, w.scales[:, ::2].contiguous(), w.zeros[:, ::2].contiguous(), 256)
+    x = torch.randn(5, k + 64, generator=gen, device="cuda").to(torch.float16)[:, :k]
+    assert im.takes(x, w)
+    assert rel_err(im.int4_mma_matmul(x, w), qf.quant_linear(x.float(), w)) < 5e-3

@@ -84,11 +84,14 @@ def takes(x: torch.Tensor, w: qf.Int4Group) -> bool:
     fp16 x (rows 16-byte aligned), a 2-D weight with K a multiple of 128 and groups of 128
     times a power of two."""
     steps = w.group_size // STEP  # a power of two: a step's group is a shift
+    # a weight row stride of a multiple of 16 words, which Triton's divisibility hint sees:
+    # only then does it load a lane's four words at once, the layout the packs rely on (any
+    # other stride would hand them words of other rows)
     return (x.dim() == 2 and 0 < x.shape[0] <= MMA_ROWS and x.dtype in _X_DTYPES and w.qweight.dim() == 2
-            and w.group_size % STEP == 0 and steps & (steps - 1) == 0 and w.shape[1] % STEP == 0
+            and steps > 0 and w.group_size % STEP == 0 and steps & (steps - 1) == 0 and w.shape[1] % STEP == 0
             and x.shape[1] == w.shape[1] and x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0)
-            and x.data_ptr() % 16 == 0 and w.qweight.stride(1) == 1 and w.qweight.stride(0) % 4 == 0
-            and w.qweight.data_ptr() % 16 == 0)
+            and x.data_ptr() % 16 == 0 and w.qweight.stride(1) == 1 and w.qweight.stride(0) % 16 == 0
+            and w.qweight.data_ptr() % 16 == 0 and w.scales.stride(-1) == 1 and w.zeros.stride(-1) == 1)
 
 
 def _pack_asm(ty: str, symmetric: bool, tiles: int = 1) -> str:
