@@ -42,6 +42,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import cublas_prefill as cp
 from ninfer_kernels.triton import quant_gemm as qg
+from ninfer_kernels.triton import quant_launch as ql
 from ninfer_kernels.triton.quant_tiles import FP8
 from ninfer_kernels.triton.tuned_tables import table_to_extend
 
@@ -269,7 +270,7 @@ def prefill_candidates(fmt: str, x: torch.Tensor, w) -> list[qg.QuantGemmConfig]
 
 
 def table_name() -> str:
-    return f"{qg.device_name(torch.device('cuda'))}.json"
+    return f"{ql.device_name(torch.device('cuda'))}.json"
 
 
 def tune_jobs(only: str = "") -> list[tuple[str, int]]:
@@ -338,7 +339,7 @@ def tune(deadline: float, args) -> dict:
     """The winners, merged into the device's current table (or a copy of its stand-in's,
     :func:`table_to_extend`): entries not re-tuned here (other formats, row counts, shapes;
     or a budget that ran out) keep their shapes."""
-    table = table_to_extend(qg.CONFIG_DIR, qg.device_name(torch.device("cuda")))
+    table = table_to_extend(ql.CONFIG_DIR, ql.device_name(torch.device("cuda")))
     table["_comment"] = ("Written by scripts/gpu_quant_gemm_sweep.py: format and (N, K, dtype) -> rows -> "
                          "the quantized GEMM's launch shape (fastest measured); absent: the heuristic.")
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -399,7 +400,7 @@ def main() -> None:
         table = tune(start + args.budget_s, args)
         name = table_name()
         text = json.dumps(table, indent=1) + "\n"
-        targets = ([qg.CONFIG_DIR / name] if args.write else []) + (
+        targets = ([ql.CONFIG_DIR / name] if args.write else []) + (
             [Path(args.out_dir) / "quant_configs" / name] if args.out_dir else [])
         for path in targets:
             path.parent.mkdir(parents=True, exist_ok=True)

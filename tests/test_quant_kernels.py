@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
+from ninfer_kernels.triton import quant_launch  # noqa: E402
 from ninfer_kernels.triton import quant_moe as qm  # noqa: E402
 from ninfer_kernels.triton import quant_tiles as qt  # noqa: E402
 
@@ -222,7 +223,7 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
     entry = qg.QuantGemmConfig(16, 128, 128, 2, 1, 8, 4)
     key = qg.table_key("int4g128", 64, 256, torch.bfloat16)
     (tmp_path / "cpu.json").write_text(json.dumps({"_comment": "test", key: {"4": entry.to_json()}}))
-    monkeypatch.setattr(qg, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(quant_launch, "CONFIG_DIR", tmp_path)
     qg.load_table.cache_clear()
     qg.tuned_entries.cache_clear()
     try:
