@@ -68,9 +68,10 @@
 #   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) on the tensor-core kernel (the default),
 #                                   then on the packed steps (NINFER_INT4_MMA=0), then bf16: #22's int4 ratio both ways
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
-#                                   int4 decode at BENCH_C (8) on it
+#                                   int4 decode at BENCH_C (8) on it (INT4_BENCH=0: the tests alone)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row int4 kernels (tensor
-#                                   cores, packed steps), FP8 and bf16 cuBLAS (NCU_CASES fmt:N:K, scripts/gpu_gemv_ncu.py)
+#                                   cores, packed steps), FP8 and bf16 cuBLAS (NCU_CASES fmt:N:K[:rows], scripts/gpu_gemv_ncu.py),
+#                                   all into $OUT/ncu.txt
 #   scripts/gpu_session.sh kv-sweep     decode attention launch shapes per KV format at 32k/128k, table in place
 #                                   (SWEEP_FORMATS, SWEEP_CASES, SWEEP_S, SWEEP_ARGS e.g. --splits 8,16)
 #   scripts/gpu_session.sh kvab     27B decode at 8 x 128k (synthetic contexts): bf16, fp8 with the table's
@@ -486,21 +487,24 @@ int4-check)
         > "$OUT/pytest_int4_models.txt" 2>&1
     echo "int4 models on CUDA: $(tail -1 "$OUT/pytest_int4_models.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_int4_models.txt" | head -8
-    bench 120 "random:${GEMV_MODEL:-qwen3.6-27b}@gptq" --dtype bf16 --only decode --concurrency "${BENCH_C:-8}" \
-        --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    [ "${INT4_BENCH:-1}" = 0 ] || bench 120 "random:${GEMV_MODEL:-qwen3.6-27b}@gptq" --dtype bf16 --only decode \
+        --concurrency "${BENCH_C:-8}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
 gemv-ncu)
     # what holds the one-row steps back: Nsight Compute's counters for one launch each (NCU_CASES fmt:N:K)
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    # one file for all cases (a call brings back at most eight)
     for case in ${NCU_CASES:-int4:16384:5120 int4-packed:16384:5120 bf16:16384:5120 int4:5120:17408}; do
-        IFS=: read -r fmt n k <<<"$case"
+        IFS=: read -r fmt n k rows <<<"$case"
+        echo "=== ncu $case" >> "$OUT/ncu.txt"
         timeout 120 "$ncu_bin" --clock-control none --nvtx --nvtx-include "probe/" \
             --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
             --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             --section InstructionStats python3 scripts/gpu_gemv_ncu.py --format "$fmt" --n "$n" --k "$k" \
-            > "$OUT/ncu_${fmt}_${n}x${k}.txt" 2>&1
-        echo "ncu $case: rc $?"; grep -E "config:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Executed Ipc A" \
-            "$OUT/ncu_${fmt}_${n}x${k}.txt" | head -14
+            --rows "${rows:-1}" > /tmp/ncu_case.txt 2>&1
+        echo "ncu $case: rc $?"; cat /tmp/ncu_case.txt >> "$OUT/ncu.txt"
+        grep -E "config:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Executed Ipc A|Warp Cycles Per Issued" \
+            /tmp/ncu_case.txt | head -16
     done
     ;;
 prefill-quant)
