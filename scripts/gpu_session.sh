@@ -65,8 +65,10 @@
 #   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh int4-mma     int4 on the tensor cores (kernels/triton/int4_mma.py): its GPU tests, then
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
-#   scripts/gpu_session.sh mma-ratio    27B int4 (GPTQ) decode at BENCH_C (1) on the tensor-core kernel (the default),
-#                                   then on the packed steps (NINFER_INT4_MMA=0), then bf16: #22's int4 ratio both ways
+#   scripts/gpu_session.sh fp8-mma      the same for FP8 (kernels/triton/fp8_mma.py) against the table's FP8 kernels
+#   scripts/gpu_session.sh mma-ratio    27B decode at BENCH_C (1) in MMA_FORMAT (int4: GPTQ, fp8: FP8 block) on the
+#                                   tensor-core kernel (the default), then on the table's kernels (NINFER_INT4_MMA=0
+#                                   or NINFER_FP8_MMA=0), then bf16: #22's ratios both ways
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
 #                                   int4 decode at BENCH_C (8) on it (INT4_BENCH=0: the tests alone)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row int4 kernels (tensor
@@ -464,21 +466,31 @@ int4-ahead)
     [ "${AHEAD_AB:-1}" = 1 ] && timeout 150 python3 scripts/gpu_int4_ahead_ab.py 2>"$OUT/int4_ahead.err" | tee "$OUT/int4_ahead.jsonl" | cut -c1-400
     [ -f "$OUT/int4_ahead.err" ] && tail -2 "$OUT/int4_ahead.err"
     ;;
-int4-mma)
+int4-mma|fp8-mma)
     # compiling is most of it: eight processes
-    timeout 200 python3 -m pytest -q -rf --tb=short -n 8 -m gpu tests/test_int4_mma.py > "$OUT/pytest_mma.txt" 2>&1
-    echo "int4 MMA GPU tests: $(tail -1 "$OUT/pytest_mma.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_mma.txt" | head -8
+    fmt=${stage%-mma}
+    timeout 200 python3 -m pytest -q -rf --tb=short -n 8 -m gpu "tests/test_${fmt}_mma.py" > "$OUT/pytest_${fmt}_mma.txt" 2>&1
+    echo "$fmt MMA GPU tests: $(tail -1 "$OUT/pytest_${fmt}_mma.txt")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_${fmt}_mma.txt" | head -8
+    grep -E "^E  " "$OUT/pytest_${fmt}_mma.txt" | head -12
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
-    timeout "$limit" python3 scripts/gpu_int4_mma_ab.py --rows "${MMA_ROWS:-1,8}" ${MMA_ARGS:-} 2>"$OUT/int4_mma.err" \
-        | tee "$OUT/int4_mma.jsonl" | cut -c1-700
-    tail -2 "$OUT/int4_mma.err"
+    timeout "$limit" python3 scripts/gpu_mma_ab.py --format "$fmt" --rows "${MMA_ROWS:-1,8}" ${MMA_ARGS:-} \
+        2>"$OUT/${fmt}_mma.err" | tee "$OUT/${fmt}_mma.jsonl" | cut -c1-700
+    tail -2 "$OUT/${fmt}_mma.err"
     ;;
 mma-ratio)
+    # MMA_FORMAT int4 (GPTQ) or fp8 (FP8 block): the tensor-core kernel, then the table's kernels, then bf16
+    case ${MMA_FORMAT:-int4} in
+        int4) quant=gptq switch=NINFER_INT4_MMA ;;
+        fp8) quant=fp8-block switch=NINFER_FP8_MMA ;;
+    esac
     for mma in 1 0; do
-        echo "{\"int4_mma\": $mma}" | tee -a "$OUT/bench.jsonl"
-        NINFER_INT4_MMA=$mma bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@gptq" --dtype bf16 --only bandwidth,decode \
+        echo "{\"${MMA_FORMAT:-int4}_mma\": $mma}" | tee -a "$OUT/bench.jsonl"
+        export "$switch=$mma"
+        bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@$quant" --dtype bf16 --only bandwidth,decode \
             --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
+    unset "$switch"
     bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
         --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;

@@ -55,12 +55,9 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.gemv_words import x_of
-from ninfer_kernels.triton.rounding import round_to
+from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_splits
 
-#: rows of x one launch covers (the MMA's n)
-MMA_ROWS = 8
-#: K columns a step: 16 words a row, four a lane
-STEP = 128
+# a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
 _STEP = tl.constexpr(STEP)
 _X_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -72,7 +69,7 @@ def enabled() -> bool:
 
 
 def launch_shape(rows: int) -> tuple[int, int]:
-    """(warps, tiles a warp) by x's rows. H200, session 27 (``scripts/gpu_int4_mma_ab.py``
+    """(warps, tiles a warp) by x's rows. H200, session 27 (``scripts/gpu_mma_ab.py``
     at the 27B's five projections): at one row 8 warps of one tile were best at three and
     within 3% at the other two; at eight rows 4 warps of two tiles were best at four, 8%
     off at the fifth."""
@@ -247,34 +244,6 @@ def _x_words(lane_ptrs, offset):
                                      is_pure=True, pack=4)
 
 
-@triton.jit
-def _finish(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, counter, split, splits, stride_om,
-            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, ROUND: tl.constexpr):
-    """Store a tile's outputs, or (split K) its part, the last part to arrive summing all of
-    them in part order. Lane t's slot u is row g + 8 (u >> 1) of the tile at x row 2t + (u & 1)."""
-    u = c % 4
-    w_row = tl.where((u >> 1) == 1, rows_b[:, None], rows_a[:, None])
-    x_row = 2 * (c // 4) + (u & 1)
-    ok = (w_row < N) & (x_row < M)
-    dest = out_ptr + x_row.to(tl.int64) * stride_om + w_row
-    if not SPLIT_K:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + w_row, mask=ok, other=0.0).to(tl.float32)
-        tl.store(dest, round_to(acc, out_ptr.dtype.element_ty, ROUND), mask=ok)
-    else:
-        parts = part_ptr + x_row * N + w_row
-        tl.store(parts + split * M * N, acc, mask=ok)
-        tl.debug_barrier()  # every thread's part is stored before the counter moves
-        if tl.atomic_add(counter, 1, sem="acq_rel") == splits - 1:
-            total = tl.zeros_like(acc)
-            for s in range(splits):  # part order: the same sum every time
-                total += tl.load(parts + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(b_ptr + w_row, mask=ok, other=0.0).to(tl.float32)
-            tl.store(dest, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=ok)
-            tl.store(counter, 0)
-
-
 @triton.jit(do_not_specialize=["M"])
 def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                      M, N, steps_per_split, K_STEPS, splits, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
@@ -351,10 +320,10 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                                                  [words_a, words_b, x0, x1, x2, x3, acc.to(tl.int32, bitcast=True),
                                                   s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
             acc = bits.to(tl.float32, bitcast=True)
-    _finish(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
+    finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
             stride_om, HAS_BIAS, SPLIT_K, ROUND)
     if TILES == 2:
-        _finish(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
+        finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
                 splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
 
 
@@ -365,12 +334,6 @@ def _row_ptrs(rows, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLO
     safe = tl.where(rows < N, rows, 0)[:, None]
     return (w_ptr + safe.to(tl.int64) * stride_wn, tl.broadcast_to(s_ptr + safe * stride_sn, [BLOCK_P, 16]),
             tl.broadcast_to(z_ptr + safe * stride_zn, [BLOCK_P, 16]))
-
-
-def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
-    """K parts for about two programs an SM, each at least four steps."""
-    programs = triton.cdiv(n, 16 * tiles * num_warps)
-    return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
 
 
 def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None = None, *,
