@@ -68,7 +68,8 @@
 #   scripts/gpu_session.sh fp8-mma      the same for FP8 (kernels/triton/fp8_mma.py) against the table's FP8 kernels
 #   scripts/gpu_session.sh mma-ratio    27B decode at BENCH_C (1) in MMA_FORMAT (int4: GPTQ, fp8: FP8 block) on the
 #                                   tensor-core kernel (the default), then on the table's kernels (NINFER_INT4_MMA=0
-#                                   or NINFER_FP8_MMA=0), then bf16: #22's ratios both ways
+#                                   or NINFER_FP8_MMA=0), then bf16: #22's ratios both ways (MMA_RUNS: each
+#                                   quantized run's environment, e.g. "NINFER_INT4_MMA_AHEAD=1 NINFER_INT4_MMA_AHEAD=0")
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
 #                                   int4 decode at BENCH_C (8) on it (INT4_BENCH=0: the tests alone)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row int4 kernels (tensor
@@ -484,13 +485,13 @@ mma-ratio)
         int4) quant=gptq switch=NINFER_INT4_MMA ;;
         fp8) quant=fp8-block switch=NINFER_FP8_MMA ;;
     esac
-    for mma in 1 0; do
-        echo "{\"${MMA_FORMAT:-int4}_mma\": $mma}" | tee -a "$OUT/bench.jsonl"
-        export "$switch=$mma"
-        bench 150 "random:${GEMV_MODEL:-qwen3.6-27b}@$quant" --dtype bf16 --only bandwidth,decode \
-            --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    # MMA_RUNS: the environment of each quantized run (default: the kernel on, then off)
+    for run in ${MMA_RUNS:-$switch=1 $switch=0}; do
+        echo "{\"run\": \"$run\"}" | tee -a "$OUT/bench.jsonl"
+        env "$run" bash -c "$(declare -f bench left); started=$started OUT=$OUT; bench 150 \
+            random:${GEMV_MODEL:-qwen3.6-27b}@$quant --dtype bf16 --only bandwidth,decode \
+            --concurrency ${BENCH_C:-1} --decode-prompt-len 512 --decode-output-len 64 --no-transformers"
     done
-    unset "$switch"
     bench 200 "random:${GEMV_MODEL:-qwen3.6-27b}" --dtype bf16 --only decode --concurrency "${BENCH_C:-1}" \
         --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     ;;
