@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--unroll", default="2")
+    ap.add_argument("--unroll", default="1,2")
     ap.add_argument("--tiles", default="1,2")
     ap.add_argument("--ahead", default="0", help="int4: x and the scales loaded in the step (0), a step ahead (1)")
     args = ap.parse_args()

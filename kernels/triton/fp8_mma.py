@@ -298,7 +298,11 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         f2_la, f2_ha, f2_lb, f2_hb, n2_la, n2_ha, n2_lb, n2_hb = f_la, f_ha, f_lb, f_hb, n_la, n_ha, n_lb, n_hb
     if USE_PDL:  # x comes from the kernel before
         pdl.wait()
-    nx0, nx1, nx2, nx3 = _step_x(x_lanes, st_begin, EMULATE, BLOCK_P)  # x a step ahead too
+    # x and the block scales a step ahead too (in the step, their loads would stall every warp)
+    nx0, nx1, nx2, nx3 = _step_x(x_lanes, st_begin, EMULATE, BLOCK_P)
+    group = (st_begin >> GROUP_SHIFT) * stride_sk  # steps are never negative: a shift, not a division
+    n_scales = _row_scales(s_a + group, s_b + group, EMULATE)
+    n_scales2 = _row_scales(s_a2 + group, s_b2 + group, EMULATE) if TILES == 2 else n_scales
     acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
     for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
@@ -306,15 +310,16 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         f_la, f_ha, f_lb, f_hb, f2_la, f2_ha, f2_lb, f2_hb = n_la, n_ha, n_lb, n_hb, n2_la, n2_ha, n2_lb, n2_hb
         ahead = tl.minimum(st + 2, last)
         n_la, n_ha, n_lb, n_hb = _tile_words(w_a, w_b, ahead, c)
-        x0, x1, x2, x3 = nx0, nx1, nx2, nx3
-        nx0, nx1, nx2, nx3 = _step_x(x_lanes, tl.minimum(st + 1, last), EMULATE, BLOCK_P)
-        group = (st >> GROUP_SHIFT) * stride_sk  # steps are never negative: a shift, not a division
-        scales = _row_scales(s_a + group, s_b + group, EMULATE)
+        x0, x1, x2, x3, scales, scales2 = nx0, nx1, nx2, nx3, n_scales, n_scales2
+        nxt = tl.minimum(st + 1, last)
+        nx0, nx1, nx2, nx3 = _step_x(x_lanes, nxt, EMULATE, BLOCK_P)
+        group = (nxt >> GROUP_SHIFT) * stride_sk
+        n_scales = _row_scales(s_a + group, s_b + group, EMULATE)
         if TILES == 2:
             n2_la, n2_ha, n2_lb, n2_hb = _tile_words(w_a2, w_b2, ahead, c)
-            scales2 = _row_scales(s_a2 + group, s_b2 + group, EMULATE)
+            n_scales2 = _row_scales(s_a2 + group, s_b2 + group, EMULATE)
         else:
-            n2_la, n2_ha, n2_lb, n2_hb, scales2 = n_la, n_ha, n_lb, n_hb, scales
+            n2_la, n2_ha, n2_lb, n2_hb, n_scales2 = n_la, n_ha, n_lb, n_hb, n_scales
         if EMULATE:
             acc += _emulated_step(la, ha, lb, hb, x_ptr, stride_xm, st * _STEP, M, scales)
             if TILES == 2:
@@ -358,11 +363,13 @@ def _row_ptrs(rows, N, BN, w_ptr, s_ptr, stride_wn, stride_sn):
 
 
 def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = None, *,
-                   num_warps: int | None = None, splits: int | None = None, unroll: int = 2,
+                   num_warps: int | None = None, splits: int | None = None, unroll: int = 1,
                    tiles: int | None = None) -> torch.Tensor:
     """``x`` [M <= 8, K] (bf16 or fp16; see :func:`takes`) times ``w``: [M, N] in x's dtype,
     float32 sums rounded once. A warp owns ``tiles`` (1 or 2) 16-row tiles: two share x's
-    loads and conversion."""
+    loads and conversion. ``unroll`` 1: unrolled twice, Triton 3.6 holds the next step's
+    loads in more registers (80 -> 173 a thread at one tile of 8 warps: one program an SM
+    instead of three)."""
     if not takes(x, w):
         raise ValueError("fp8_mma_matmul takes 1 to 8 aligned rows of bf16/fp16 x and a 2-D e4m3 weight with K a "
                          "multiple of 128 and scale groups of 128 times a power of two (or all of K)")
