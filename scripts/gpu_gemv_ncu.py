@@ -43,8 +43,7 @@ def main() -> None:
         fn = lambda: x @ dense.T  # noqa: E731
     else:
         fmt = args.format.removesuffix("-packed").removesuffix("-table")
-        if fmt != args.format:
-            os.environ["NINFER_INT4_MMA"] = os.environ["NINFER_FP8_MMA"] = "0"
+        os.environ["NINFER_INT4_MMA"] = os.environ["NINFER_FP8_MMA"] = "0" if fmt != args.format else "1"
         w = random_weight(fmt, args.n, args.k, gen=gen)
         fn = lambda: qg.quant_matmul(x, w)  # noqa: E731  (the committed table's shape)
         mma = {"int4": int4_mma, "fp8": fp8_mma}.get(args.format)

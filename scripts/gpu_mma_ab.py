@@ -38,9 +38,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--unroll", default="1,2")
+    ap.add_argument("--unroll", default="2", help="int4 only")
     ap.add_argument("--tiles", default="1,2")
-    ap.add_argument("--ahead", default="0", help="int4: x and the scales loaded in the step (0), a step ahead (1)")
     args = ap.parse_args()
     # quant_matmul: the table's kernels, the peer (the tensor-core kernel is called directly)
     os.environ["NINFER_INT4_MMA" if args.format == "int4" else "NINFER_FP8_MMA"] = "0"
@@ -64,17 +63,18 @@ def main() -> None:
             us = time_us([lambda d=d: F.linear(x, d) for d in dense])
             row["bf16"] = {"us": round(us, 2), "pct_copy_bw": pct(n * k * 2, us)}
             best = None
-            aheads = [bool(int(a)) for a in args.ahead.split(",")] if args.format == "int4" else [None]
-            for warps, unroll, tiles, ahead in itertools.product(
-                    *(list(map(int, v.split(","))) for v in (args.warps, args.unroll, args.tiles)), aheads):
+            # int4's K loop takes an unroll factor; FP8's is never unrolled (fp8_mma_matmul)
+            unrolls = list(map(int, args.unroll.split(","))) if args.format == "int4" else [None]
+            for warps, tiles, unroll in itertools.product(
+                    *(list(map(int, v.split(","))) for v in (args.warps, args.tiles)), unrolls):
                 auto = mma.mma_splits(n, k, warps, sms, tiles)
-                extra = {} if ahead is None else {"ahead": ahead}
+                extra = {} if unroll is None else {"unroll": unroll}
                 for splits in sorted({max(1, auto // 2), auto, 2 * auto}):
-                    def call(m, warps=warps, unroll=unroll, splits=splits, tiles=tiles, extra=extra):
-                        return matmul(x, m, num_warps=warps, splits=splits, unroll=unroll, tiles=tiles, **extra)
+                    def call(m, warps=warps, splits=splits, tiles=tiles, extra=extra):
+                        return matmul(x, m, num_warps=warps, splits=splits, tiles=tiles, **extra)
                     us = time_us([lambda w=w: call(w) for w in ws])
                     err = rel_err(call(first), want)
-                    entry = {"warps": warps, "unroll": unroll, "tiles": tiles, "splits": splits, **extra,
+                    entry = {"warps": warps, "tiles": tiles, "splits": splits, **extra,
                              "us": round(us, 2), "pct_copy_bw": pct(nbytes(first), us), "rel_err": round(err, 5)}
                     print(json.dumps({"n": n, "k": k, "rows": rows, "mma": entry}), file=sys.stderr, flush=True)
                     if best is None or us < best["us"]:

@@ -67,9 +67,9 @@
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
 #   scripts/gpu_session.sh fp8-mma      the same for FP8 (kernels/triton/fp8_mma.py) against the table's FP8 kernels
 #   scripts/gpu_session.sh mma-ratio    27B decode at BENCH_C (1) in MMA_FORMAT (int4: GPTQ, fp8: FP8 block) on the
-#                                   tensor-core kernel (the default), then on the table's kernels (NINFER_INT4_MMA=0
+#                                   tensor-core kernel, then on the table's kernels (NINFER_INT4_MMA=0
 #                                   or NINFER_FP8_MMA=0), then bf16: #22's ratios both ways (MMA_RUNS: each
-#                                   quantized run's environment, e.g. "NINFER_INT4_MMA_AHEAD=1 NINFER_INT4_MMA_AHEAD=0")
+#                                   quantized run's environment, one VAR=value a run)
 #   scripts/gpu_session.sh int4-check   whole tiny int4 models on CUDA (the tensor-core kernel in them), then the 27B
 #                                   int4 decode at BENCH_C (8) on it (INT4_BENCH=0: the tests alone)
 #   scripts/gpu_session.sh gemv-ncu     Nsight Compute's counters for one launch of the one-row int4 kernels (tensor

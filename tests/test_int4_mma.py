@@ -34,16 +34,15 @@ def _weight(n, k, gen, symmetric, dtype=torch.bfloat16, device="cpu"):
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("tiles", [1, 2])
-@pytest.mark.parametrize("ahead", [False, True])
-def test_matches_reference(rows, symmetric, tiles, ahead):
+def test_matches_reference(rows, symmetric, tiles):
     """Ragged N (a partial warp and a partial program), three K parts, a bias; one or two
-    16-row tiles a warp; x and the scales loaded in the step or a step ahead."""
+    16-row tiles a warp."""
     gen = torch.Generator().manual_seed(2 + rows)
     n, k = 40 if tiles == 1 else 88, 384
     w = _weight(n, k, gen, symmetric)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    got = im.int4_mma_matmul(x, w, bias, num_warps=2, splits=3, tiles=tiles, ahead=ahead)
+    got = im.int4_mma_matmul(x, w, bias, num_warps=2, splits=3, tiles=tiles)
     want = qf.quant_linear(x.float(), w, bias.float())
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
     assert rel_err(got, want) < 1e-2
@@ -110,10 +109,9 @@ def test_gpu_matches_reference(rows, symmetric, dtype):
     x = torch.randn(rows, k, generator=gen, device="cuda").to(dtype)
     bias = torch.randn(n, generator=gen, device="cuda").to(dtype)
     want = qf.quant_linear(x.float(), w, bias.float())
-    for warps, splits, unroll, tiles, ahead in ((8, None, 2, 1, False), (4, 3, 1, 1, True), (2, 1, 3, 1, True),
-                                                (8, None, 2, 2, True), (4, 3, 1, 2, False), (8, 2, 2, 1, True)):
-        got = im.int4_mma_matmul(x, w, bias, num_warps=warps, splits=splits, unroll=unroll, tiles=tiles, ahead=ahead)
-        assert rel_err(got, want) < 1e-2, (warps, splits, unroll, tiles, ahead)
+    for warps, splits, unroll, tiles in ((8, None, 2, 1), (4, 3, 1, 1), (2, 1, 3, 1), (8, None, 2, 2), (4, 3, 1, 2)):
+        got = im.int4_mma_matmul(x, w, bias, num_warps=warps, splits=splits, unroll=unroll, tiles=tiles)
+        assert rel_err(got, want) < 1e-2, (warps, splits, unroll, tiles)
 
 
 @gpu
@@ -138,8 +136,8 @@ def test_gpu_27b_shapes():
         w = _weight(n, k, gen, symmetric=True, device="cuda")
         x = torch.randn(1, k, generator=gen, device="cuda").to(torch.bfloat16)
         want = qf.quant_linear(x.float(), w)
-        for tiles, ahead in ((1, False), (2, False), (1, True), (2, True)):
-            assert rel_err(im.int4_mma_matmul(x, w, tiles=tiles, ahead=ahead), want) < 1e-2, (n, k, tiles, ahead)
+        for tiles in (1, 2):
+            assert rel_err(im.int4_mma_matmul(x, w, tiles=tiles), want) < 1e-2, (n, k, tiles)
 
 
 @gpu

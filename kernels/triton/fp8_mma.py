@@ -54,14 +54,20 @@ _ONE_GROUP = 30
 
 
 def enabled() -> bool:
-    """``NINFER_FP8_MMA=0`` keeps FP8 products of one to eight rows on the table's kernels
-    (read per call, for comparisons)."""
-    return os.environ.get("NINFER_FP8_MMA", "1") != "0"
+    """``NINFER_FP8_MMA=1`` sends FP8 products of one to eight rows here (read per call).
+    Off by default: on an H100 (session 28) the table's kernels were as fast or faster
+    (0.93-1.02x at the 27B's projections, 0.88x in the whole c=1 step)."""
+    return os.environ.get("NINFER_FP8_MMA", "0") == "1"
 
 
 def launch_shape(rows: int) -> tuple[int, int]:
-    """(warps, tiles a warp) by x's rows; untimed: int4's (:func:`.int4_mma.launch_shape`)."""
-    return (8, 1) if rows <= 2 else (4, 2)
+    """(warps, tiles a warp): 4 warps of one tile were best or within 7% at nine of the
+    27B's ten projection-and-row cases on an H100 (session 28, one and eight rows)."""
+    return 4, 1
+
+
+#: programs an SM the K parts aim for: twice int4's two was best at most shapes (session 28)
+PROGRAMS_PER_SM = 4
 
 
 def takes(x: torch.Tensor, w: qf.Fp8Block) -> bool:
@@ -182,13 +188,6 @@ ld.global.v4.b32 {$4, $5, $6, $7}, [a+16];
 ld.global.v4.b32 {$8, $9, $10, $11}, [a+128];
 ld.global.v4.b32 {$12, $13, $14, $15}, [a+144];
 }""")
-# two float32 values (a row's and the row 8 below's, at $4 and $8) into slots (a, a, b, b)
-_ROW_SCALES = tl.constexpr("""{
-ld.global.nc.b32 $0, [$4];
-ld.global.nc.b32 $2, [$8];
-mov.b32 $1, $0;
-mov.b32 $3, $2;
-}""")
 
 
 @triton.jit
@@ -200,15 +199,14 @@ def _x_pairs(lane_ptrs, offset):
 
 
 @triton.jit
-def _row_scales(ptrs_a, ptrs_b, EMULATE: tl.constexpr):
-    """float32 [BLOCK_P, 16]: the scales at ``ptrs_a`` (slots 0, 1) and ``ptrs_b`` (2, 3)."""
-    if EMULATE:
-        u = tl.arange(0, 16)[None, :] % 4
-        return tl.where(u < 2, tl.load(ptrs_a), tl.load(ptrs_b))
-    bits = tl.inline_asm_elementwise(_ROW_SCALES, "=r,=r,=r,=r,l,l,l,l,l,l,l,l",
-                                     [ptrs_a.to(tl.int64), ptrs_b.to(tl.int64)], dtype=tl.int32, is_pure=True,
-                                     pack=4)
-    return bits.to(tl.float32, bitcast=True)
+def _row_scales(ptrs_a, ptrs_b):
+    """float32 [BLOCK_P, 16]: the scales at ``ptrs_a`` (rows g: slots 0, 1) and ``ptrs_b``
+    (rows g + 8: slots 2, 3), ``[BLOCK_P, 1]`` pointers each. Plain loads and a select by
+    position, not PTX: an inline-asm load that wrote slots by their place in a lane's pack
+    gave rows g + 8 the scales of rows g on the GPU (session 28), because Triton folded the
+    pointers to one column and the pack no longer held a lane's four slots."""
+    u = tl.arange(0, 16)[None, :] % 4
+    return tl.where(u < 2, tl.load(ptrs_a), tl.load(ptrs_b))
 
 
 @triton.jit
@@ -264,7 +262,7 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                     M, N, steps_per_split, K_STEPS, splits, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
                     BN, GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, TILES: tl.constexpr, X_BF16: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
-                    ROUND: tl.constexpr, UNROLL: tl.constexpr, STEP_ASM: tl.constexpr, STEP_OPERANDS: tl.constexpr,
+                    ROUND: tl.constexpr, STEP_ASM: tl.constexpr, STEP_OPERANDS: tl.constexpr,
                     X_ASM: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -301,11 +299,11 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     # x and the block scales a step ahead too (in the step, their loads would stall every warp)
     nx0, nx1, nx2, nx3 = _step_x(x_lanes, st_begin, EMULATE, BLOCK_P)
     group = (st_begin >> GROUP_SHIFT) * stride_sk  # steps are never negative: a shift, not a division
-    n_scales = _row_scales(s_a + group, s_b + group, EMULATE)
-    n_scales2 = _row_scales(s_a2 + group, s_b2 + group, EMULATE) if TILES == 2 else n_scales
+    n_scales = _row_scales(s_a + group, s_b + group)
+    n_scales2 = _row_scales(s_a2 + group, s_b2 + group) if TILES == 2 else n_scales
     acc = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_P, 16], dtype=tl.float32)
-    for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
+    for st in tl.range(st_begin, st_end):
         la, ha, lb, hb, la2, ha2, lb2, hb2 = f_la, f_ha, f_lb, f_hb, f2_la, f2_ha, f2_lb, f2_hb
         f_la, f_ha, f_lb, f_hb, f2_la, f2_ha, f2_lb, f2_hb = n_la, n_ha, n_lb, n_hb, n2_la, n2_ha, n2_lb, n2_hb
         ahead = tl.minimum(st + 2, last)
@@ -314,10 +312,10 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         nxt = tl.minimum(st + 1, last)
         nx0, nx1, nx2, nx3 = _step_x(x_lanes, nxt, EMULATE, BLOCK_P)
         group = (nxt >> GROUP_SHIFT) * stride_sk
-        n_scales = _row_scales(s_a + group, s_b + group, EMULATE)
+        n_scales = _row_scales(s_a + group, s_b + group)
         if TILES == 2:
             n2_la, n2_ha, n2_lb, n2_hb = _tile_words(w_a2, w_b2, ahead, c)
-            n_scales2 = _row_scales(s_a2 + group, s_b2 + group, EMULATE)
+            n_scales2 = _row_scales(s_a2 + group, s_b2 + group)
         else:
             n2_la, n2_ha, n2_lb, n2_hb, n_scales2 = n_la, n_ha, n_lb, n_hb, n_scales
         if EMULATE:
@@ -355,21 +353,21 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
 
 @triton.jit
 def _row_ptrs(rows, N, BN, w_ptr, s_ptr, stride_wn, stride_sn):
-    """A tile row's words and its block-row of scales (as [BLOCK_P, 16] for the pair loads);
-    rows past N read row 0, never stored."""
+    """A tile row's words and its block-row of scales ([BLOCK_P, 1]); rows past N read row
+    0, never stored."""
     safe = tl.where(rows < N, rows, 0)[:, None]
-    c = tl.arange(0, 16)[None, :]
-    return w_ptr + safe.to(tl.int64) * stride_wn, s_ptr + (safe // BN) * stride_sn + 0 * c
+    return w_ptr + safe.to(tl.int64) * stride_wn, s_ptr + (safe // BN) * stride_sn
 
 
 def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = None, *,
-                   num_warps: int | None = None, splits: int | None = None, unroll: int = 1,
+                   num_warps: int | None = None, splits: int | None = None,
                    tiles: int | None = None) -> torch.Tensor:
     """``x`` [M <= 8, K] (bf16 or fp16; see :func:`takes`) times ``w``: [M, N] in x's dtype,
     float32 sums rounded once. A warp owns ``tiles`` (1 or 2) 16-row tiles: two share x's
-    loads and conversion. ``unroll`` 1: unrolled twice, Triton 3.6 holds the next step's
-    loads in more registers (80 -> 173 a thread at one tile of 8 warps: one program an SM
-    instead of three)."""
+    loads and conversion. The K loop is not unrolled: unrolled twice, Triton 3.6 held the
+    next step's loads in 173 registers a thread instead of 80 (one program an SM instead of
+    three), and the int4 kernel's loop with values carried a step ahead gave wrong sums
+    when unrolled over an odd number of steps (session 28)."""
     if not takes(x, w):
         raise ValueError("fp8_mma_matmul takes 1 to 8 aligned rows of bf16/fp16 x and a 2-D e4m3 weight with K a "
                          "multiple of 128 and scale groups of 128 times a power of two (or all of K)")
@@ -381,7 +379,7 @@ def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = 
     programs = triton.cdiv(n, 16 * tiles * num_warps)
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        splits = mma_splits(n, k, num_warps, sms, tiles)
+        splits = mma_splits(n, k, num_warps, sms * PROGRAMS_PER_SM // 2, tiles)  # (which aims at two an SM)
     k_steps = k // STEP
     steps_per_split = triton.cdiv(k_steps, splits)
     splits = triton.cdiv(k_steps, steps_per_split)
@@ -400,8 +398,7 @@ def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = 
         w.scale.stride(1), out.stride(0), bn,
         GROUP_SHIFT=_ONE_GROUP if bk >= k else (bk // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, TILES=tiles,
         X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl,
-        EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
-        STEP_ASM=code, STEP_OPERANDS=operands, X_ASM=X_HALVES, num_warps=num_warps, num_stages=1,
+        EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, STEP_ASM=code, STEP_OPERANDS=operands, X_ASM=X_HALVES, num_warps=num_warps, num_stages=1,
         **pdl.launch_options(use_pdl),
     )
     return out

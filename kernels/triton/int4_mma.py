@@ -59,9 +59,6 @@ from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_spli
 
 # a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
 _STEP = tl.constexpr(STEP)
-#: x, scales and zero points loaded a step ahead unless a call says (``ahead``);
-#: ``NINFER_INT4_MMA_AHEAD=1`` turns it on for comparisons in whole steps: off until timed
-AHEAD = os.environ.get("NINFER_INT4_MMA_AHEAD", "0") == "1"
 _X_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -252,8 +249,7 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                      M, N, steps_per_split, K_STEPS, splits, stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
                      GROUP_SHIFT: tl.constexpr, BLOCK_P: tl.constexpr, TILES: tl.constexpr, SYMMETRIC: tl.constexpr,
                      X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
-                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, AHEAD: tl.constexpr,
-                     PACK_ASM: tl.constexpr,
+                     EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, PACK_ASM: tl.constexpr,
                      PACK_OPERANDS: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -291,36 +287,27 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
         after_a2, after_b2 = tl.load(w_a2 + second), tl.load(w_b2 + second)
     else:
         following_a2, following_b2, after_a2, after_b2 = following_a, following_b, after_a, after_b
-    # AHEAD: x, the scales and zero points of the next step are loaded while this one
-    # computes (Nsight on an H100, session 28: the in-step loads were 58% of every warp's stalls)
-    n_x0, n_x1, n_x2, n_x3 = _step_x(x_lanes, st_begin, AHEAD and not EMULATE, BLOCK_P)
-    n_s, n_z, n_s2, n_z2 = _step_scales(s_a, s_b, z_a, z_b, s_a2, s_b2, z_a2, z_b2, st_begin >> GROUP_SHIFT,
-                                        SYMMETRIC, TILES, EMULATE)
     for st in tl.range(st_begin, st_end, loop_unroll_factor=UNROLL):
         words_a, words_b, words_a2, words_b2 = following_a, following_b, following_a2, following_b2
         following_a, following_b, following_a2, following_b2 = after_a, after_b, after_a2, after_b2
         ahead = tl.minimum(st + 2, last) * 16 + c
         after_a, after_b = tl.load(w_a + ahead), tl.load(w_b + ahead)
+        group = st >> GROUP_SHIFT  # steps are never negative: a shift, not a division
+        s_pair = _row_pair(s_a + group, s_b + group, EMULATE)
+        z_pair = s_pair if SYMMETRIC else _row_pair(z_a + group, z_b + group, EMULATE)  # symmetric: unread
         if TILES == 2:
             after_a2, after_b2 = tl.load(w_a2 + ahead), tl.load(w_b2 + ahead)
+            s_pair2 = _row_pair(s_a2 + group, s_b2 + group, EMULATE)
+            z_pair2 = s_pair2 if SYMMETRIC else _row_pair(z_a2 + group, z_b2 + group, EMULATE)
         else:
-            after_a2, after_b2 = after_a, after_b
-        if AHEAD:
-            x0, x1, x2, x3, s_pair, z_pair, s_pair2, z_pair2 = n_x0, n_x1, n_x2, n_x3, n_s, n_z, n_s2, n_z2
-            nxt = tl.minimum(st + 1, last)
-            n_x0, n_x1, n_x2, n_x3 = _step_x(x_lanes, nxt, not EMULATE, BLOCK_P)
-            n_s, n_z, n_s2, n_z2 = _step_scales(s_a, s_b, z_a, z_b, s_a2, s_b2, z_a2, z_b2, nxt >> GROUP_SHIFT,
-                                                SYMMETRIC, TILES, EMULATE)
-        else:
-            x0, x1, x2, x3 = _step_x(x_lanes, st, not EMULATE, BLOCK_P)
-            s_pair, z_pair, s_pair2, z_pair2 = _step_scales(s_a, s_b, z_a, z_b, s_a2, s_b2, z_a2, z_b2,
-                                                            st >> GROUP_SHIFT, SYMMETRIC, TILES, EMULATE)
+            after_a2, after_b2, s_pair2, z_pair2 = after_a, after_b, s_pair, z_pair
         if EMULATE:
             acc += _emulated_step(words_a, words_b, x_ptr, stride_xm, st * _STEP, M, s_pair, z_pair, SYMMETRIC, X_BF16)
             if TILES == 2:
                 acc2 += _emulated_step(words_a2, words_b2, x_ptr, stride_xm, st * _STEP, M, s_pair2, z_pair2,
                                        SYMMETRIC, X_BF16)
         else:
+            x0, x1, x2, x3 = _x_words(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
             if TILES == 2:
                 bits, bits2 = tl.inline_asm_elementwise(
                     PACK_ASM, PACK_OPERANDS,
@@ -334,34 +321,10 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                                                   s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
             acc = bits.to(tl.float32, bitcast=True)
     finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
-                stride_om, HAS_BIAS, SPLIT_K, ROUND)
+            stride_om, HAS_BIAS, SPLIT_K, ROUND)
     if TILES == 2:
         finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
-                    splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
-
-
-@triton.jit
-def _step_x(x_lanes, st, LOAD: tl.constexpr, BLOCK_P: tl.constexpr):
-    """A lane's x words for step ``st`` (zeros when not loaded: emulated, or not ahead)."""
-    if LOAD:
-        return _x_words(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
-    z = tl.zeros([BLOCK_P, 16], tl.int32)
-    return z, z, z, z
-
-
-@triton.jit
-def _step_scales(s_a, s_b, z_a, z_b, s_a2, s_b2, z_a2, z_b2, group, SYMMETRIC: tl.constexpr, TILES: tl.constexpr,
-                 EMULATE: tl.constexpr):
-    """Each tile's scale and zero-point pairs of scale group ``group`` (symmetric: the
-    zero points are the scales, unread; one tile: the second is the first)."""
-    s_pair = _row_pair(s_a + group, s_b + group, EMULATE)
-    z_pair = s_pair if SYMMETRIC else _row_pair(z_a + group, z_b + group, EMULATE)
-    if TILES == 2:
-        s_pair2 = _row_pair(s_a2 + group, s_b2 + group, EMULATE)
-        z_pair2 = s_pair2 if SYMMETRIC else _row_pair(z_a2 + group, z_b2 + group, EMULATE)
-    else:
-        s_pair2, z_pair2 = s_pair, z_pair
-    return s_pair, z_pair, s_pair2, z_pair2
+                splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
 
 
 @triton.jit
@@ -375,7 +338,7 @@ def _row_ptrs(rows, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLO
 
 def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None = None, *,
                     num_warps: int | None = None, splits: int | None = None, unroll: int = 2,
-                    tiles: int | None = None, ahead: bool | None = None) -> torch.Tensor:
+                    tiles: int | None = None) -> torch.Tensor:
     """``x`` [M <= 8, K] (bf16 or fp16; see :func:`takes`) times ``w``: [M, N] in x's dtype,
     float32 sums rounded once. ``w``'s scales and zero points are in x's dtype (as
     :func:`ninfer_kernels.quant_rows.to_device` leaves them). A warp owns ``tiles`` (1 or 2)
@@ -410,7 +373,6 @@ def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None 
         GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, TILES=tiles, SYMMETRIC=w.symmetric,
         X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl,
         EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
-        AHEAD=AHEAD if ahead is None else ahead, PACK_ASM=code, PACK_OPERANDS=operands, num_warps=num_warps,
-        num_stages=1, **pdl.launch_options(use_pdl),
+        PACK_ASM=code, PACK_OPERANDS=operands, num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
     )
     return out
