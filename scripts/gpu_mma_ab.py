@@ -43,8 +43,8 @@ def main() -> None:
     args = ap.parse_args()
     # quant_matmul: the table's kernels, the peer (the tensor-core kernel is called directly)
     os.environ["NINFER_INT4_MMA" if args.format == "int4" else "NINFER_FP8_MMA"] = "0"
-    mma = int4_mma if args.format == "int4" else fp8_mma
     matmul = int4_mma.int4_mma_matmul if args.format == "int4" else fp8_mma.fp8_mma_matmul
+    splits_for = int4_mma.mma_splits if args.format == "int4" else fp8_mma.fp8_splits
     gen = torch.Generator(device="cuda").manual_seed(4)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in args.shapes.split(","):
@@ -67,7 +67,7 @@ def main() -> None:
             unrolls = list(map(int, args.unroll.split(","))) if args.format == "int4" else [None]
             for warps, tiles, unroll in itertools.product(
                     *(list(map(int, v.split(","))) for v in (args.warps, args.tiles)), unrolls):
-                auto = mma.mma_splits(n, k, warps, sms, tiles)
+                auto = splits_for(n, k, warps, sms, tiles)
                 extra = {} if unroll is None else {"unroll": unroll}
                 for splits in sorted({max(1, auto // 2), auto, 2 * auto}):
                     def call(m, warps=warps, splits=splits, tiles=tiles, extra=extra):

@@ -45,7 +45,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fp8_gemv import _e4m3
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_splits
+from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile
 
 _STEP = tl.constexpr(STEP)
 _X_DTYPES = (torch.bfloat16, torch.float16)
@@ -66,8 +66,16 @@ def launch_shape(rows: int) -> tuple[int, int]:
     return 4, 1
 
 
-#: programs an SM the K parts aim for: twice int4's two was best at most shapes (session 28)
-PROGRAMS_PER_SM = 4
+#: programs of 4 warps an SM holds at once (80-91 registers a thread: the register file's
+#: limit). K parts fill that many and no more: the H100 sweep's best split counts did
+#: (session 28), and one more wave (768 programs for 660 places at 16384 x 5120) cost 14%
+RESIDENT = 5
+
+
+def fp8_splits(n: int, k: int, num_warps: int, sms: int, tiles: int) -> int:
+    """K parts that fill the SMs' resident programs in one wave, each at least four steps."""
+    programs = triton.cdiv(n, 16 * tiles * num_warps)
+    return max(1, min(RESIDENT * sms // programs, k // STEP // 4))
 
 
 def takes(x: torch.Tensor, w: qf.Fp8Block) -> bool:
@@ -379,7 +387,7 @@ def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = 
     programs = triton.cdiv(n, 16 * tiles * num_warps)
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        splits = mma_splits(n, k, num_warps, sms * PROGRAMS_PER_SM // 2, tiles)  # (which aims at two an SM)
+        splits = fp8_splits(n, k, num_warps, sms, tiles)
     k_steps = k // STEP
     steps_per_split = triton.cdiv(k_steps, splits)
     splits = triton.cdiv(k_steps, steps_per_split)
