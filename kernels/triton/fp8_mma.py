@@ -43,9 +43,8 @@ import triton.language as tl
 
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.fp8_gemv import _e4m3
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile
+from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, plan_launch
 
 _STEP = tl.constexpr(STEP)
 _X_DTYPES = (torch.bfloat16, torch.float16)
@@ -186,6 +185,7 @@ cvt.rn.f16x2.f32 ${j}, f1, f0;""")
 
 #: the PTX of :func:`_x_halves_asm`, a kernel argument (strings must reach the kernel as constexprs)
 X_HALVES = _x_halves_asm()
+_X_OPERANDS = tl.constexpr(",".join(["=r"] * 20 + ["r"] * 16))
 # a lane's 16 pairs of x for a step: 32 bytes from $16 + $20 (columns 16t ..) and 32 from
 # 128 bytes on (columns 64 + 16t ..), in column order
 _X_PAIRS = tl.constexpr("""{
@@ -333,7 +333,7 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         else:
             if X_BF16:
                 h0, h1, h2, h3, inv = tl.inline_asm_elementwise(
-                    X_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+                    X_ASM, _X_OPERANDS,
                     [x0, x1, x2, x3], dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=4)
             else:  # fp16 x goes in as it is
                 h0, h1, h2, h3 = x0, x1, x2, x3
@@ -383,30 +383,20 @@ def fp8_mma_matmul(x: torch.Tensor, w: qf.Fp8Block, bias: torch.Tensor | None = 
     bn, bk = w.block
     warps_for, tiles_for = launch_shape(rows)
     num_warps, tiles = num_warps or warps_for, tiles or tiles_for
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, 16 * tiles * num_warps)
-    if splits is None:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        splits = fp8_splits(n, k, num_warps, sms, tiles)
-    k_steps = k // STEP
-    steps_per_split = triton.cdiv(k_steps, splits)
-    splits = triton.cdiv(k_steps, steps_per_split)
-    if splits > 1:
-        parts = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        counters = counter_buffer("fp8_mma", x.device, programs * tiles, 4096)
-    else:
-        parts = counters = out
+    plan = plan_launch(x, n, k, num_warps, tiles, splits, fp8_splits, "fp8_mma")
+    out = plan.out
     use_pdl = pdl.enabled(x.device)
     emulate = x.device.type != "cuda"
     words = w.weight.view(torch.int32)
     code, operands = STEPS[tiles]
-    _fp8_mma_kernel[(programs, splits)](
-        x, words, w.scale, bias if bias is not None else out, out, parts, counters,
-        rows, n, steps_per_split, k_steps, splits, x.stride(0), words.stride(0), w.scale.stride(0),
+    _fp8_mma_kernel[(plan.programs, plan.splits)](
+        x, words, w.scale, bias if bias is not None else out, out, plan.parts, plan.counters,
+        rows, n, plan.steps_per_split, plan.k_steps, plan.splits, x.stride(0), words.stride(0), w.scale.stride(0),
         w.scale.stride(1), out.stride(0), bn,
         GROUP_SHIFT=_ONE_GROUP if bk >= k else (bk // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, TILES=tiles,
-        X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl,
-        EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, STEP_ASM=code, STEP_OPERANDS=operands, X_ASM=X_HALVES, num_warps=num_warps, num_stages=1,
+        X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=plan.splits > 1, USE_PDL=use_pdl,
+        EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, STEP_ASM=code, STEP_OPERANDS=operands,
+        X_ASM=X_HALVES, num_warps=num_warps, num_stages=1,
         **pdl.launch_options(use_pdl),
     )
     return out

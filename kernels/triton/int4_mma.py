@@ -53,9 +53,8 @@ import triton.language as tl
 
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.gemv_words import x_of
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_splits
+from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_splits, plan_launch
 
 # a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
 _STEP = tl.constexpr(STEP)
@@ -321,10 +320,10 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                                                   s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
             acc = bits.to(tl.float32, bitcast=True)
     finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
-            stride_om, HAS_BIAS, SPLIT_K, ROUND)
+                stride_om, HAS_BIAS, SPLIT_K, ROUND)
     if TILES == 2:
         finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
-                splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
+                    splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
 
 
 @triton.jit
@@ -349,29 +348,18 @@ def int4_mma_matmul(x: torch.Tensor, w: qf.Int4Group, bias: torch.Tensor | None 
     rows, (n, k) = x.shape[0], w.shape
     warps_for, tiles_for = launch_shape(rows)
     num_warps, tiles = num_warps or warps_for, tiles or tiles_for
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, 16 * tiles * num_warps)
-    if splits is None:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        splits = mma_splits(n, k, num_warps, sms, tiles)
-    k_steps = k // STEP
-    steps_per_split = triton.cdiv(k_steps, splits)
-    splits = triton.cdiv(k_steps, steps_per_split)
-    if splits > 1:
-        parts = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        counters = counter_buffer("int4_mma", x.device, programs * tiles, 4096)
-    else:
-        parts = counters = out
+    plan = plan_launch(x, n, k, num_warps, tiles, splits, mma_splits, "int4_mma")
     use_pdl = pdl.enabled(x.device)
     scales, zeros = w.scales.to(x.dtype), w.zeros.to(x.dtype)  # no copies where loading left them so
     emulate = x.device.type != "cuda"
     code, operands = PACKS[x.dtype, w.symmetric, tiles]
-    _int4_mma_kernel[(programs, splits)](
-        x, w.qweight, scales, zeros, bias if bias is not None else out, out, parts, counters,
-        rows, n, steps_per_split, k_steps, splits, x.stride(0), w.qweight.stride(0), scales.stride(0),
+    out = plan.out
+    _int4_mma_kernel[(plan.programs, plan.splits)](
+        x, w.qweight, scales, zeros, bias if bias is not None else out, out, plan.parts, plan.counters,
+        rows, n, plan.steps_per_split, plan.k_steps, plan.splits, x.stride(0), w.qweight.stride(0), scales.stride(0),
         zeros.stride(0), out.stride(0),
         GROUP_SHIFT=(w.group_size // STEP).bit_length() - 1, BLOCK_P=8 * num_warps, TILES=tiles, SYMMETRIC=w.symmetric,
-        X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=splits > 1, USE_PDL=use_pdl,
+        X_BF16=x.dtype == torch.bfloat16, HAS_BIAS=bias is not None, SPLIT_K=plan.splits > 1, USE_PDL=use_pdl,
         EMULATE=emulate, ROUND=emulate and x.dtype == torch.bfloat16, UNROLL=1 if emulate else unroll,
         PACK_ASM=code, PACK_OPERANDS=operands, num_warps=num_warps, num_stages=1, **pdl.launch_options(use_pdl),
     )

@@ -10,9 +10,14 @@ is weight row ``g + 8 (u >> 1)`` at x row ``2t + (u & 1)``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
 import triton
 import triton.language as tl
 
+from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.rounding import round_to
 
 #: rows of x one launch covers (the MMA's n)
@@ -25,6 +30,41 @@ def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
     """K parts for about two programs an SM, each at least four steps."""
     programs = triton.cdiv(n, 16 * tiles * num_warps)
     return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch's grid (``programs`` row blocks by ``splits`` K parts of ``steps_per_split``
+    steps), its output and, split, the float32 parts and arrival counters."""
+
+    out: torch.Tensor
+    parts: torch.Tensor
+    counters: torch.Tensor
+    programs: int
+    splits: int
+    steps_per_split: int
+    k_steps: int
+
+
+def plan_launch(x: torch.Tensor, n: int, k: int, num_warps: int, tiles: int, splits: int | None,
+                splits_for: Callable[[int, int, int, int, int], int], owner: str) -> Launch:
+    """The grid for ``x`` [M, K] times an [N, K] weight at ``num_warps`` warps of ``tiles``
+    16-row tiles: ``splits`` K parts, or ``splits_for(n, k, warps, sms, tiles)``'s, evened
+    out so none is empty; ``owner`` names the kernel's counters."""
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    programs = triton.cdiv(n, 16 * tiles * num_warps)
+    if splits is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        splits = splits_for(n, k, num_warps, sms, tiles)
+    k_steps = k // STEP
+    steps_per_split = triton.cdiv(k_steps, splits)
+    splits = triton.cdiv(k_steps, steps_per_split)
+    if splits > 1:
+        parts = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
+        counters = counter_buffer(owner, x.device, programs * tiles, 4096)
+    else:
+        parts = counters = out
+    return Launch(out, parts, counters, programs, splits, steps_per_split, k_steps)
 
 
 @triton.jit
