@@ -44,7 +44,7 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.fp8_gemv import _e4m3
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, plan_launch
+from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, plan_launch
 
 _STEP = tl.constexpr(STEP)
 _X_DTYPES = (torch.bfloat16, torch.float16)
@@ -186,24 +186,10 @@ cvt.rn.f16x2.f32 ${j}, f1, f0;""")
 #: the PTX of :func:`_x_halves_asm`, a kernel argument (strings must reach the kernel as constexprs)
 X_HALVES = _x_halves_asm()
 _X_OPERANDS = tl.constexpr(",".join(["=r"] * 20 + ["r"] * 16))
-# a lane's 16 pairs of x for a step: 32 bytes from $16 + $20 (columns 16t ..) and 32 from
-# 128 bytes on (columns 64 + 16t ..), in column order
-_X_PAIRS = tl.constexpr("""{
-.reg .u64 a;
-add.s64 a, $16, $20;
-ld.global.v4.b32 {$0, $1, $2, $3}, [a];
-ld.global.v4.b32 {$4, $5, $6, $7}, [a+16];
-ld.global.v4.b32 {$8, $9, $10, $11}, [a+128];
-ld.global.v4.b32 {$12, $13, $14, $15}, [a+144];
-}""")
-
-
-@triton.jit
-def _x_pairs(lane_ptrs, offset):
-    """Four int32 [BLOCK_P, 16]: a lane's 16 pairs of x columns, four each in column order."""
-    return tl.inline_asm_elementwise(_X_PAIRS, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,l,l",
-                                     [lane_ptrs.to(tl.int64), offset], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                     is_pure=True, pack=4)
+# a lane's 16 pairs of x for a step in column order: 32 bytes (columns 16t ..) and 32 from
+# 128 bytes on (columns 64 + 16t ..)
+_X_PAIRS = tl.constexpr(lane_loads_asm([(off, tuple(range(4 * j, 4 * j + 4)))
+                                        for j, off in enumerate((0, 16, 128, 144))]))
 
 
 @triton.jit
@@ -262,7 +248,7 @@ def _step_x(x_lanes, st, EMULATE: tl.constexpr, BLOCK_P: tl.constexpr):
     if EMULATE:
         z = tl.zeros([BLOCK_P, 16], tl.int32)
         return z, z, z, z
-    return _x_pairs(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
+    return lane_words(_X_PAIRS, x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
 
 
 @triton.jit(do_not_specialize=["M"])

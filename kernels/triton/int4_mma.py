@@ -54,7 +54,9 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.gemv_words import x_of
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, mma_splits, plan_launch
+from ninfer_kernels.triton.mma_rows import (
+    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, mma_splits, plan_launch,
+)
 
 # a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
 _STEP = tl.constexpr(STEP)
@@ -174,16 +176,9 @@ mov.b32 $1, $0;
 mov.b32 $2, $0;
 mov.b32 $3, $0;
 }""")
-# a lane's x for its four words: 64 bytes from $16 (its first column) plus $20, word i's
-# columns c .. c+7 as four pairs into $i, $(4 + i), $(8 + i), $(12 + i)
-_X_WORDS = tl.constexpr("""{
-.reg .u64 a;
-add.s64 a, $16, $20;
-ld.global.v4.b32 {$0, $4, $8, $12}, [a];
-ld.global.v4.b32 {$1, $5, $9, $13}, [a+16];
-ld.global.v4.b32 {$2, $6, $10, $14}, [a+32];
-ld.global.v4.b32 {$3, $7, $11, $15}, [a+48];
-}""")
+# a lane's x for its four words: 64 bytes, word i's columns c .. c+7 as four pairs into
+# $i, $(4 + i), $(8 + i), $(12 + i)
+_X_WORDS = tl.constexpr(lane_loads_asm([(16 * i, (i, 4 + i, 8 + i, 12 + i)) for i in range(4)]))
 
 
 @triton.jit
@@ -232,15 +227,6 @@ def _emulated_step(words_a, words_b, x_ptr, stride_xm, k0, M, s_pair, z_pair, SY
     picked_a = tl.sum(tl.where(sel[None, :, :], sums_a[:, None, :], 0.0), 2)  # [BLOCK_P, 16]
     picked_b = tl.sum(tl.where(sel[None, :, :], sums_b[:, None, :], 0.0), 2)
     return tl.where((u >> 1)[None, :] == 1, picked_b, picked_a)
-
-
-@triton.jit
-def _x_words(lane_ptrs, offset):
-    """Four int32 [BLOCK_P, 16]: for each word, x's columns c .. c+7 as pairs (c, c+1) ..
-    (c+6, c+7), from ``lane_ptrs`` (the lane's first pair) plus ``offset`` bytes."""
-    return tl.inline_asm_elementwise(_X_WORDS, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,l,l",
-                                     [lane_ptrs.to(tl.int64), offset], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-                                     is_pure=True, pack=4)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -306,7 +292,8 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                 acc2 += _emulated_step(words_a2, words_b2, x_ptr, stride_xm, st * _STEP, M, s_pair2, z_pair2,
                                        SYMMETRIC, X_BF16)
         else:
-            x0, x1, x2, x3 = _x_words(x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
+            step_bytes = tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP)
+            x0, x1, x2, x3 = lane_words(_X_WORDS, x_lanes, step_bytes)
             if TILES == 2:
                 bits, bits2 = tl.inline_asm_elementwise(
                     PACK_ASM, PACK_OPERANDS,

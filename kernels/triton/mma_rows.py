@@ -32,6 +32,23 @@ def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
     return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
 
 
+def lane_loads_asm(loads: list[tuple[int, tuple[int, int, int, int]]]) -> str:
+    """PTX for :func:`lane_words`: for each ``(offset, outputs)``, 16 bytes from the lane's
+    address ($16) plus its offset ($20) plus ``offset`` bytes into the four outputs named."""
+    body = "".join(f"ld.global.v4.b32 {{{', '.join(f'${r}' for r in regs)}}}, [a+{offset}];\n"
+                   for offset, regs in loads)
+    return "{\n.reg .u64 a;\nadd.s64 a, $16, $20;\n" + body + "}"
+
+
+@triton.jit
+def lane_words(code: tl.constexpr, lane_ptrs, offset):
+    """Four int32 [BLOCK_P, 16]: 16 words a lane from ``lane_ptrs`` (each lane's first
+    element) plus ``offset`` bytes, loaded as ``code`` (:func:`lane_loads_asm`) says."""
+    return tl.inline_asm_elementwise(code, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,l,l,l,l,l,l,l,l",
+                                     [lane_ptrs.to(tl.int64), offset], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                                     is_pure=True, pack=4)
+
+
 @dataclass(frozen=True)
 class Launch:
     """A launch's grid (``programs`` row blocks by ``splits`` K parts of ``steps_per_split``
