@@ -44,7 +44,9 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.fp8_gemv import _e4m3
-from ninfer_kernels.triton.mma_rows import MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, plan_launch
+from ninfer_kernels.triton.mma_rows import (
+    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, plan_launch, tile_rows, x_lanes,
+)
 
 _STEP = tl.constexpr(STEP)
 _X_DTYPES = (torch.bfloat16, torch.float16)
@@ -243,12 +245,12 @@ def _tile_words(w_a, w_b, st, c):
 
 
 @triton.jit
-def _step_x(x_lanes, st, EMULATE: tl.constexpr, BLOCK_P: tl.constexpr):
+def _step_x(lanes, st, EMULATE: tl.constexpr, BLOCK_P: tl.constexpr):
     """A lane's raw x pairs for step ``st`` (four int32 [BLOCK_P, 16]; zeros when emulated)."""
     if EMULATE:
         z = tl.zeros([BLOCK_P, 16], tl.int32)
         return z, z, z, z
-    return lane_words(_X_PAIRS, x_lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
+    return lane_words(_X_PAIRS, lanes, tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -260,22 +262,12 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                     X_ASM: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    offs_p = tl.arange(0, BLOCK_P)
-    g = offs_p % 8
-    # each warp: TILES tiles of 16 rows, a lane's rows g and g + 8 of each
-    rows_a = pid * 2 * TILES * BLOCK_P + 16 * TILES * (offs_p // 8) + g
-    rows_b = rows_a + 8
-    rows_a2 = rows_a + 16 * (TILES - 1)  # the second tile (TILES 1: the first again, unused)
-    rows_b2 = rows_a2 + 8
-    c = tl.arange(0, 16)[None, :]
+    rows_a, rows_b, rows_a2, rows_b2, c = tile_rows(BLOCK_P, TILES)
     w_a, s_a = _row_ptrs(rows_a, N, BN, w_ptr, s_ptr, stride_wn, stride_sn)
     w_b, s_b = _row_ptrs(rows_b, N, BN, w_ptr, s_ptr, stride_wn, stride_sn)
     w_a2, s_a2 = _row_ptrs(rows_a2, N, BN, w_ptr, s_ptr, stride_wn, stride_sn)
     w_b2, s_b2 = _row_ptrs(rows_b2, N, BN, w_ptr, s_ptr, stride_wn, stride_sn)
-    # lane (g, t) feeds B's column g: x row g (rows past M read row 0; their D is never
-    # stored), columns 16t .. 16t + 15 of each half of a step
-    x_first = tl.where(g < M, g, 0)[:, None].to(tl.int64) * (stride_xm // 2)
-    x_lanes = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + x_first + 8 * (c // 4)
+    x_pairs = x_lanes(x_ptr, M, stride_xm, BLOCK_P, 8)  # lane t: columns 16t .. 16t + 15 of each half
     st_begin = split * steps_per_split
     st_end = tl.minimum(st_begin + steps_per_split, K_STEPS)
     last = st_end - 1
@@ -291,7 +283,7 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     if USE_PDL:  # x comes from the kernel before
         pdl.wait()
     # x and the block scales a step ahead too (in the step, their loads would stall every warp)
-    nx0, nx1, nx2, nx3 = _step_x(x_lanes, st_begin, EMULATE, BLOCK_P)
+    nx0, nx1, nx2, nx3 = _step_x(x_pairs, st_begin, EMULATE, BLOCK_P)
     group = (st_begin >> GROUP_SHIFT) * stride_sk  # steps are never negative: a shift, not a division
     n_scales = _row_scales(s_a + group, s_b + group)
     n_scales2 = _row_scales(s_a2 + group, s_b2 + group) if TILES == 2 else n_scales
@@ -304,7 +296,7 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         n_la, n_ha, n_lb, n_hb = _tile_words(w_a, w_b, ahead, c)
         x0, x1, x2, x3, scales, scales2 = nx0, nx1, nx2, nx3, n_scales, n_scales2
         nxt = tl.minimum(st + 1, last)
-        nx0, nx1, nx2, nx3 = _step_x(x_lanes, nxt, EMULATE, BLOCK_P)
+        nx0, nx1, nx2, nx3 = _step_x(x_pairs, nxt, EMULATE, BLOCK_P)
         group = (nxt >> GROUP_SHIFT) * stride_sk
         n_scales = _row_scales(s_a + group, s_b + group)
         if TILES == 2:

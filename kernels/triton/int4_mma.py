@@ -55,7 +55,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.gemv_words import x_of
 from ninfer_kernels.triton.mma_rows import (
-    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, mma_splits, plan_launch,
+    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, mma_splits, plan_launch, tile_rows, x_lanes,
 )
 
 # a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
@@ -238,22 +238,12 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                      PACK_OPERANDS: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    offs_p = tl.arange(0, BLOCK_P)
-    g = offs_p % 8
-    # each warp: TILES tiles of 16 rows, a lane's rows g and g + 8 of each
-    rows_a = pid * 2 * TILES * BLOCK_P + 16 * TILES * (offs_p // 8) + g
-    rows_b = rows_a + 8
-    rows_a2 = rows_a + 16 * (TILES - 1)  # the second tile (TILES 1: the first again, unused)
-    rows_b2 = rows_a2 + 8
-    c = tl.arange(0, 16)[None, :]
+    rows_a, rows_b, rows_a2, rows_b2, c = tile_rows(BLOCK_P, TILES)
     w_a, s_a, z_a = _row_ptrs(rows_a, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
     w_b, s_b, z_b = _row_ptrs(rows_b, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
     w_a2, s_a2, z_a2 = _row_ptrs(rows_a2, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
     w_b2, s_b2, z_b2 = _row_ptrs(rows_b2, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
-    # lane (g, t) feeds B's column g: x row g (rows past M read row 0; their D is never
-    # stored), columns 32t .. 32t + 31 of each step
-    x_first = tl.where(g < M, g, 0)[:, None].to(tl.int64) * (stride_xm // 2)
-    x_lanes = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + x_first + 16 * (c // 4)
+    x_pairs = x_lanes(x_ptr, M, stride_xm, BLOCK_P, 16)  # lane t: columns 32t .. 32t + 31 of a step
     st_begin = split * steps_per_split
     st_end = tl.minimum(st_begin + steps_per_split, K_STEPS)
     if USE_PDL:  # x comes from the kernel before
@@ -293,7 +283,7 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                                        SYMMETRIC, X_BF16)
         else:
             step_bytes = tl.zeros([BLOCK_P, 16], tl.int64) + st.to(tl.int64) * (2 * _STEP)
-            x0, x1, x2, x3 = lane_words(_X_WORDS, x_lanes, step_bytes)
+            x0, x1, x2, x3 = lane_words(_X_WORDS, x_pairs, step_bytes)
             if TILES == 2:
                 bits, bits2 = tl.inline_asm_elementwise(
                     PACK_ASM, PACK_OPERANDS,

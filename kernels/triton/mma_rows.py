@@ -49,6 +49,27 @@ def lane_words(code: tl.constexpr, lane_ptrs, offset):
                                      is_pure=True, pack=4)
 
 
+@triton.jit
+def tile_rows(BLOCK_P: tl.constexpr, TILES: tl.constexpr):
+    """A program's rows: each warp ``TILES`` tiles of 16, a lane's rows g and g + 8 of each
+    (the second tile's the first's again when ``TILES`` is 1, never stored twice), and the
+    tile columns ``c`` [1, 16] (lane t holds c = 4t .. 4t + 3)."""
+    offs_p = tl.arange(0, BLOCK_P)
+    rows_a = tl.program_id(0) * 2 * TILES * BLOCK_P + 16 * TILES * (offs_p // 8) + offs_p % 8
+    rows_a2 = rows_a + 16 * (TILES - 1)
+    return rows_a, rows_a + 8, rows_a2, rows_a2 + 8, tl.arange(0, 16)[None, :]
+
+
+@triton.jit
+def x_lanes(x_ptr, M, stride_xm, BLOCK_P: tl.constexpr, PAIRS: tl.constexpr):
+    """Each lane's first x pair (int32 pointers [BLOCK_P, 16]): lane (g, t) feeds B's column
+    g, x row g (rows past M read row 0; their sums are never stored), from pair ``PAIRS * t``
+    of each block of a step."""
+    g = tl.arange(0, BLOCK_P) % 8
+    first = tl.where(g < M, g, 0)[:, None].to(tl.int64) * (stride_xm // 2)
+    return x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + first + PAIRS * (tl.arange(0, 16)[None, :] // 4)
+
+
 @dataclass(frozen=True)
 class Launch:
     """A launch's grid (``programs`` row blocks by ``splits`` K parts of ``steps_per_split``
