@@ -45,7 +45,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.fp8_gemv import _e4m3
 from ninfer_kernels.triton.mma_rows import (
-    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, plan_launch, tile_rows, x_lanes,
+    MMA_ROWS, STEP, finish_tiles, lane_loads_asm, lane_words, plan_launch, tile_rows, x_lanes,
 )
 
 _STEP = tl.constexpr(STEP)
@@ -260,7 +260,6 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
                     ROUND: tl.constexpr, STEP_ASM: tl.constexpr, STEP_OPERANDS: tl.constexpr,
                     X_ASM: tl.constexpr):
-    pid = tl.program_id(0)
     split = tl.program_id(1)
     rows_a, rows_b, rows_a2, rows_b2, c = tile_rows(BLOCK_P, TILES)
     w_a, s_a = _row_ptrs(rows_a, N, BN, w_ptr, s_ptr, stride_wn, stride_sn)
@@ -330,11 +329,8 @@ def _fp8_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
                     [la, ha, lb, hb, h0, h1, h2, h3, inv, acc.to(tl.int32, bitcast=True),
                      scales.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=True, pack=4)
             acc = bits.to(tl.float32, bitcast=True)
-    finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
-                stride_om, HAS_BIAS, SPLIT_K, ROUND)
-    if TILES == 2:
-        finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
-                    splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
+    finish_tiles(acc, acc2, rows_a, rows_b, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr, split,
+                 splits, stride_om, TILES, HAS_BIAS, SPLIT_K, ROUND)
 
 
 @triton.jit

@@ -55,7 +55,7 @@ from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.gemv_words import x_of
 from ninfer_kernels.triton.mma_rows import (
-    MMA_ROWS, STEP, finish_tile, lane_loads_asm, lane_words, mma_splits, plan_launch, tile_rows, x_lanes,
+    MMA_ROWS, STEP, finish_tiles, lane_loads_asm, lane_words, mma_splits, plan_launch, tile_rows, x_lanes,
 )
 
 # a step (mma_rows.STEP) is 128 columns: 16 words a row, four a lane
@@ -236,7 +236,6 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                      X_BF16: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
                      EMULATE: tl.constexpr, ROUND: tl.constexpr, UNROLL: tl.constexpr, PACK_ASM: tl.constexpr,
                      PACK_OPERANDS: tl.constexpr):
-    pid = tl.program_id(0)
     split = tl.program_id(1)
     rows_a, rows_b, rows_a2, rows_b2, c = tile_rows(BLOCK_P, TILES)
     w_a, s_a, z_a = _row_ptrs(rows_a, N, w_ptr, s_ptr, z_ptr, stride_wn, stride_sn, stride_zn, BLOCK_P)
@@ -296,11 +295,8 @@ def _int4_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, part_ptr, count
                                                  [words_a, words_b, x0, x1, x2, x3, acc.to(tl.int32, bitcast=True),
                                                   s_pair, z_pair], dtype=tl.int32, is_pure=True, pack=4)
             acc = bits.to(tl.float32, bitcast=True)
-    finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES, split, splits,
-                stride_om, HAS_BIAS, SPLIT_K, ROUND)
-    if TILES == 2:
-        finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr + pid * TILES + 1, split,
-                    splits, stride_om, HAS_BIAS, SPLIT_K, ROUND)
+    finish_tiles(acc, acc2, rows_a, rows_b, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr, split,
+                 splits, stride_om, TILES, HAS_BIAS, SPLIT_K, ROUND)
 
 
 @triton.jit

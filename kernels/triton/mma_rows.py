@@ -131,3 +131,16 @@ def finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, counter,
                 total += tl.load(b_ptr + w_row, mask=ok, other=0.0).to(tl.float32)
             tl.store(dest, round_to(total, out_ptr.dtype.element_ty, ROUND), mask=ok)
             tl.store(counter, 0)
+
+
+@triton.jit
+def finish_tiles(acc, acc2, rows_a, rows_b, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, count_ptr, split,
+                 splits, stride_om, TILES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                 ROUND: tl.constexpr):
+    """:func:`finish_tile` for each of a program's ``TILES`` tiles, each with its own counter."""
+    counters = count_ptr + tl.program_id(0) * TILES
+    finish_tile(acc, rows_a, rows_b, c, M, N, b_ptr, out_ptr, part_ptr, counters, split, splits, stride_om,
+                HAS_BIAS, SPLIT_K, ROUND)
+    if TILES == 2:
+        finish_tile(acc2, rows_a2, rows_b2, c, M, N, b_ptr, out_ptr, part_ptr, counters + 1, split, splits, stride_om,
+                    HAS_BIAS, SPLIT_K, ROUND)
