@@ -15,9 +15,9 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   ``gemv`` variant for one to four rows: no ``tl.dot`` (no 16-row padding, no operand
   layout shuffles), float32 products summed elementwise; at one row a program reads
   the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_fp16`). The table
-  picks what measured fastest per shape and row count. int4 and FP8 at one to eight rows
-  go to :mod:`.int4_mma` and :mod:`.fp8_mma` (the tensor cores, from the same words)
-  before any of this.
+  picks what measured fastest per shape and row count. int4 at one to eight rows goes to
+  :mod:`.int4_mma` (the tensor cores, from the same words) before any of this, and FP8
+  to :mod:`.fp8_mma` when ``NINFER_FP8_MMA=1`` (no faster than the table on an H100).
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
@@ -265,9 +265,10 @@ def cublas_route(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
 def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | None = None,
                  config: QuantGemmConfig | None = None) -> torch.Tensor:
     """``x`` [M, K] (bf16/fp16) times a 2-D quantized weight: [M, N] in x's dtype, float32
-    accumulation rounded once. ``config`` overrides the table (tests, the sweep). int4 and
-    FP8 at one to eight rows run on the tensor cores from registers (:mod:`.int4_mma`,
-    :mod:`.fp8_mma`) unless a config is given or ``NINFER_INT4_MMA=0`` / ``NINFER_FP8_MMA=0``."""
+    accumulation rounded once. ``config`` overrides the table (tests, the sweep). Unless a
+    config is given, int4 at one to eight rows runs on the tensor cores from registers
+    (:mod:`.int4_mma`; ``NINFER_INT4_MMA=0``: not), and FP8 does with ``NINFER_FP8_MMA=1``
+    (:mod:`.fp8_mma`)."""
     if config is None and isinstance(weight, qf.Int4Group) and int4_mma.enabled() and int4_mma.takes(x, weight):
         return int4_mma.int4_mma_matmul(x, weight, bias)
     if config is None and isinstance(weight, qf.Fp8Block) and fp8_mma.enabled() and fp8_mma.takes(x, weight):
