@@ -39,6 +39,7 @@ from gpu_skinny_sweep import linear_shapes, routing  # noqa: E402 (scripts/ is o
 from gpu_timing import bench, captured, copy_bytes_per_s, rel_err  # noqa: E402
 
 from ninfer_kernels import quant_formats as qf
+from ninfer_kernels.triton import fp8_mma
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import cublas_prefill as cp
 from ninfer_kernels.triton import quant_gemm as qg
@@ -229,9 +230,23 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
         found += gemv_candidates(rows, n, k, sms)
     if fmt == "fp8" and block_scaled:  # cuBLAS's block-scaled FP8 product, x quantized as on our tensor-core path
         found.append(BLOCK_SCALED)
+    if fmt == "fp8" and rows <= fp8_mma.MMA_ROWS:
+        found += mma_candidates(n, k, sms)
     if fmt == "fp8" and fp8_tensor_cores:
         found = [c for c in found if c.act_quant]
     return list(dict.fromkeys(found))
+
+
+def mma_candidates(n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
+    """FP8 on the tensor cores from registers (kernels/triton/fp8_mma.py): 4 warps of one or
+    two 16-row tiles (session 28 on the H100: best or within 1% everywhere), K parts around
+    the one wave ``fp8_splits`` aims at."""
+    found = []
+    for tiles in (1, 2):
+        fill = fp8_mma.fp8_splits(n, k, 4, sms, tiles)
+        for splits in sorted({max(1, fill // 2), fill, 2 * fill}):
+            found.append(qg.QuantGemmConfig(16, 64 * tiles, 128, splits, 1, 4, 1, route="mma"))
+    return found
 
 
 def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:

@@ -100,6 +100,22 @@ def test_quant_matmul_takes_it_when_on(monkeypatch):
     assert calls == [1, 8]
 
 
+def test_a_table_route_picks_it(monkeypatch):
+    """A config routed ``mma`` (what a tune writes where this kernel won) sends one to
+    eight rows here with its warps, tiles and K parts; what it cannot take (nine rows)
+    runs the heuristic's kernel instead."""
+    gen = torch.Generator().manual_seed(8)
+    w = random_weight("fp8", 80, 384, gen=gen)
+    calls = []
+    real = fm.fp8_mma_matmul
+    monkeypatch.setattr(fm, "fp8_mma_matmul", lambda *a, **k: calls.append((a[0].shape[0], k)) or real(*a, **k))
+    config = qg.QuantGemmConfig(16, 64, 128, 3, 1, 2, 1, route="mma")  # 2 warps of two tiles, 3 K parts
+    for rows in (1, 8, 9):
+        x = torch.randn(rows, 384, generator=gen).to(torch.bfloat16)
+        assert rel_err(qg.quant_matmul(x, w, None, config), qf.quant_linear(x.float(), w)) < 3e-2
+    assert calls == [(rows, {"num_warps": 2, "splits": 3, "tiles": 2}) for rows in (1, 8)]
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])

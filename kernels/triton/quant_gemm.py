@@ -16,8 +16,9 @@ a program owns a ``BLOCK_M x BLOCK_N`` output tile and one of ``SPLITS`` equal p
   layout shuffles), float32 products summed elementwise; at one row a program reads
   the weight as 32-bit words instead (:mod:`.fp8_gemv`, :mod:`.int4_fp16`). The table
   picks what measured fastest per shape and row count. int4 at one to eight rows goes to
-  :mod:`.int4_mma` (the tensor cores, from the same words) before any of this, and FP8
-  to :mod:`.fp8_mma` when ``NINFER_FP8_MMA=1`` (no faster than the table on an H100).
+  :mod:`.int4_mma` (the tensor cores, from the same words) before any of this; FP8 goes
+  to :mod:`.fp8_mma` where a table entry's ``route`` is ``mma`` (the tune offers it), or
+  always with ``NINFER_FP8_MMA=1``.
 * Prefill: bigger tiles, no split. FP8 quantizes x per token per 128 columns first
   (:func:`.quant_tiles.quantize_activations`) and multiplies e4m3 x e4m3 on the tensor
   cores (``act_quant``); int4 and NVFP4 (Hopper has no FP4 tensor cores) dequantize
@@ -268,7 +269,7 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     accumulation rounded once. ``config`` overrides the table (tests, the sweep). Unless a
     config is given, int4 at one to eight rows runs on the tensor cores from registers
     (:mod:`.int4_mma`; ``NINFER_INT4_MMA=0``: not), and FP8 does with ``NINFER_FP8_MMA=1``
-    (:mod:`.fp8_mma`)."""
+    (:mod:`.fp8_mma`); a config routed ``mma`` sends FP8 there too."""
     if config is None and isinstance(weight, qf.Int4Group) and int4_mma.enabled() and int4_mma.takes(x, weight):
         return int4_mma.int4_mma_matmul(x, weight, bias)
     if config is None and isinstance(weight, qf.Fp8Block) and fp8_mma.enabled() and fp8_mma.takes(x, weight):
@@ -280,6 +281,12 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     if rows == 0:
         return torch.empty(0, op.n, dtype=x.dtype, device=x.device)
     config = config or choose_config(x, op)
+    if config.route == "mma":
+        if isinstance(weight, qf.Fp8Block) and fp8_mma.takes(x, weight):
+            tiles = max(1, min(2, config.BLOCK_N // (16 * config.num_warps)))
+            return fp8_mma.fp8_mma_matmul(x, weight, bias, num_warps=config.num_warps, splits=config.SPLITS,
+                                          tiles=tiles)
+        config = heuristic_config(op.fmt, rows, op.n, op.k, sm_count(x.device))  # a shape it does not take
     if config.route != "triton":
         routed = cublas_route(x, weight, bias, config.route)
         if routed is not None:

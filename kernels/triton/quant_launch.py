@@ -57,7 +57,9 @@ class QuantGemmConfig:
     vec: int = 4
     #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
     #: dequantizing the weight (``dense``, for prefill sizes) or on block-scaled FP8
-    #: (``block_scaled``, any size): :mod:`.cublas_prefill`; the tile fields then unused
+    #: (``block_scaled``, any size): :mod:`.cublas_prefill`; the tile fields then unused.
+    #: ``mma``: FP8 at one to eight rows on :mod:`.fp8_mma`, ``num_warps`` warps of
+    #: ``BLOCK_N // (16 num_warps)`` tiles and ``SPLITS`` K parts
     route: str = "triton"
 
     def to_json(self) -> dict:
