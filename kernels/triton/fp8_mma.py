@@ -58,9 +58,10 @@ _ONE_GROUP = 30
 
 
 def enabled() -> bool:
-    """``NINFER_FP8_MMA=1`` sends FP8 products of one to eight rows here (read per call).
-    Off by default: on an H100 (session 28) the table's kernels were as fast or faster
-    (0.93-1.02x at the 27B's projections, 0.88x in the whole c=1 step)."""
+    """``NINFER_FP8_MMA=1`` sends every FP8 product of one to eight rows here (read per
+    call); otherwise only table entries routed ``mma`` do. On an H100 (session 28) the
+    table's word step was about as fast (this kernel 0.93-1.06x at the 27B's projections,
+    0.94x in the whole c=1 step)."""
     return os.environ.get("NINFER_FP8_MMA", "0") == "1"
 
 
