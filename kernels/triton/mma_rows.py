@@ -1,6 +1,7 @@
-"""What the few-row tensor-core kernels (:mod:`.int4_mma`, :mod:`.fp8_mma`) share: where
-an ``mma.sync`` m16n8k16 leaves its sums, how they are stored or summed over K parts, and
-how many K parts a launch takes.
+"""What the few-row tensor-core kernels (:mod:`.int4_mma`, :mod:`.fp8_mma`) share: which
+weight rows and x columns a lane holds, x's per-lane loads, the launch's grid and K parts,
+and where an ``mma.sync`` m16n8k16 leaves its sums and how they are stored or summed over
+K parts.
 
 Both kernels give a warp 16 weight rows and up to eight rows of x as the MMA's B. Lane
 ``l`` (``g = l // 4``, ``t = l % 4``) gets D's rows ``g`` and ``g + 8`` at x rows ``2t``
