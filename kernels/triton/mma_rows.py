@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.quant_launch import k_parts_to_fill
 from ninfer_kernels.triton.rounding import round_to
 
 #: rows of x one launch covers (the MMA's n)
@@ -28,9 +29,9 @@ STEP = 128
 
 
 def mma_splits(n: int, k: int, num_warps: int, sms: int, tiles: int = 1) -> int:
-    """K parts for about two programs an SM, each at least four steps."""
-    programs = triton.cdiv(n, 16 * tiles * num_warps)
-    return 1 if programs >= sms else max(1, min(triton.cdiv(2 * sms, programs), k // STEP // 4))
+    """K parts for about two programs an SM, each at least four steps: the quantized GEMM's
+    rule (:func:`.quant_launch.k_parts_to_fill`) for this kernel's row blocks."""
+    return k_parts_to_fill(triton.cdiv(n, 16 * tiles * num_warps), k, sms, STEP)
 
 
 def lane_loads_asm(loads: list[tuple[int, tuple[int, int, int, int]]]) -> str:
