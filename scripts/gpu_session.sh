@@ -57,6 +57,8 @@
 #   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
 #   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 1k and 8k rows by every route (our tiles,
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
+#   scripts/gpu_session.sh quant35      the 35B-A3B per WEIGHT_FORMATS (@fp8-block @gptq @bf16): decode at c=1 and 8, an 8k
+#                                   prefill, one build a format (needs an H200's memory: the bf16 model is whole first)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
 #   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
@@ -518,6 +520,16 @@ gemv-ncu)
         echo "ncu $case: rc $?"; cat /tmp/ncu_case.txt >> "$OUT/ncu.txt"
         grep -E "config:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Executed Ipc A|Warp Cycles Per Issued" \
             /tmp/ncu_case.txt | head -16
+    done
+    ;;
+quant35)
+    # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode
+    # at c=1 and 8 and one 8k prefill. The quantized layouts are written from the whole bf16 model
+    # in device memory (about 67 GB before the originals are freed): an H200 call
+    for fmt in ${WEIGHT_FORMATS:-@fp8-block @gptq @bf16}; do
+        bench "${BENCH_S:-170}" "random:qwen3.6-35b-a3b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode,prefill \
+            --concurrency 1,8 --decode-prompt-len 512 --decode-output-len 64 --prefill-lens 8192 --prefill-chunk 8192 \
+            --no-transformers
     done
     ;;
 prefill-quant)
