@@ -228,6 +228,8 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
+    if fmt == "fp8" and rows == 1:
+        found += staged_candidates(n, k, sms)
     if fmt == "fp8" and block_scaled:  # cuBLAS's block-scaled FP8 product, x quantized as on our tensor-core path
         found.append(BLOCK_SCALED)
     if fmt == "fp8" and rows <= fp8_mma.MMA_ROWS:
@@ -264,6 +266,20 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
                 (False, 1, 4),):
             found.append(qg.QuantGemmConfig(triton.next_power_of_2(rows), block_n, 128, fill, 1, warps, 4, gemv=True,
                                             ahead=ahead, unroll=unroll, vec=vec))
+    return found
+
+
+def staged_candidates(n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
+    """FP8's one-row step with its words staged through shared memory (a config's
+    ``staged``): 2 or 4 K steps in flight (16 KiB a step at 128 rows), K parts to fill the
+    SMs and twice that (fewer registers leave room for more programs an SM)."""
+    found = []
+    for block_n, warps in ((32, 4), (64, 8), (128, 4), (128, 8)):
+        tiles = triton.cdiv(n, block_n)
+        fill = qg.k_parts_to_fill(tiles, k, sms)
+        for staged in (3, 5):
+            for splits in sorted({fill, 2 * fill}):
+                found.append(qg.QuantGemmConfig(1, block_n, 128, splits, 1, warps, 4, gemv=True, staged=staged))
     return found
 
 

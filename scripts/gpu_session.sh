@@ -57,6 +57,8 @@
 #   scripts/gpu_session.sh ratio        FP8-block 27B decode at BENCH_C (1) beside bf16, from the committed table
 #   scripts/gpu_session.sh prefill-routes  the 27B's quantized projections at 1k and 8k rows by every route (our tiles,
 #                                   dequantize + cuBLAS, block-scaled FP8 cuBLAS) beside bf16 (PROBE_SHAPES, PROBE_FORMATS)
+#   scripts/gpu_session.sh staged-tests FP8's one-row step with its words staged through shared memory (a config's
+#                                   staged): its GPU tests against the register prefetch
 #   scripts/gpu_session.sh quant35      the 35B-A3B per WEIGHT_FORMATS (@fp8-block @gptq @bf16): decode at c=1 and 8, an 8k
 #                                   prefill, one build a format (needs an H200's memory: the bf16 model is whole first)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
@@ -521,6 +523,12 @@ gemv-ncu)
         grep -E "config:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible|Executed Ipc A|Warp Cycles Per Issued" \
             /tmp/ncu_case.txt | head -16
     done
+    ;;
+staged-tests)
+    # FP8's one-row step with its words staged through shared memory against the register
+    # prefetch (bit for bit), and the unrolled loop beside it
+    timeout "${TESTS_S:-240}" python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k "staged or unrolled" \
+        > "$OUT/pytest_staged.txt" 2>&1; tail -3 "$OUT/pytest_staged.txt"
     ;;
 quant35)
     # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode

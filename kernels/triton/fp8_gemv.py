@@ -8,6 +8,11 @@ copy bandwidth leaves; the tensor-core tiles the table picks at one row read at 
 copy bandwidth (docs/weight-formats.md). This step:
 
 * reads the weight as words, 16 bytes a thread, two K steps ahead (:mod:`.gemv_words`);
+  or, with ``STAGED`` (a config's ``staged``), through shared memory: the loop names its
+  stages, so Triton's pipeliner turns the word loads into asynchronous copies
+  ``STAGED - 1`` steps ahead, which hold no registers while the bytes travel. The one-row
+  kernels wait on their loads most of the time (Nsight, session 28): more bytes in flight
+  is what they lack, and registers were what capped them;
 * turns each half of a word into an fp16 pair with one ``cvt.rn.f16x2.e4m3x2`` (exact:
   every e4m3 value is an fp16 value) and the pairs into float32;
 * multiplies in float32 against x's columns, which each thread converts (and, for
@@ -112,7 +117,7 @@ def _step_x(x_pairs, k0, k_end, WORDS: tl.constexpr, X_BF16: tl.constexpr, EVEN_
 def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, stride_sn, stride_sk,
                  group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
                  X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, AHEAD: tl.constexpr = False,
-                 UNROLL: tl.constexpr = 1, VEC: tl.constexpr = 4):
+                 UNROLL: tl.constexpr = 1, VEC: tl.constexpr = 4, STAGED: tl.constexpr = 0):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for an e4m3 weight (rows ``stride_wn`` bytes apart, a multiple of 4) with ``(group_n,
     group_k)`` block scales applied as ``SCALE`` says (:func:`uniform_scale`). With
@@ -124,9 +129,18 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + safe_n.to(tl.int64) * (stride_wn // 4)
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
+    scale_row = s_ptr + row_block * stride_sn
+    if STAGED > 0:  # the words through shared memory, STAGED - 1 steps ahead (gemv_words)
+        for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGED):
+            words = step_words(w_rows, None, k0, k_end, 1, 4, WORDS, EVEN_K, VEC)
+            x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
+            if SCALE == 1:
+                s = tl.load(scale_row + (k0 // group_k) * stride_sk)
+                x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
+            acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
+        return _row_sums(acc, s_ptr, offs_n, n_ok, stride_sn, SCALE)
     following = step_words(w_rows, None, k_begin, k_end, 1, 4, WORDS, EVEN_K, VEC)
     after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K, VEC)
-    scale_row = s_ptr + row_block * stride_sn
     next_s = tl.load(scale_row + (k_begin // group_k) * stride_sk) if SCALE == 1 and AHEAD else 1.0
     if AHEAD:
         n0, n1, n2, n3 = _step_x(x_pairs, k_begin, k_end, WORDS, X_BF16, EVEN_K)
@@ -148,6 +162,12 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
         if SCALE == 1:
             x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
         acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
+    return _row_sums(acc, s_ptr, offs_n, n_ok, stride_sn, SCALE)
+
+
+@triton.jit
+def _row_sums(acc, s_ptr, offs_n, n_ok, stride_sn, SCALE: tl.constexpr):
+    """float32 [1, BLOCK_N]: each row's products summed, times its scale under ROW_SCALE."""
     total = tl.sum(acc, 1)
     if SCALE == 2:
         total = total * tl.load(s_ptr + offs_n * stride_sn, mask=n_ok, other=0.0)

@@ -161,7 +161,7 @@ def _quant_gemm_kernel(
     PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True, EVEN_K: tl.constexpr = False,
     FP8_SCALE: tl.constexpr = 0, PAIRS: tl.constexpr = False,
     EMULATE: tl.constexpr = False, AHEAD: tl.constexpr = False, UNROLL: tl.constexpr = 1,
-    VEC: tl.constexpr = 4,
+    VEC: tl.constexpr = 4, STAGED: tl.constexpr = 0,
 ):
     pid_m, pid_n = _block_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
@@ -176,7 +176,7 @@ def _quant_gemm_kernel(
     if PACKED and FORMAT == 0:  # FP8, one row a program: whole words (.fp8_gemv)
         acc = fp8_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end,
                            stride_wn, stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE,
-                           X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC)
+                           X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC, STAGED)
     elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
@@ -302,8 +302,10 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
     block_k = options.pop("BLOCK_K")
     options.update(packed_options(x, op, options, block_m, block_n, block_k))
-    options["AHEAD"] = config.ahead and options["PACKED"]  # the same sums either way
-    options["UNROLL"] = config.unroll if options["PACKED"] else 1
+    # FP8's staged loop stands alone: ahead and unroll are for the register-prefetch loop
+    options["STAGED"] = config.staged if options["PACKED"] and options["FORMAT"] == FP8 else 0
+    options["AHEAD"] = config.ahead and options["PACKED"] and not options["STAGED"]  # the same sums either way
+    options["UNROLL"] = config.unroll if options["PACKED"] and not options["STAGED"] else 1
     options["VEC"] = config.vec if options["PACKED"] else 4
     x_in, x_scales = (quantize_activations(x.contiguous()) if options["FORMAT"] == FP8_ACT else (x, x))
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(op.n, block_n)
