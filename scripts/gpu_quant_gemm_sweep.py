@@ -228,7 +228,7 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
                 found.append(qg.QuantGemmConfig(block_m, block_n, 128, splits, 1, warps, stages, swap=True))
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
-    if fmt == "fp8" and rows == 1:
+    if fmt != "nvfp4" and rows == 1:
         found += staged_candidates(n, k, sms)
     if fmt == "fp8" and block_scaled:  # cuBLAS's block-scaled FP8 product, x quantized as on our tensor-core path
         found.append(BLOCK_SCALED)
@@ -270,11 +270,13 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
 
 
 def staged_candidates(n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
-    """FP8's one-row step with its words staged through shared memory (a config's
-    ``staged``): 2 or 4 K steps in flight (16 KiB a step at 128 rows), K parts to fill the
-    SMs and twice that (fewer registers leave room for more programs an SM)."""
+    """The one-row packed steps with their words staged through shared memory (a config's
+    ``staged``): 2 or 4 K steps in flight (16 KiB a step at 128 FP8 rows, 8 KiB int4), K
+    parts to fill the SMs and twice that (fewer registers leave room for more programs an
+    SM). int4 at one row runs on the tensor cores unless ``NINFER_INT4_MMA=0``: its entries
+    are for that comparison."""
     found = []
-    for block_n, warps in ((32, 4), (64, 8), (128, 4), (128, 8)):
+    for block_n, warps in ((32, 4), (64, 8), (128, 4), (128, 8), (256, 8)):
         tiles = triton.cdiv(n, block_n)
         fill = qg.k_parts_to_fill(tiles, k, sms)
         for staged in (3, 5):

@@ -215,18 +215,19 @@ def test_loads_a_step_ahead_change_nothing_on_cuda(monkeypatch, fmt, n, k, split
 
 
 def _staged_and_in_registers(monkeypatch, x, w, config):
-    """FP8's one-row step with its words staged through shared memory, then prefetched in
+    """The one-row step with its words staged through shared memory, then prefetched in
     registers (with and without the unrolled loop)."""
     return _packed_outputs(monkeypatch, x, w, [replace(config, staged=3), replace(config, staged=5),
                                                config, replace(config, unroll=3)])
 
 
-STAGED_CASES = [c for c in AHEAD_CASES if c[0] == "fp8"] + [("fp8", 40, 128, 1), ("fp8", 33, 128 * 7, 3)]
-STAGED_IDS = [i for c, i in zip(AHEAD_CASES, AHEAD_IDS) if c[0] == "fp8"] + ["fp8-one-step", "fp8-ragged-n-splits"]
+STAGED_CASES = AHEAD_CASES + [(fmt, n, 128 * steps, splits) for fmt in ("int4", "fp8")
+                              for n, steps, splits in ((40, 1, 1), (33, 7, 3))]
+STAGED_IDS = AHEAD_IDS + [f"{fmt}-{case}" for fmt in ("int4", "fp8") for case in ("one-step", "ragged-n-splits")]
 
 
 @pytest.mark.parametrize("fmt,n,k,splits", STAGED_CASES, ids=STAGED_IDS)
-def test_staged_fp8_words_change_nothing(monkeypatch, fmt, n, k, splits):
+def test_staged_words_change_nothing(monkeypatch, fmt, n, k, splits):
     """Words staged through shared memory (a config's ``staged``) are the same sum, bit for
     bit, as words prefetched in registers: each step still takes its own words, scale and
     columns of x, a split's last step and a ragged K included. The interpreter runs the
@@ -241,7 +242,7 @@ def test_staged_fp8_words_change_nothing(monkeypatch, fmt, n, k, splits):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt,n,k,splits", STAGED_CASES, ids=STAGED_IDS)
-def test_staged_fp8_words_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
+def test_staged_words_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
     x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
     staged, *others = _staged_and_in_registers(monkeypatch, x, w, config)
     for out in others:

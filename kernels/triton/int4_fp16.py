@@ -253,7 +253,7 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
                   stride_sn, stride_sk, stride_zn, stride_zk, group_k,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_BF16: tl.constexpr, EVEN_K: tl.constexpr,
                   EMULATE: tl.constexpr, AHEAD: tl.constexpr = False, UNROLL: tl.constexpr = 1,
-                  VEC: tl.constexpr = 4):
+                  VEC: tl.constexpr = 4, STAGED: tl.constexpr = 0):
     """float32 [1, BLOCK_N]: the row of x at ``x_row`` times ``W[offs_n, k_begin:k_end]^T``
     for int4 words holding column ``8w + j`` in nibble ``j``, one scale and zero point per
     row and ``group_k`` columns (``BLOCK_K`` divides ``group_k``). ``EVEN_K``: every step
@@ -272,6 +272,9 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
       through shared memory, with barriers). A table entry's ``ahead`` turns it on where
       it measured faster (``scripts/gpu_int4_ahead_ab.py``).
 
+    With ``STAGED`` the words travel through shared memory instead, ``STAGED - 1`` steps
+    ahead (:mod:`.fp8_gemv` says how); ``AHEAD`` and ``UNROLL`` are then unused.
+
     Each gives the same sums bit for bit (tests/test_packed_gemv.py)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
@@ -280,6 +283,13 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
     s_rows = s_ptr + safe_n * stride_sn
     z_rows = z_ptr + safe_n * stride_zn
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    if STAGED > 0:
+        for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGED):
+            words = step_words(w_rows, None, k0, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
+            s, z = _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE)
+            x0, x1, x2, x3 = _x_pairs(_step_x(x_pairs, k0, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
+            acc += _scaled_words(words, s, z, x0, x1, x2, x3, EMULATE)
+        return tl.sum(acc, 1)[None, :] * _WEIGHT_DIVISOR
     following = step_words(w_rows, None, k_begin, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
     after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, stride_wk, 8, WORDS, EVEN_K, VEC)
     if AHEAD:
@@ -300,14 +310,21 @@ def int4_gemv_row(x_row, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end, stri
         else:
             s, z = _step_group(s_rows, z_rows, k0, group_k, stride_sk, stride_zk, EMULATE)
             x0, x1, x2, x3 = _x_pairs(_step_x(x_pairs, k0, k_end, WORDS, EVEN_K), WORDS, X_BF16, EMULATE)
-        z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)
-        z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)
-        if EMULATE:
-            part = _word_dot_emulated(words, x0, x1, x2, x3, z_lo, z_hi)
-        else:
-            part = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [words, x0, x1, x2, x3, z_lo, z_hi],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-            part = part.to(tl.float32, bitcast=True)
-        acc += part * s
+        acc += _scaled_words(words, s, z, x0, x1, x2, x3, EMULATE)
     # the weights' 1/64 made up once, not per row and step: a power of two, so the same sums
     return tl.sum(acc, 1)[None, :] * _WEIGHT_DIVISOR
+
+
+@triton.jit
+def _scaled_words(words, s, z, x0, x1, x2, x3, EMULATE: tl.constexpr):
+    """float32 [BLOCK_N, WORDS]: each word's eight products with x, less its zero point,
+    times its group's scale (in 1/64ths: :data:`_WEIGHT_DIVISOR`)."""
+    z_lo = _pair(-(1024.0 + z) / _WEIGHT_DIVISOR, -(1024.0 + z) / _WEIGHT_DIVISOR, EMULATE)
+    z_hi = _pair(-(64.0 + z) / _WEIGHT_DIVISOR, -(64.0 + z) / _WEIGHT_DIVISOR, EMULATE)
+    if EMULATE:
+        part = _word_dot_emulated(words, x0, x1, x2, x3, z_lo, z_hi)
+    else:
+        part = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [words, x0, x1, x2, x3, z_lo, z_hi],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+        part = part.to(tl.float32, bitcast=True)
+    return part * s

@@ -180,7 +180,7 @@ def _quant_gemm_kernel(
     elif PACKED:  # int4, one row a program: packed fp16 pairs (.int4_fp16)
         acc = int4_gemv_row(x_ptr + pid_m.to(tl.int64) * stride_xm, w_ptr, s_ptr, z_ptr, offs_n, n_ok, k_begin, k_end,
                             stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k,
-                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC)
+                            BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, AHEAD, UNROLL, VEC, STAGED)
     elif GEMV:
         acc = quant_gemv_tile(x_ptr + offs_m * stride_xm, m_ok, stride_xk, w_ptr, s_ptr, z_ptr, offs_n, n_ok,
                               k_begin, k_end, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
@@ -302,8 +302,8 @@ def quant_matmul(x: torch.Tensor, weight: qf.QuantWeight, bias: torch.Tensor | N
     block_n = min(config.BLOCK_N, max(floor, triton.next_power_of_2(op.n)))
     block_k = options.pop("BLOCK_K")
     options.update(packed_options(x, op, options, block_m, block_n, block_k))
-    # FP8's staged loop stands alone: ahead and unroll are for the register-prefetch loop
-    options["STAGED"] = config.staged if options["PACKED"] and options["FORMAT"] == FP8 else 0
+    # the staged loop stands alone: ahead and unroll are for the register-prefetch loop
+    options["STAGED"] = config.staged if options["PACKED"] else 0
     options["AHEAD"] = config.ahead and options["PACKED"] and not options["STAGED"]  # the same sums either way
     options["UNROLL"] = config.unroll if options["PACKED"] and not options["STAGED"] else 1
     options["VEC"] = config.vec if options["PACKED"] else 4

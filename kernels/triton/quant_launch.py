@@ -55,11 +55,11 @@ class QuantGemmConfig:
     #: one-row packed steps only: the weight words a thread loads from a row at once, 4 (16
     #: bytes) or 2 (more rows a thread, fewer of x's columns to convert: gemv_words.step_words)
     vec: int = 4
-    #: FP8 one-row steps only: the weight words staged through shared memory by asynchronous
-    #: copies, ``staged - 1`` K steps ahead (Triton pipelines a loop without ``tl.dot`` when
-    #: the loop itself names its stages). 0: two steps ahead in registers, as ``unroll`` and
-    #: ``ahead`` assume. Staged, a 128-row, 4-warp step holds no words in registers while
-    #: they travel (sm_90 under Triton 3.6: 108 registers against 168)
+    #: one-row packed steps only: the weight words staged through shared memory by
+    #: asynchronous copies, ``staged - 1`` K steps ahead (Triton pipelines a loop without
+    #: ``tl.dot`` when the loop itself names its stages). 0: two steps ahead in registers,
+    #: as ``unroll`` and ``ahead`` assume. Staged, no register holds a word while it travels
+    #: (sm_90 under Triton 3.6, FP8 128 rows x 4 warps: 108 registers against 168)
     staged: int = 0
     #: which code runs the product: this module's kernel (``triton``), or cuBLAS after
     #: dequantizing the weight (``dense``, for prefill sizes) or on block-scaled FP8
