@@ -229,7 +229,7 @@ def decode_candidates(fmt: str, rows: int, n: int, k: int, sms: int,
     if fmt != "nvfp4" and rows <= 4:
         found += gemv_candidates(rows, n, k, sms)
     if fmt != "nvfp4" and rows == 1:
-        found += staged_candidates(n, k, sms)
+        found += staged_candidates(fmt, n, k, sms)
     if fmt == "fp8" and block_scaled:  # cuBLAS's block-scaled FP8 product, x quantized as on our tensor-core path
         found.append(BLOCK_SCALED)
     if fmt == "fp8" and rows <= fp8_mma.MMA_ROWS:
@@ -269,18 +269,29 @@ def gemv_candidates(rows: int, n: int, k: int, sms: int) -> list[qg.QuantGemmCon
     return found
 
 
-def staged_candidates(n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
+def staged_candidates(fmt: str, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
     """The one-row packed steps with their words staged through shared memory (a config's
-    ``staged``): 2 or 4 K steps in flight (16 KiB a step at 128 FP8 rows, 8 KiB int4), K
-    parts to fill the SMs and twice that (fewer registers leave room for more programs an
-    SM). int4 at one row runs on the tensor cores unless ``NINFER_INT4_MMA=0``: its entries
-    are for that comparison."""
+    ``staged``), K parts to fill the SMs and more (fewer registers leave room for more
+    programs an SM). FP8 also on narrow tiles with deeper stages: on the H100 (session 29)
+    32 rows x 4 warps at 5 stages won three of the 27B's five shapes, the narrowest tile
+    offered. int4 at one row runs on the tensor cores unless ``NINFER_INT4_MMA=0``: its
+    entries are for that comparison."""
     found = []
-    for block_n, warps in ((32, 4), (64, 8), (128, 4), (128, 8), (256, 8)):
-        tiles = triton.cdiv(n, block_n)
-        fill = qg.k_parts_to_fill(tiles, k, sms)
-        for staged in (3, 5):
-            for splits in sorted({fill, 2 * fill}):
+    shapes = [((32, 4), (64, 8), (128, 4), (128, 8), (256, 8)), (3, 5), 2]
+    if fmt == "fp8":
+        found += staged_shapes(((16, 4), (32, 4), (64, 4)), (4, 6, 8), 4, n, k, sms)
+    return found + staged_shapes(*shapes, n, k, sms)
+
+
+def staged_shapes(tiles_warps, stages, most_parts: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
+    """Each (rows, warps) at each stage count, with 1, 2 .. ``most_parts`` times the K
+    parts that fill the SMs (each part at least four K steps)."""
+    found = []
+    for block_n, warps in tiles_warps:
+        fill = qg.k_parts_to_fill(triton.cdiv(n, block_n), k, sms)
+        parts = sorted({min(fill * m, max(1, k // 512)) for m in (1, 2, 4) if m <= most_parts})
+        for staged in stages:
+            for splits in parts:
                 found.append(qg.QuantGemmConfig(1, block_n, 128, splits, 1, warps, 4, gemv=True, staged=staged))
     return found
 
