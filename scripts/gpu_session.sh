@@ -60,7 +60,7 @@
 #   scripts/gpu_session.sh staged-tests FP8's one-row step with its words staged through shared memory (a config's
 #                                   staged): its GPU tests against the register prefetch
 #   scripts/gpu_session.sh quant35      the 35B-A3B per WEIGHT_FORMATS (@fp8-block @gptq @bf16): decode at c=1 and 8, an 8k
-#                                   prefill, one build a format (needs an H200's memory: the bf16 model is whole first)
+#                                   prefill, one build a format (quantized a layer at a time: fits an H100)
 #   scripts/gpu_session.sh prefill-quant   the prefill rows of the quantized table tuned in place (TUNE_S), then the
 #                                   27B 8k prefill per WEIGHT_FORMATS (@fp8-block @gptq @bf16)
 #   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
@@ -532,8 +532,8 @@ staged-tests)
     ;;
 quant35)
     # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode
-    # at c=1 and 8 and one 8k prefill. The quantized layouts are written from the whole bf16 model
-    # in device memory (about 67 GB before the originals are freed): an H200 call
+    # at c=1 and 8 and one 8k prefill. The quantized layouts are written a decoder layer at a time
+    # (ninfer/model/random_weights.py), so the build's peak is the quantized model plus one layer
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @gptq @bf16}; do
         bench "${BENCH_S:-170}" "random:qwen3.6-35b-a3b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode,prefill \
             --concurrency 1,8 --decode-prompt-len 512 --decode-output-len 64 --prefill-lens 8192 --prefill-chunk 8192 \

@@ -120,3 +120,37 @@ def test_random_shapes_take_a_quantized_layout(monkeypatch, tmp_path):
     assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids) == 2
     with pytest.raises(ValueError, match="no weight format writes 'int3'"):
         LLM("random:small-test@int3", device="cpu", dtype="fp32", max_context=64, max_concurrency=1)
+
+
+@pytest.mark.parametrize("quant", ["fp8-block", "gptq", "ct-nvfp4", "modelopt-nvfp4"])
+def test_random_shapes_are_quantized_a_layer_at_a_time_as_the_whole_model_would_be(monkeypatch, quant):
+    """The random build hands the format's writer one decoder layer at a time, so a layer's
+    dense tensors are freed before the next is made (the full-size 35B-A3B then fits an
+    H100). The result must be what the writer makes of the whole model: the same tensors
+    and the same config and files, the layers' dense module lists joined."""
+    from ninfer.model import blockwise_init, random_weights
+    from ninfer.tiny.make import tiny_quant_writers
+
+    small = {**random_weights.SHAPES["qwen3.6-35b-a3b"], "hidden_size": 256, "num_hidden_layers": 4,
+             "num_experts": 8, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+             "vocab_size": 1024}
+    monkeypatch.setitem(random_weights.SHAPES, "small-moe", small)
+    registry = load_registry()
+
+    def stream():
+        return blockwise_init.stream(random_weights._meta_hf("small-moe", torch.float32), torch.device("cpu"), 0)
+
+    whole = tiny_quant_writers(registry)[quant](small, dict(stream()))
+    layered = random_weights._quantize(quant, small, stream(), registry)
+
+    def unordered(meta):
+        if isinstance(meta, dict):
+            return {key: unordered(value) for key, value in meta.items()}
+        return sorted(map(str, meta)) if isinstance(meta, list) else meta
+
+    assert whole.tensors.keys() == layered.tensors.keys()
+    assert all(torch.equal(whole.tensors[name], layered.tensors[name]) for name in whole.tensors)
+    assert unordered(whole.config) == unordered(layered.config)
+    assert unordered(whole.files) == unordered(layered.files)
+    dense = unordered(layered.config).get("quantization_config", {}).get("modules_to_not_convert")
+    assert dense is None or any(".layers.3." in name for name in dense)  # every layer's list joined

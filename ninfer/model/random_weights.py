@@ -157,16 +157,49 @@ def model_source(model: str, dtype: torch.dtype, device: torch.device, seed: int
 
 
 def _quantize(quant: str, config: dict, weights, registry):
-    """Every tensor in ``quant``'s published layout (on the device the weights are on; the
-    dense originals of quantized layers are freed as the writer replaces them)."""
+    """Every tensor in ``quant``'s published layout, on the device the weights are on. The
+    writer takes one decoder layer at a time (and the tensors between layers as their own
+    groups), so a layer's dense originals are freed before the next is built: the peak is
+    the quantized model plus one dense layer, where the whole dense model first took the
+    35B-A3B's 67 GB on top (an H200's memory; now an H100 holds it)."""
     from ninfer.plugins import load_registry
+    from ninfer.model.weight_format import TinyQuant
     from ninfer.tiny.make import tiny_quant_writers
 
     writers = tiny_quant_writers(registry or load_registry())
     if quant not in writers:
         raise ValueError(f"random:SHAPE@{quant}: no weight format writes {quant!r} "
                          f"(available: {', '.join(sorted(writers))})")
-    return writers[quant](config, dict(weights))
+    tensors, meta = {}, {"config": {}, "files": {}}
+    for _, group in itertools.groupby(weights, key=_layer_of):
+        part = writers[quant](config, dict(group))
+        tensors.update(part.tensors)
+        meta = _merged(meta, {"config": part.config, "files": part.files}, f"random:SHAPE@{quant}")
+    return TinyQuant(tensors, meta["config"], meta["files"])
+
+
+def _layer_of(item: tuple[str, torch.Tensor]) -> str:
+    """The decoder layer a tensor belongs to (``model.layers.3.``, ``mtp.layers.0.``), or
+    "" for the tensors between layers (embeddings, final norm, head)."""
+    name = item[0]
+    at = name.find(".layers.")
+    if at < 0:
+        return ""
+    number = name[at + len(".layers."):].partition(".")[0]
+    return name[:at + len(".layers.")] + number if number.isdigit() else ""
+
+
+def _merged(a, b, where: str):
+    """Two layers' format metadata as one: dicts merged by key, lists joined (the dense
+    modules each layer keeps), anything else must agree (a format's block or group size)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {key: _merged(a[key], b[key], f"{where}: {key}") if key in a and key in b else a.get(key, b.get(key))
+                for key in {**a, **b}}
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [item for item in b if item not in a]
+    if a != b:
+        raise ValueError(f"{where}: the layers' quantized layouts disagree ({a!r} against {b!r})")
+    return a
 
 
 def _drain(tensors: dict) -> Iterator[tuple[str, torch.Tensor]]:
