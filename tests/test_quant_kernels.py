@@ -210,9 +210,11 @@ def test_int4_takes_fp16_activations_and_falls_back_for_float32():
 
 
 def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, tmp_path):
-    narrow = qg.heuristic_config(qt.FP8, 1, 5120, 17408, sms=132)
+    narrow = qg.heuristic_config(qt.FP8, 2, 5120, 17408, sms=132)
     assert narrow.BLOCK_M == 16 and narrow.SPLITS * -(-5120 // narrow.BLOCK_N) >= 132
-    assert qg.heuristic_config(qt.FP8, 1, 34816, 5120, sms=132).SPLITS == 1
+    assert qg.heuristic_config(qt.FP8, 2, 34816, 5120, sms=132).SPLITS == 1
+    staged = qg.heuristic_config(qt.FP8, 1, 5120, 17408, sms=132)  # FP8's one-row step, staged
+    assert staged.gemv and staged.staged and staged.BLOCK_M == 1 and staged.SPLITS * -(-5120 // staged.BLOCK_N) >= 132
     assert qg.heuristic_config(qt.FP8, 4096, 5120, 5120).act_quant
     assert not qg.heuristic_config(qt.INT4, 4096, 5120, 5120).act_quant
     one_row = qg.heuristic_config(qt.INT4, 1, 5120, 6144, sms=132)  # int4's packed step, unrolled
