@@ -226,24 +226,14 @@ STAGED_CASES = AHEAD_CASES + [(fmt, n, 128 * steps, splits) for fmt in ("int4", 
 STAGED_IDS = AHEAD_IDS + [f"{fmt}-{case}" for fmt in ("int4", "fp8") for case in ("one-step", "ragged-n-splits")]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_cuda])])
 @pytest.mark.parametrize("fmt,n,k,splits", STAGED_CASES, ids=STAGED_IDS)
-def test_staged_words_change_nothing(monkeypatch, fmt, n, k, splits):
+def test_staged_words_change_nothing(monkeypatch, fmt, n, k, splits, device):
     """Words staged through shared memory (a config's ``staged``) are the same sum, bit for
     bit, as words prefetched in registers: each step still takes its own words, scale and
     columns of x, a split's last step and a ragged K included. The interpreter runs the
-    loop as written (no copies); the CUDA test below runs the pipelined one."""
-    x, w, config = _ahead_case(fmt, n, k, splits, "cpu")
-    staged, *others = _staged_and_in_registers(monkeypatch, x, w, config)
-    for out in others:
-        assert torch.equal(staged, out)
-    assert rel_err(staged, F.linear(x.float(), w.dequantize())) <= TOL
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("fmt,n,k,splits", STAGED_CASES, ids=STAGED_IDS)
-def test_staged_words_change_nothing_on_cuda(monkeypatch, fmt, n, k, splits):
-    x, w, config = _ahead_case(fmt, n, k, splits, "cuda")
+    loop as written (no copies); on CUDA the pipelined loop runs."""
+    x, w, config = _ahead_case(fmt, n, k, splits, device)
     staged, *others = _staged_and_in_registers(monkeypatch, x, w, config)
     for out in others:
         assert torch.equal(staged, out)
