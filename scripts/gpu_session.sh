@@ -66,7 +66,8 @@
 #   scripts/gpu_session.sh int4-ahead   the one-row int4 and FP8 steps with x and the scales loaded a step ahead (a
 #                                   config's ahead): the packed steps' GPU tests, then A/B against loading them in
 #                                   the step (scripts/gpu_int4_ahead_ab.py; AHEAD_AB=0: the tests alone)
-#   scripts/gpu_session.sh profile-quant  the 27B step at c=1 profiled per WEIGHT_FORMATS (@gptq @fp8-block @bf16)
+#   scripts/gpu_session.sh profile-quant  PROFILE_MODEL's step (qwen3.6-27b) at c=1 profiled per WEIGHT_FORMATS
+#                                   (@gptq @fp8-block @bf16)
 #   scripts/gpu_session.sh int4-mma     int4 on the tensor cores (kernels/triton/int4_mma.py): its GPU tests, then
 #                                   against the tuned packed steps and bf16 at the 27B's projections, 1 and 8 rows
 #   scripts/gpu_session.sh fp8-mma      the same for FP8 (kernels/triton/fp8_mma.py) against the table's FP8 kernels
@@ -431,7 +432,9 @@ quant-tune)
         > "$OUT/quant_tune.jsonl" \
         2> "$OUT/quant_tune.err"; tail -3 "$OUT/quant_tune.err"; grep -c best_us "$OUT/quant_tune.jsonl"
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16}; do
-        bench "${BENCH_S:-110}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
+        # the new table's kernels compile on first use inside the bench (FP8 at c=1 took more
+        # than 100 s on a fresh compile cache in session 29)
+        bench "${BENCH_S:-180}" "random:qwen3.6-27b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
             --concurrency "${BENCH_C:-1,8}" \
             --decode-prompt-len 512 --decode-output-len 64 --no-transformers
     done
@@ -626,12 +629,14 @@ weight-tests)
         tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1; tail -3 "$OUT/pytest_quant.txt"
     ;;
 profile-quant)
-    # the 27B step at c=1 per WEIGHT_FORMATS under the profiler, kernel kind by kind: session 24's
-    # int4 GEMMs summed to 7.3 ms alone against 8.3 for FP8, yet its step took 10.20 ms to FP8's 9.89
+    # PROFILE_MODEL's step (the 27B) at c=1 per WEIGHT_FORMATS under the profiler, kernel kind by
+    # kind: session 24's int4 GEMMs summed to 7.3 ms alone against 8.3 for FP8, yet its step took
+    # 10.20 ms to FP8's 9.89; session 29's 35B-A3B ran FP8 6% slower than bf16 on 40% fewer bytes
+    model=${PROFILE_MODEL:-qwen3.6-27b}
     for fmt in ${WEIGHT_FORMATS:-@gptq @fp8-block @bf16}; do
         limit=$(left); [ "$limit" -gt 180 ] && limit=180
-        timeout "$limit" python3 scripts/gpu_step_profile.py "random:qwen3.6-27b${fmt%@bf16}" --concurrency 1 \
-            --steps 20 --top 30 2>&1 | tee "$OUT/profile_27b${fmt}.jsonl" | cut -c1-9000 | tail -40
+        timeout "$limit" python3 scripts/gpu_step_profile.py "random:$model${fmt%@bf16}" --concurrency 1 \
+            --steps 20 --top 30 2>&1 | tee "$OUT/profile_${model}${fmt}.jsonl" | cut -c1-9000 | tail -40
     done
     ;;
 probe)
