@@ -383,6 +383,47 @@ def test_packed_ptx_equals_its_emulation_and_the_reference_at_27b_shapes(monkeyp
         assert rel_err(qg.quant_linear(x, w), want) <= TOL, (n, k)  # whatever the table picks
 
 
+def _joint_and_apart(monkeypatch, args, config=None):
+    """One token's FP8 experts with gate and up rows in one loop (``NINFER_FP8_MOE_JOINT=1``),
+    then one loop after the other; the gate_up launch checked to have asked for the joint
+    loop over the one-row steps."""
+    asked = []
+    real = qm._launch
+    monkeypatch.setattr(qm, "_launch", lambda *a, joint=0: asked.append(joint) or real(*a, joint=joint))
+    monkeypatch.setenv("NINFER_FP8_MOE_JOINT", "1")
+    joint = qm.quant_fused_moe(*args, config=config)
+    monkeypatch.setenv("NINFER_FP8_MOE_JOINT", "0")
+    apart = qm.quant_fused_moe(*args, config=config)
+    monkeypatch.undo()
+    assert asked == [qm.JOINT_STAGES, 0, 0, 0]  # gate_up joint, down; then both apart
+    return joint, apart
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_cuda])])
+def test_one_token_fp8_gate_and_up_rows_in_one_loop_change_nothing(monkeypatch, device):
+    """The joint loop gives each row set its own block scale (gate and up rows sit in
+    different 128-row blocks here) and its own words over several K steps: the same output,
+    bit for bit, as the two loops, and the reference's within the tolerance."""
+    args, want = moe_case("fp8", 1, torch.Generator(device=device).manual_seed(3), h=384, i=128, device=device)
+    real = qm._packed
+    seen: list[bool] = []
+    monkeypatch.setattr(qm, "_packed", lambda *a: seen.append(real(*a)["PACKED"]) or real(*a))
+    joint, apart = _joint_and_apart(monkeypatch, args, MOE_SMALL)
+    assert seen == [True] * 4  # both kernels on the one-row steps, each way
+    assert torch.equal(joint, apart)
+    assert rel_err(joint, want.to(joint.device)) <= TOL
+
+
+@gpu
+@needs_cuda
+def test_one_token_fp8_gate_and_up_in_one_loop_at_the_35b_shape(monkeypatch):
+    args, want = moe_case("fp8", 1, torch.Generator(device="cuda").manual_seed(2), e=256, h=2048, i=512, top_k=8,
+                          device="cuda")
+    joint, apart = _joint_and_apart(monkeypatch, args)
+    assert torch.equal(joint, apart)
+    assert rel_err(joint, want) <= TOL
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("fmt", ["fp8", "int4"])

@@ -166,6 +166,41 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
 
 
 @triton.jit
+def fp8_gemv_two(x_row, w_ptr, s_ptr, rows_a, rows_b, n_ok, k_end, stride_wn, stride_sn, stride_sk,
+                 group_n, group_k, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
+                 X_BF16: tl.constexpr, EVEN_K: tl.constexpr, EMULATE: tl.constexpr, STAGED: tl.constexpr):
+    """:func:`fp8_gemv_row` of two row sets at once (a MoE expert's gate rows and their up
+    rows, each set inside one block-scale row group): x's columns converted once a step, both
+    sets' words staged in one loop (``STAGED`` >= 2 stages), each set scaled by its own block.
+    The sums are :func:`fp8_gemv_row`'s, each set's in the same order. The two calls one
+    after the other let the second set's loads start only when the first set's loop ended;
+    the bf16 and int4 one-token kernels already load both (:mod:`.moe_single_token`)."""
+    WORDS: tl.constexpr = BLOCK_K // 4
+    x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)
+    words_of = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    w_a = words_of + tl.where(n_ok, rows_a, 0)[:, None].to(tl.int64) * (stride_wn // 4)
+    w_b = words_of + tl.where(n_ok, rows_b, 0)[:, None].to(tl.int64) * (stride_wn // 4)
+    scale_a = s_ptr + (tl.min(rows_a, 0) // group_n) * stride_sn
+    scale_b = s_ptr + (tl.min(rows_b, 0) // group_n) * stride_sn
+    acc_a = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    for k0 in tl.range(0, k_end, BLOCK_K, num_stages=STAGED):
+        words_a = step_words(w_a, None, k0, k_end, 1, 4, WORDS, EVEN_K)
+        words_b = step_words(w_b, None, k0, k_end, 1, 4, WORDS, EVEN_K)
+        x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
+        if SCALE == 1:
+            sa = tl.load(scale_a + (k0 // group_k) * stride_sk)
+            sb = tl.load(scale_b + (k0 // group_k) * stride_sk)
+            acc_a = _word_dot(words_a, x0 * sa, x1 * sa, x2 * sa, x3 * sa, acc_a, EMULATE)
+            acc_b = _word_dot(words_b, x0 * sb, x1 * sb, x2 * sb, x3 * sb, acc_b, EMULATE)
+        else:
+            acc_a = _word_dot(words_a, x0, x1, x2, x3, acc_a, EMULATE)
+            acc_b = _word_dot(words_b, x0, x1, x2, x3, acc_b, EMULATE)
+    return (_row_sums(acc_a, s_ptr, rows_a, n_ok, stride_sn, SCALE),
+            _row_sums(acc_b, s_ptr, rows_b, n_ok, stride_sn, SCALE))
+
+
+@triton.jit
 def _row_sums(acc, s_ptr, offs_n, n_ok, stride_sn, SCALE: tl.constexpr):
     """float32 [1, BLOCK_N]: each row's products summed, times its scale under ROW_SCALE."""
     total = tl.sum(acc, 1)

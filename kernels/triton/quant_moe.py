@@ -23,6 +23,7 @@ one-expert call and is added in float32. Shapes come from :func:`quant_moe_confi
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,7 +33,7 @@ import triton.language as tl
 from ninfer_kernels import quant_formats as qf
 from ninfer_kernels.triton import fused_moe as bf16_moe
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, uniform_scale
+from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, fp8_gemv_two, uniform_scale
 from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, finish_pairs
 from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
@@ -42,6 +43,17 @@ from ninfer_kernels.triton.quant_tiles import (
     FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
+
+
+#: stages of the one-token FP8 gate_up loop that streams gate and up rows together
+JOINT_STAGES = 3
+
+
+def joint_gate_up() -> bool:
+    """``NINFER_FP8_MOE_JOINT=1``: a single token's FP8 gate and up rows stream in one staged
+    loop (:func:`.fp8_gemv.fp8_gemv_two`) instead of one loop after the other. Untimed
+    (session 29), so off until a GPU run compares the two (read per call)."""
+    return os.environ.get("NINFER_FP8_MOE_JOINT", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ def _quant_gate_up_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
     USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
     EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
-    PAIRS: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, JOINT: tl.constexpr = 0,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
         pdl.wait()
@@ -114,6 +126,10 @@ def _quant_gate_up_kernel(
                              stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k, 2 * BLOCK_N, BLOCK_K,
                              X_BF16, EVEN_K, EMULATE)
         gate, up = tl.split(tl.reshape(both, [1, BLOCK_N, 2]))
+    elif PACKED and JOINT:  # one token, FP8, gate and up rows in one staged loop (JOINT stages)
+        gate, up = fp8_gemv_two(x_ptr + tl.max(token, 0) * stride_xt, w, s, offs_n, offs_n + N, n_ok, K, stride_wn,
+                                stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE, X_BF16, EVEN_K,
+                                EMULATE, JOINT)
     elif PACKED:  # one token, FP8: a block scale may differ between the gate and up rows
         x_row = x_ptr + tl.max(token, 0) * stride_xt
         gate = _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
@@ -219,12 +235,16 @@ def _expert_strides(op: Operands) -> tuple[int, int, int, int]:
 
 
 def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, extra: tuple, align, pair_ids,
-            pairs: int, width: int, block_m: int, cfg: GemmConfig, fmt: int, fit, scalars: tuple, row_strides: tuple):
-    """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``."""
+            pairs: int, width: int, block_m: int, cfg: GemmConfig, fmt: int, fit, scalars: tuple, row_strides: tuple,
+            joint: int = 0):
+    """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``. ``joint``
+    (gate_up only): FP8's one-row gate and up rows in one loop of that many stages."""
     block_n = min(cfg.BLOCK_N, max(16, triton.next_power_of_2(width)))
     packed = _packed(a, op, shared, align, fmt, fit, block_n, width)
     if packed["PACKED"]:
         block_m = 1  # one pair a program
+        if joint and fmt == FP8:
+            packed["JOINT"] = joint
     grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, width, block_n)
     s = shared if shared is not None else op
     magic, offset = INT4_MAGIC[out.dtype]  # x's dtype (``a`` is e4m3 on the FP8 tensor-core path)
@@ -288,7 +308,7 @@ def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, we
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _launch(_quant_gate_up_kernel, a, a_scales, op13, s13, h, (), align, ids, pairs, inter, config.block_m,
             config.gate_up, fmt, fit13, (top_k, num_experts, inter, op13.k),
-            (a.stride(0), a.stride(1), a_scales.stride(0)))
+            (a.stride(0), a.stride(1), a_scales.stride(0)), joint=JOINT_STAGES if joint_gate_up() else 0)
     hq, hq_scales = quantize_activations(h) if fmt == FP8_ACT else (h, h)
     rows = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     _launch(_quant_down_kernel, hq, hq_scales, op2, s2, rows, (weights,), align, ids, pairs, hidden,
