@@ -273,14 +273,14 @@ def staged_candidates(fmt: str, n: int, k: int, sms: int) -> list[qg.QuantGemmCo
     """The one-row packed steps with their words staged through shared memory (a config's
     ``staged``), K parts to fill the SMs and more (fewer registers leave room for more
     programs an SM). FP8 also on narrow tiles with deeper stages: on the H100 (session 29)
-    32 rows x 4 warps at 5 stages won three of the 27B's five shapes, the narrowest tile
-    offered. int4 at one row runs on the tensor cores unless ``NINFER_INT4_MMA=0``: its
-    entries are for that comparison."""
-    found = []
-    shapes = [((32, 4), (64, 8), (128, 4), (128, 8), (256, 8)), (3, 5), 2]
+    32 rows x 4 warps at 5 stages first won three of the 27B's five shapes, the narrowest
+    tile then offered; with these, 64 x 4 at 4 stages won the same three. int4 at one row
+    runs on the tensor cores unless ``NINFER_INT4_MMA=0``: its entries are for that
+    comparison."""
+    found = staged_shapes(((32, 4), (64, 8), (128, 4), (128, 8), (256, 8)), (3, 5), 2, n, k, sms)
     if fmt == "fp8":
         found += staged_shapes(((16, 4), (32, 4), (64, 4)), (4, 6, 8), 4, n, k, sms)
-    return found + staged_shapes(*shapes, n, k, sms)
+    return found
 
 
 def staged_shapes(tiles_warps, stages, most_parts: int, n: int, k: int, sms: int) -> list[qg.QuantGemmConfig]:
