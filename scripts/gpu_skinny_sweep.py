@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,8 +52,9 @@ LINEAR_CANDIDATES = [sk.SkinnyConfig(n, k, s, 4, 3) for n, k, s in itertools.pro
 #: bytes of weight copies per timing: well past the H200's L2
 ROTATION_BYTES = 400 << 20
 MAX_COPIES = 48
-GATE_UP_CANDIDATES = list(itertools.product((1, 2, 4, 8), (512, 1024, 2048), (2, 4)))
-DOWN_CANDIDATES = list(itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4)))  # 1024: I = 768 in one step
+# (rows, K tile, warps, stages): stages 3 stage the weight tiles through shared memory
+GATE_UP_CANDIDATES = list(itertools.product((1, 2, 4, 8), (512, 1024, 2048), (2, 4), (1, 3)))
+DOWN_CANDIDATES = list(itertools.product((4, 8, 16, 32), (256, 512, 1024), (2, 4), (1, 3)))  # 1024: I = 768 in one step
 
 
 def time_us(calls) -> float:
@@ -197,13 +199,13 @@ def sweep_moe(models: list[str]) -> dict[str, t_one.SingleTokenConfig]:
             return time_us([lambda r=r: run(cfg, r) for r in routes])
 
         best = None
-        for n, k, warps in GATE_UP_CANDIDATES:
-            cfg = t_one.SingleTokenConfig(gate_up_n=n, gate_up_k=k, gate_up_warps=warps)
+        for n, k, warps, stages in GATE_UP_CANDIDATES:
+            cfg = t_one.SingleTokenConfig(gate_up_n=n, gate_up_k=k, gate_up_warps=warps, gate_up_stages=stages)
             us = timed(cfg)
             if best is None or us < best[0]:
                 best = (us, cfg)
-        for n, k, warps in DOWN_CANDIDATES:
-            cfg = t_one.SingleTokenConfig(best[1].gate_up_n, best[1].gate_up_k, best[1].gate_up_warps, n, k, warps)
+        for n, k, warps, stages in DOWN_CANDIDATES:
+            cfg = replace(best[1], down_n=n, down_k=k, down_warps=warps, down_stages=stages)
             us = timed(cfg)
             if us < best[0]:
                 best = (us, cfg)

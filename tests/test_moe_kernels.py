@@ -250,11 +250,13 @@ def test_triton_fused_moe_ragged_shapes(config):
 
 #: several column blocks and K steps in both single-token kernels, ragged tails
 ONE_SMALL = t_one.SingleTokenConfig(gate_up_n=4, gate_up_k=16, gate_up_warps=1, down_n=8, down_k=16, down_warps=2)
+#: the same with both K loops staged through shared memory (on CUDA; the interpreter runs them plainly)
+ONE_STAGED = t_one.SingleTokenConfig(4, 16, 1, 8, 16, 2, gate_up_stages=3, down_stages=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("config", [ONE_SMALL, t_one.DEFAULT_CONFIG], ids=["small", "default"])
+@pytest.mark.parametrize("config", [ONE_SMALL, ONE_STAGED, t_one.DEFAULT_CONFIG], ids=["small", "staged", "default"])
 def test_single_token_kernels_equal_reference(config, shared, dtype):
     """One token's matrix-vector kernels (ragged widths, the shared expert's strides
     copied as the dispatcher does) against the reference, rounding points included."""
@@ -375,3 +377,27 @@ def test_fused_moe_real_shape_and_graph_capture(t):
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
 
+
+
+@gpu
+@needs_cuda
+def test_single_token_kernels_staged_equal_unstaged_at_the_35b_shape():
+    """Both single-token K loops staged through shared memory (a config's stages): the same
+    rows, bit for bit, as each tile loaded where it is used."""
+    from dataclasses import replace
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    e, h, i, k = 256, 2048, 512, 8
+    dtype = torch.bfloat16
+    x = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype)
+    w13 = torch.randn(e, 2 * i, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    w2 = torch.randn(e, h, i, device="cuda", generator=gen, dtype=dtype) * i**-0.5
+    s13 = torch.randn(2 * i, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    s2 = torch.randn(h, i, device="cuda", generator=gen, dtype=dtype) * i**-0.5
+    gate = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
+    weights, ids = t_route.moe_route(torch.randn(1, e, device="cuda", generator=gen, dtype=dtype), k, True, x, gate)
+    weights, ids = weights.float().contiguous(), ids.to(torch.int32).contiguous()
+    plain = t_one.expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, t_one.DEFAULT_CONFIG)
+    staged = t_one.expert_rows_one_token(x, w13, w2, weights, ids, s13, s2,
+                                         replace(t_one.DEFAULT_CONFIG, gate_up_stages=3, down_stages=3))
+    assert torch.equal(plain, staged)

@@ -35,7 +35,10 @@ from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 @dataclass(frozen=True)
 class SingleTokenConfig:
-    """Launch shapes of the two kernels (rows of weight per program, K tile, warps)."""
+    """Launch shapes of the two kernels (rows of weight per program, K tile, warps, and the
+    stages of the K loop: above 1, Triton stages the weight tiles through shared memory by
+    asynchronous copies, ``stages - 1`` K tiles ahead, as the quantized one-row steps'
+    ``staged`` does (docs/weight-formats.md); 1 loads each tile where it is used)."""
 
     gate_up_n: int = 2
     gate_up_k: int = 1024
@@ -43,6 +46,8 @@ class SingleTokenConfig:
     down_n: int = 4
     down_k: int = 256
     down_warps: int = 4
+    gate_up_stages: int = 1
+    down_stages: int = 1
 
 
 #: for shapes without a table entry: the Qwen3.6-35B-A3B shape's best on the H200
@@ -51,11 +56,12 @@ DEFAULT_CONFIG = SingleTokenConfig()
 
 
 @triton.jit
-def _row_dots(w_ptrs, x_ptr, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_dots(w_ptrs, x_ptr, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              STAGES: tl.constexpr):
     """float32 [BLOCK_N]: rows of a weight (``w_ptrs`` at column 0) dotted with ``x``."""
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k_ok = offs_k < K - k0
         xv = tl.load(x_ptr + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         wv = tl.load(w_ptrs + (k0 + offs_k)[None, :] * stride_wk, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -64,7 +70,8 @@ def _row_dots(w_ptrs, x_ptr, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
-def _gate_up_dots(w_ptrs, x_ptr, up_offset, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gate_up_dots(w_ptrs, x_ptr, up_offset, stride_wk, n_ok, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  STAGES: tl.constexpr):
     """float32 [BLOCK_N] twice: :func:`_row_dots` of the gate rows at ``w_ptrs`` and of the
     up rows ``up_offset`` elements further, in one loop. Both tiles of a step are loaded
     before either is used, so a program has twice the bytes in flight; one loop after the
@@ -72,7 +79,7 @@ def _gate_up_dots(w_ptrs, x_ptr, up_offset, stride_wk, n_ok, K, BLOCK_N: tl.cons
     offs_k = tl.arange(0, BLOCK_K)
     gate = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k_ok = offs_k < K - k0
         w_ok = n_ok[:, None] & k_ok[None, :]
         cols = (k0 + offs_k)[None, :] * stride_wk
@@ -100,7 +107,7 @@ def _gate_up_one_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1,
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -108,7 +115,7 @@ def _gate_up_one_kernel(
     if USE_PDL:  # the ids come from the routing kernel just before
         pdl.wait()
     rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
-    gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
     h = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + pair * N + offs_n, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
 
@@ -118,7 +125,7 @@ def _down_one_kernel(
     h_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1,
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,7 +133,7 @@ def _down_one_kernel(
     if USE_PDL:  # the intermediate comes from the gate_up kernel just before
         pdl.wait()
     rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
-    acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K)
+    acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
     scaled = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * N + offs_n, round_to(scaled, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
 
@@ -165,10 +172,12 @@ def expert_rows_one_token(
     block_n = _tile(config.gate_up_n, inter)
     _gate_up_one_kernel[(top_k, triton.cdiv(inter, block_n))](
         x, w13, s13, h, ids, num_experts, inter, hidden, w13.stride(0), w13.stride(1), w13.stride(2),
-        BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), num_warps=config.gate_up_warps, **options)
+        BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), STAGES=config.gate_up_stages,
+        num_warps=config.gate_up_warps, **options)
     rows = torch.empty(top_k, hidden, dtype=x.dtype, device=x.device)
     block_n = _tile(config.down_n, hidden)
     _down_one_kernel[(top_k, triton.cdiv(hidden, block_n))](
         h, w2, s2, rows, weights, ids, num_experts, hidden, inter, w2.stride(0), w2.stride(1), w2.stride(2),
-        BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), num_warps=config.down_warps, **options)
+        BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), STAGES=config.down_stages,
+        num_warps=config.down_warps, **options)
     return rows
