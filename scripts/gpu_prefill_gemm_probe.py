@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_quant_gemm_sweep import PREFILL_FP8, random_weight  # noqa: E402
+from gpu_quant_gemm_sweep import random_weight  # noqa: E402
+from quant_candidates import PREFILL_FP8  # noqa: E402
 from gpu_timing import bench, rel_err  # noqa: E402
 
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
