@@ -125,8 +125,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
     int4's can be: :func:`.int4_fp16.int4_gemv_row`; a table entry's ``ahead``)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)  # columns (2i, 2i + 1) in word i
-    safe_n = tl.where(n_ok, offs_n, 0)[:, None]  # rows past N read row 0, never stored: no masks
-    w_rows = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + safe_n.to(tl.int64) * (stride_wn // 4)
+    w_rows = _word_rows(w_ptr, offs_n, n_ok, stride_wn)
     acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     row_block = tl.min(offs_n, 0) // group_n  # every row of the tile shares it (STEP_SCALE)
     scale_row = s_ptr + row_block * stride_sn
@@ -134,10 +133,7 @@ def fp8_gemv_row(x_row, w_ptr, s_ptr, offs_n, n_ok, k_begin, k_end, stride_wn, s
         for k0 in tl.range(k_begin, k_end, BLOCK_K, num_stages=STAGED):
             words = step_words(w_rows, None, k0, k_end, 1, 4, WORDS, EVEN_K, VEC)
             x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
-            if SCALE == 1:
-                s = tl.load(scale_row + (k0 // group_k) * stride_sk)
-                x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
-            acc = _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
+            acc = _scaled_step(words, x0, x1, x2, x3, acc, scale_row, k0, group_k, stride_sk, SCALE, EMULATE)
         return _row_sums(acc, s_ptr, offs_n, n_ok, stride_sn, SCALE)
     following = step_words(w_rows, None, k_begin, k_end, 1, 4, WORDS, EVEN_K, VEC)
     after = step_words(w_rows, None, k_begin + BLOCK_K, k_end, 1, 4, WORDS, EVEN_K, VEC)
@@ -177,9 +173,8 @@ def fp8_gemv_two(x_row, w_ptr, s_ptr, rows_a, rows_b, n_ok, k_end, stride_wn, st
     the bf16 and int4 one-token kernels already load both (:mod:`.moe_single_token`)."""
     WORDS: tl.constexpr = BLOCK_K // 4
     x_pairs = x_row.to(tl.pointer_type(tl.int32), bitcast=True)
-    words_of = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    w_a = words_of + tl.where(n_ok, rows_a, 0)[:, None].to(tl.int64) * (stride_wn // 4)
-    w_b = words_of + tl.where(n_ok, rows_b, 0)[:, None].to(tl.int64) * (stride_wn // 4)
+    w_a = _word_rows(w_ptr, rows_a, n_ok, stride_wn)
+    w_b = _word_rows(w_ptr, rows_b, n_ok, stride_wn)
     scale_a = s_ptr + (tl.min(rows_a, 0) // group_n) * stride_sn
     scale_b = s_ptr + (tl.min(rows_b, 0) // group_n) * stride_sn
     acc_a = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
@@ -188,16 +183,28 @@ def fp8_gemv_two(x_row, w_ptr, s_ptr, rows_a, rows_b, n_ok, k_end, stride_wn, st
         words_a = step_words(w_a, None, k0, k_end, 1, 4, WORDS, EVEN_K)
         words_b = step_words(w_b, None, k0, k_end, 1, 4, WORDS, EVEN_K)
         x0, x1, x2, x3 = _step_x(x_pairs, k0, k_end, WORDS, X_BF16, EVEN_K)
-        if SCALE == 1:
-            sa = tl.load(scale_a + (k0 // group_k) * stride_sk)
-            sb = tl.load(scale_b + (k0 // group_k) * stride_sk)
-            acc_a = _word_dot(words_a, x0 * sa, x1 * sa, x2 * sa, x3 * sa, acc_a, EMULATE)
-            acc_b = _word_dot(words_b, x0 * sb, x1 * sb, x2 * sb, x3 * sb, acc_b, EMULATE)
-        else:
-            acc_a = _word_dot(words_a, x0, x1, x2, x3, acc_a, EMULATE)
-            acc_b = _word_dot(words_b, x0, x1, x2, x3, acc_b, EMULATE)
+        acc_a = _scaled_step(words_a, x0, x1, x2, x3, acc_a, scale_a, k0, group_k, stride_sk, SCALE, EMULATE)
+        acc_b = _scaled_step(words_b, x0, x1, x2, x3, acc_b, scale_b, k0, group_k, stride_sk, SCALE, EMULATE)
     return (_row_sums(acc_a, s_ptr, rows_a, n_ok, stride_sn, SCALE),
             _row_sums(acc_b, s_ptr, rows_b, n_ok, stride_sn, SCALE))
+
+
+@triton.jit
+def _word_rows(w_ptr, offs_n, n_ok, stride_wn):
+    """int32 pointers [BLOCK_N, 1] to the first word of rows ``offs_n`` (rows past N point at
+    row 0: read, never stored, so no load needs a mask)."""
+    safe_n = tl.where(n_ok, offs_n, 0)[:, None]
+    return w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + safe_n.to(tl.int64) * (stride_wn // 4)
+
+
+@triton.jit
+def _scaled_step(words, x0, x1, x2, x3, acc, scale_row, k0, group_k, stride_sk, SCALE: tl.constexpr,
+                 EMULATE: tl.constexpr):
+    """``acc`` plus a staged step's products; under STEP_SCALE x carries the step's block scale."""
+    if SCALE == 1:
+        s = tl.load(scale_row + (k0 // group_k) * stride_sk)
+        x0, x1, x2, x3 = x0 * s, x1 * s, x2 * s, x3 * s
+    return _word_dot(words, x0, x1, x2, x3, acc, EMULATE)
 
 
 @triton.jit
