@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from ninfer_kernels.triton import int4_mma as im  # noqa: E402
 from ninfer_kernels.triton import quant_gemm as qg  # noqa: E402
 
-from test_quant_kernels import random_weight, rel_err  # noqa: E402
+from test_quant_kernels import check_rows_with_bias, random_weight, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 gpu = pytest.mark.gpu
@@ -40,12 +40,7 @@ def test_matches_reference(rows, symmetric, tiles):
     gen = torch.Generator().manual_seed(2 + rows)
     n, k = 40 if tiles == 1 else 88, 384
     w = _weight(n, k, gen, symmetric)
-    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
-    got = im.int4_mma_matmul(x, w, bias, num_warps=2, splits=3, tiles=tiles)
-    want = qf.quant_linear(x.float(), w, bias.float())
-    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
-    assert rel_err(got, want) < 1e-2
+    check_rows_with_bias(im.int4_mma_matmul, w, rows, gen, num_warps=2, splits=3, tiles=tiles)
 
 
 def test_fp16_groups_of_256_one_part():

@@ -258,6 +258,19 @@ def test_a_shape_the_table_lacks_takes_the_nearest_tuned_n_within_five_percent()
 
 
 # -- fused MoE -------------------------------------------------------------------------------
+def check_rows_with_bias(matmul, w, rows: int, gen: torch.Generator, **launch) -> None:
+    """``matmul(x, w, bias, **launch)`` for ``rows`` bf16 rows of x and a bias against the
+    float32 reference on the dequantized weight: shape, dtype and values (the tensor-core
+    kernels' ragged-N tests)."""
+    n, k = w.shape
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    got = matmul(x, w, bias, **launch)
+    want = qf.quant_linear(x.float(), w, bias.float())
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    assert rel_err(got, want) < 1e-2
+
+
 def moe_case(fmt: str, tokens: int, gen: torch.Generator, e=4, h=128, i=128, top_k=2, device="cpu"):
     """Quantized experts and a quantized shared expert (id e), routed tokens and the
     reference on the dequantized weights."""
