@@ -30,7 +30,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +43,7 @@ from ninfer_kernels.triton import cublas_prefill as cp
 from ninfer_kernels.triton import quant_gemm as qg
 from ninfer_kernels.triton import quant_launch as ql
 from ninfer_kernels.triton.quant_tiles import FP8
-from ninfer_kernels.triton.tuned_tables import table_to_extend
+from ninfer_kernels.triton.tuned_tables import table_to_extend, write_table
 
 DTYPE = torch.bfloat16
 MODELS = ("qwen3.6-27b", "qwen3.6-35b-a3b")
@@ -196,10 +195,6 @@ def routing_for(tokens: int, e: int, top_k: int, gen: torch.Generator):
     return torch.cat([w, torch.rand(tokens, 1, device="cuda", generator=gen)], dim=1).contiguous(), ids.contiguous()
 
 
-def table_name() -> str:
-    return f"{ql.device_name(torch.device('cuda'))}.json"
-
-
 def tune_jobs(only: str = "") -> list[tuple[str, int]]:
     """(format, rows) to tune, the goals first: batch-1 decode, prefill; then the other
     decode sizes; NVFP4 last. ``only`` ("fp8:1,fp8:4"): these jobs alone."""
@@ -325,13 +320,7 @@ def main() -> None:
         if args.warm > 1:
             warm_in_parallel(args, 0.4 * args.budget_s)
         table = tune(start + args.budget_s, args)
-        name = table_name()
-        text = json.dumps(table, indent=1) + "\n"
-        targets = ([ql.CONFIG_DIR / name] if args.write else []) + (
-            [Path(args.out_dir) / "quant_configs" / name] if args.out_dir else [])
-        for path in targets:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        targets = write_table(table, ql.CONFIG_DIR, ql.device_name(torch.device("cuda")), args.out_dir, args.write)
         emit({"written": [str(p) for p in targets], "entries": len(table) - 1})
     emit({"done_s": round(time.time() - start, 1)})
 

@@ -43,6 +43,11 @@
 #                                   (random:qwen3.6-27b@QUANT; FP8-block and bf16), then fp8 KV at 32k, c=1
 #   scripts/gpu_session.sh quant-sweep  the quantized GEMM and MoE kernels against bf16 at the 27B/35B shapes
 #   scripts/gpu_session.sh profile27  configs/qwen27b-fp8-mtp.yaml served on the 27B shape, two chat requests
+#   scripts/gpu_session.sh quant-moe-tune  the quantized experts: GPU tests (MOE_TESTS=0: none), launch shapes
+#                                   tuned (MOE_FORMATS fp8,int4; MOE_TOKENS 1, e.g. 1,1024,8192), then the
+#                                   35B-A3B at BENCH_C (1) per WEIGHT_FORMATS (" ": none)
+#   scripts/gpu_session.sh prefill-host  8k prompts in PREFILL_CHUNK (1024) chunks per PREFILL_MODELS: tok/s, the host
+#                                   syncs by call site, a cProfile of the host (scripts/gpu_prefill_host.py)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
 #                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
@@ -537,6 +542,32 @@ staged-tests)
     timeout "${TESTS_S:-240}" python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k "staged or unrolled" \
         > "$OUT/pytest_staged.txt" 2>&1; tail -3 "$OUT/pytest_staged.txt"
     ;;
+quant-moe-tune)
+    # a single token's quantized experts: the staged/narrow shapes' GPU tests, then their launch
+    # shapes tuned per MOE_FORMATS (fp8,int4) at the 35B-A3B's layer (scripts/gpu_quant_moe_tune.py;
+    # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it
+    if [ "${MOE_TESTS:-1}" = 1 ]; then
+        timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k one_token \
+            > "$OUT/pytest_moe_one.txt" 2>&1; echo "pytest_moe_one: $(tail -1 "$OUT/pytest_moe_one.txt")"
+    fi
+    timeout 330 python3 scripts/gpu_quant_moe_tune.py --formats "${MOE_FORMATS:-fp8,int4}" --tokens "${MOE_TOKENS:-1}" \
+        --warm 12 --warm-s 110 --budget-s "${MOE_TUNE_S:-160}" --write --out-dir "$OUT" > "$OUT/quant_moe_tune.jsonl" \
+        2> "$OUT/quant_moe_tune.err"
+    tail -2 "$OUT/quant_moe_tune.err"; grep -E '"(best_us|format": "bf16|warm)' "$OUT/quant_moe_tune.jsonl" | cut -c1-300
+    for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16 @gptq}; do
+        bench "${BENCH_S:-110}" "random:qwen3.6-35b-a3b${fmt%@bf16}" --dtype bf16 --only bandwidth,decode \
+            --concurrency "${BENCH_C:-1}" --decode-prompt-len 512 --decode-output-len 64 --no-transformers
+    done
+    ;;
+prefill-host)
+    # where a chunked prefill's wall time goes on the host: the syncs by call site and a cProfile
+    # (scripts/gpu_prefill_host.py), 8k prompts in PREFILL_CHUNK (1024) chunks, per PREFILL_MODELS
+    for m in ${PREFILL_MODELS:-qwen3.6-35b-a3b qwen3.6-35b-a3b@fp8-block}; do
+        limit=$(left); [ "$limit" -gt 200 ] && limit=200
+        timeout "$limit" python3 scripts/gpu_prefill_host.py "random:$m" --prefill 8192 \
+            --chunk "${PREFILL_CHUNK:-1024}" 2>>"$OUT/prefill_host.err" | tee -a "$OUT/prefill_host.jsonl" | cut -c1-2500
+    done
+    ;;
 quant35)
     # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode
     # at c=1 and 8 and one 8k prefill. The quantized layouts are written a decoder layer at a time
@@ -636,7 +667,7 @@ profile-quant)
     for fmt in ${WEIGHT_FORMATS:-@gptq @fp8-block @bf16}; do
         limit=$(left); [ "$limit" -gt 180 ] && limit=180
         timeout "$limit" python3 scripts/gpu_step_profile.py "random:$model${fmt%@bf16}" --concurrency 1 \
-            --steps 20 --top 30 2>&1 | tee "$OUT/profile_${model}${fmt}.jsonl" | cut -c1-9000 | tail -40
+            --steps 20 --top 30 2>&1 | tee "$OUT/profile_${model}_${fmt#@}.jsonl" | cut -c1-1500 | tail -3
     done
     ;;
 probe)

@@ -1,10 +1,14 @@
 """The launch shapes the quantized GEMM sweep (``gpu_quant_gemm_sweep.py --parts tune``)
 times for each format and row count: decode tiles, the one-row steps (value by value,
 packed, staged through shared memory), FP8 on the tensor cores from registers, and at
-prefill sizes our tiles against the cuBLAS routes. The table keeps whichever measured
-fastest, so a candidate costs only tuning time."""
+prefill sizes our tiles against the cuBLAS routes; and a single token's quantized experts
+(``gpu_quant_moe_tune.py``). The tables keep whichever measured fastest, so a candidate
+costs only tuning time."""
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import replace
 
 import torch
 import triton
@@ -12,6 +16,8 @@ import triton
 from ninfer_kernels.triton import cublas_prefill as cp
 from ninfer_kernels.triton import fp8_mma
 from ninfer_kernels.triton import quant_gemm as qg
+from ninfer_kernels.triton.moe_shapes import GemmConfig
+from ninfer_kernels.triton import quant_moe_shapes as qms
 from ninfer_kernels.triton.quant_tiles import FP8
 
 
@@ -129,3 +135,37 @@ def prefill_candidates(fmt: str, x: torch.Tensor, w) -> list[qg.QuantGemmConfig]
     if fmt != "fp8":
         return [*PREFILL_WEIGHT_ONLY, DENSE]
     return [*PREFILL_FP8, DENSE] + ([BLOCK_SCALED] if cp.block_scaled_available(x, w) else [])
+
+
+#: one-token expert programs, (rows a program, warps): each warp reads 4-word (16-byte) runs
+#: of 4 rows at a 128-column step, so a program wants about 4 rows a warp or more (int4's
+#: gate_up reads twice its rows: gate and up together)
+MOE_ROWS_WARPS = ((4, 1), (8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (64, 4))
+
+
+def moe_one_token_candidates(fmt: str, part: str, base: qms.QuantMoeConfig) -> list[qms.QuantMoeConfig]:
+    """A single token's quantized experts (``gpu_quant_moe_tune.py``): ``part`` "gate_up" or
+    "down" varied on ``base``, each program shape with the words two steps ahead in
+    registers or staged through shared memory (3, 5 or 8 stages); FP8's gate_up also with
+    gate and up rows in one staged loop. ``base`` comes first."""
+    found = [base]
+    rows_warps = MOE_ROWS_WARPS + (((128, 4),) if part == "down" else ())
+    for (rows, warps), staged in itertools.product(rows_warps, (0, 3, 5, 8)):
+        gemm = replace(getattr(base, part), BLOCK_N=rows, num_warps=warps)
+        config = replace(base, **{part: gemm, f"{part}_staged": staged, "joint": False})
+        found.append(config)
+        if fmt == "fp8" and part == "gate_up" and staged:
+            found.append(replace(config, joint=True))
+    return list(dict.fromkeys(found))
+
+
+def moe_grouped_candidates(fmt: str, part: str, base: qms.QuantMoeConfig) -> list[qms.QuantMoeConfig]:
+    """Many tokens' quantized experts (prefill): the grouped GEMM's tiles for ``part``, one
+    scale group a K step; the runs' alignment (``block_m``, both GEMMs') varies with the
+    gate_up, which is tuned first. FP8 multiplies on its tensor cores (x quantized)."""
+    found = [base]
+    block_ms = sorted({base.block_m, 64, 128}) if part == "gate_up" else (base.block_m,)
+    for block_m, block_n, warps, stages in itertools.product(block_ms, (64, 128), (4, 8), (3, 4)):
+        gemm = GemmConfig(BLOCK_N=block_n, BLOCK_K=128, GROUP_M=8, num_warps=warps, num_stages=stages)
+        found.append(replace(base, block_m=block_m, **{part: gemm}))
+    return list(dict.fromkeys(found))

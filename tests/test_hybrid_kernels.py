@@ -155,6 +155,24 @@ def test_triton_recurrent_bf16_matches_reference():
     assert torch.equal(got_states[2], start[2])
 
 
+def test_fla_gets_the_same_sequence_bounds_for_every_layer_of_a_step():
+    """fla memoizes its chunk indices by the identity of ``cu_seqlens`` (and derives them
+    without a device sync from a host copy): every layer of a step must pass the same two
+    tensors, the host copy equal to the device bounds; the next step gets its own."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton.gated_delta import fla_seqlens
+
+    batch = state_batch([(4, 1), (0, 6), (9, 5)], [3, 0, 1])
+    device, host = fla_seqlens(batch)
+    again = fla_seqlens(batch)
+    assert again[0] is device and again[1] is host
+    assert device.dtype == host.dtype == torch.int64 and host.device.type == "cpu"
+    assert host.tolist() == device.tolist() == batch.query_start.tolist() == [0, 1, 7, 12]
+    following = state_batch([(5, 1), (6, 6)], [3, 0])
+    assert fla_seqlens(following)[1].tolist() == [0, 1, 7]
+    assert fla_seqlens(following)[0] is not device
+
+
 def _conv_inputs(gen, dtype=torch.float32):
     totals = [sum(s.get(i, 0) for s in STEPS) for i in range(3)]
     return [(torch.randn(n, 24, generator=gen).to(dtype),) for n in totals]

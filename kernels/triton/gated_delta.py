@@ -10,6 +10,8 @@ into matmuls; states are gathered from and scattered back to the slots around it
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -101,6 +103,23 @@ def recurrent_gated_delta_rule(
     return out
 
 
+#: the last batch's fla sequence bounds: (its query_start, int64 on the device, on the host)
+_SEQLENS: list = [None, None, None]
+
+
+def fla_seqlens(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's sequence bounds as fla takes them, int64 on the device and on the host,
+    made once a step and the same two tensors for every layer of it. fla memoizes what it
+    derives from them (chunk indices and offsets) by the tensors' identity, and derives the
+    chunk indices on the host when it has the host copy; a fresh ``query_start.long()`` a
+    layer missed the memo, and each miss read the device's counts back, a sync that left
+    the GPU idle while the host queued the layer's kernels."""
+    if _SEQLENS[0] is not batch.query_start:
+        bounds = torch.tensor([0, *itertools.accumulate(batch.query_lens_host)], dtype=torch.long)
+        _SEQLENS[:] = [batch.query_start, batch.query_start.long(), bounds]
+    return _SEQLENS[1], _SEQLENS[2]
+
+
 def chunked_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -117,12 +136,13 @@ def chunked_gated_delta_rule(
     continuing = (batch.seq_lens > query_lens)[:, None, None, None]
     initial = torch.where(continuing, states.index_select(0, slots), 0.0).float()
     rows = sum(batch.query_lens_host)
+    cu_seqlens, cu_seqlens_cpu = fla_seqlens(batch)
     # fla takes contiguous inputs (it copies any other); the model hands them so
     o, final = fla_chunk(
         q[None, :rows].contiguous(), k[None, :rows].contiguous(), v[None, :rows].contiguous(),
         g[None, :rows].float().contiguous(), beta[None, :rows].contiguous(),
         initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=batch.query_start.long(),
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
     states.index_copy_(0, slots, final.to(states.dtype))
     o = o[0].to(v.dtype)

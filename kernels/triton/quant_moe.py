@@ -17,14 +17,14 @@ pair a program) where their conditions hold (:func:`_packed`).
 
 The shared expert (id E) in the experts' format takes the same kernels through its own
 pointers; one left in bf16 beside quantized experts runs through :mod:`.fused_moe` as a
-one-expert call and is added in float32. Shapes come from :func:`quant_moe_config`
-(the bf16 heuristic's row blocks with each format's K step), or the caller's ``config``.
+one-expert call and is added in float32. Shapes come from :mod:`.quant_moe_shapes` (a
+tuned table, else the bf16 heuristic's row blocks with each format's K step), or the
+caller's ``config``.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import triton
@@ -37,44 +37,13 @@ from ninfer_kernels.triton.fp8_gemv import STEP_SCALE, fp8_gemv_row, fp8_gemv_tw
 from ninfer_kernels.triton.fused_moe import _layout_args, _rows_of, finish_pairs
 from ninfer_kernels.triton.int4_fp16 import int4_gemv_row
 from ninfer_kernels.triton.moe_route import moe_align
-from ninfer_kernels.triton.moe_shapes import GemmConfig, heuristic_config
+from ninfer_kernels.triton.moe_shapes import GemmConfig
 from ninfer_kernels.triton.quant_gemm import Operands, block_k_for, operands, packed_flags, zero_args
+from ninfer_kernels.triton.quant_moe_shapes import QuantMoeConfig, quant_moe_config
 from ninfer_kernels.triton.quant_tiles import (
     FP8, FP8_ACT, INT4_MAGIC, NVFP4, half_products, quant_tile, quantize_activations,
 )
 from ninfer_kernels.triton.rounding import round_to
-
-
-#: stages of the one-token FP8 gate_up loop that streams gate and up rows together
-JOINT_STAGES = 3
-
-
-def joint_gate_up() -> bool:
-    """``NINFER_FP8_MOE_JOINT=1``: a single token's FP8 gate and up rows stream in one staged
-    loop (:func:`.fp8_gemv.fp8_gemv_two`) instead of one loop after the other. Untimed
-    (session 29), so off until a GPU run compares the two (read per call)."""
-    return os.environ.get("NINFER_FP8_MOE_JOINT", "0") == "1"
-
-
-@dataclass(frozen=True)
-class QuantMoeConfig:
-    """``block_m`` (the runs' alignment), each GEMM's shape, and whether FP8 quantizes the
-    activations (tensor-core path) or runs weight-only."""
-
-    block_m: int
-    gate_up: GemmConfig
-    down: GemmConfig
-    act_quant: bool = False
-
-
-def quant_moe_config(fmt: int, num_experts: int, top_k: int, num_tokens: int) -> QuantMoeConfig:
-    """The bf16 heuristic's blocks with a 128-column K step (one scale group). One token
-    takes 32-column gate_up tiles: k' pairs x I / 32 programs fill more SMs."""
-    base = heuristic_config(num_experts, top_k, num_tokens)
-    gate_up, down = replace(base.gate_up, BLOCK_K=128), replace(base.down, BLOCK_K=128)
-    if num_tokens == 1:
-        gate_up = replace(gate_up, BLOCK_N=32)
-    return QuantMoeConfig(base.block_m, gate_up, down, act_quant=fmt == FP8 and base.block_m > 16)
 
 
 @triton.jit
@@ -102,7 +71,7 @@ def _quant_gate_up_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
     USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
     EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
-    PAIRS: tl.constexpr = False, JOINT: tl.constexpr = 0,
+    PAIRS: tl.constexpr = False, STAGED: tl.constexpr = 0, JOINT: tl.constexpr = False,
 ):
     if USE_PDL:  # the routing (or the layout) comes from the kernel just before
         pdl.wait()
@@ -124,20 +93,20 @@ def _quant_gate_up_kernel(
         rows_ok = tl.reshape(tl.join(n_ok, n_ok), [2 * BLOCK_N])
         both = int4_gemv_row(x_ptr + tl.max(token, 0) * stride_xt, w, s, z, rows, rows_ok, 0, K, stride_wn,
                              stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_k, 2 * BLOCK_N, BLOCK_K,
-                             X_BF16, EVEN_K, EMULATE)
+                             X_BF16, EVEN_K, EMULATE, STAGED=STAGED)
         gate, up = tl.split(tl.reshape(both, [1, BLOCK_N, 2]))
-    elif PACKED and JOINT:  # one token, FP8, gate and up rows in one staged loop (JOINT stages)
+    elif PACKED and JOINT:  # one token, FP8, gate and up rows in one loop of STAGED stages
         gate, up = fp8_gemv_two(x_ptr + tl.max(token, 0) * stride_xt, w, s, offs_n, offs_n + N, n_ok, K, stride_wn,
                                 stride_sn, stride_sk, group_n, group_k, BLOCK_N, BLOCK_K, FP8_SCALE, X_BF16, EVEN_K,
-                                EMULATE, JOINT)
+                                EMULATE, STAGED)
     elif PACKED:  # one token, FP8: a block scale may differ between the gate and up rows
         x_row = x_ptr + tl.max(token, 0) * stride_xt
         gate = _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
                            stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K, X_BF16, EVEN_K,
-                           FP8_SCALE, EMULATE)
+                           FP8_SCALE, EMULATE, STAGED)
         up = _packed_row(x_row, w, s, z, offs_n + N, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk,
                          stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K, X_BF16, EVEN_K,
-                         FP8_SCALE, EMULATE)
+                         FP8_SCALE, EMULATE, STAGED)
     else:
         gate, up = _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N, K,
                                   stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k,
@@ -171,14 +140,15 @@ def _gate_up_tiles(a_rows, as_rows, row_ok, stride_xk, w, s, z, offs_n, n_ok, N,
 @triton.jit
 def _packed_row(x_row, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk,
                 group_n, group_k, FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                X_BF16: tl.constexpr, EVEN_K: tl.constexpr, FP8_SCALE: tl.constexpr, EMULATE: tl.constexpr):
+                X_BF16: tl.constexpr, EVEN_K: tl.constexpr, FP8_SCALE: tl.constexpr, EMULATE: tl.constexpr,
+                STAGED: tl.constexpr):
     """[1, BLOCK_N] of one row of x against rows ``offs_n`` of an FP8 or int4 expert."""
     if FORMAT == 0:
         out = fp8_gemv_row(x_row, w, s, offs_n, n_ok, 0, K, stride_wn, stride_sn, stride_sk, group_n, group_k,
-                           BLOCK_N, BLOCK_K, FP8_SCALE, X_BF16, EVEN_K, EMULATE)
+                           BLOCK_N, BLOCK_K, FP8_SCALE, X_BF16, EVEN_K, EMULATE, STAGED=STAGED)
     else:
         out = int4_gemv_row(x_row, w, s, z, offs_n, n_ok, 0, K, stride_wn, stride_wk, stride_sn, stride_sk,
-                            stride_zn, stride_zk, group_k, BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE)
+                            stride_zn, stride_zk, group_k, BLOCK_N, BLOCK_K, X_BF16, EVEN_K, EMULATE, STAGED=STAGED)
     return out
 
 
@@ -194,7 +164,7 @@ def _quant_down_kernel(
     OFFSET: tl.constexpr, SCALE_PER_ELEMENT: tl.constexpr, UPCAST: tl.constexpr, ROUND: tl.constexpr,
     USE_PDL: tl.constexpr, HALF: tl.constexpr, PACKED: tl.constexpr = False, X_BF16: tl.constexpr = True,
     EVEN_K: tl.constexpr = False, FP8_SCALE: tl.constexpr = 0, EMULATE: tl.constexpr = False,
-    PAIRS: tl.constexpr = False,
+    PAIRS: tl.constexpr = False, STAGED: tl.constexpr = 0,
 ):
     if USE_PDL:
         pdl.wait()
@@ -210,7 +180,7 @@ def _quant_down_kernel(
     if PACKED:
         acc = _packed_row(a_ptr + tl.max(pair, 0) * stride_at, w, s, z, offs_n, n_ok, K, stride_wn, stride_wk,
                           stride_sn, stride_sk, stride_zn, stride_zk, group_n, group_k, FORMAT, BLOCK_N, BLOCK_K,
-                          X_BF16, EVEN_K, FP8_SCALE, EMULATE)
+                          X_BF16, EVEN_K, FP8_SCALE, EMULATE, STAGED)
     else:
         acc = quant_tile(a_ptr + pair * stride_at, as_ptr + pair * stride_ast, row_ok, stride_ak, w, s, z, offs_n,
                          n_ok, 0, K, stride_wn, stride_wk, stride_sn, stride_sk, stride_zn, stride_zk, group_n,
@@ -236,15 +206,17 @@ def _expert_strides(op: Operands) -> tuple[int, int, int, int]:
 
 def _launch(kernel, a, a_scales, op: Operands, shared: Operands | None, out, extra: tuple, align, pair_ids,
             pairs: int, width: int, block_m: int, cfg: GemmConfig, fmt: int, fit, scalars: tuple, row_strides: tuple,
-            joint: int = 0):
-    """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``. ``joint``
-    (gate_up only): FP8's one-row gate and up rows in one loop of that many stages."""
+            staged: int = 0, joint: bool = False):
+    """One grouped quantized GEMM: ``width`` output columns per pair, rows of ``a``. A single
+    token's one-row steps stage their words through shared memory with ``staged`` stages,
+    and with ``joint`` (gate_up, FP8, at least 2 stages) read gate and up rows in one loop."""
     block_n = min(cfg.BLOCK_N, max(16, triton.next_power_of_2(width)))
     packed = _packed(a, op, shared, align, fmt, fit, block_n, width)
     if packed["PACKED"]:
         block_m = 1  # one pair a program
-        if joint and fmt == FP8:
-            packed["JOINT"] = joint
+        packed["STAGED"] = staged
+        if joint and fmt == FP8 and staged >= 2:
+            packed["JOINT"] = True
     grid, layout, max_rows = _layout_args(align, pair_ids, pairs, block_m, width, block_n)
     s = shared if shared is not None else op
     magic, offset = INT4_MAGIC[out.dtype]  # x's dtype (``a`` is e4m3 on the FP8 tensor-core path)
@@ -294,7 +266,8 @@ def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, we
     num_tokens = x.shape[0]
     if num_tokens == 0:
         return torch.empty_like(x) if summed else x.new_empty(0, top_k, op2.n)
-    config = config or quant_moe_config(op13.fmt, num_experts + has_shared, top_k, num_tokens)
+    config = config or quant_moe_config(op13.fmt, num_experts + has_shared, top_k, num_tokens, op13.tag, op2.n,
+                                        op13.n // 2, x.device, x.dtype)
     fmt = FP8_ACT if op13.fmt == FP8 and config.act_quant else op13.fmt
     fit13 = block_k_for(op13, fmt, config.gate_up.BLOCK_K)
     fit2 = block_k_for(op2, fmt, config.down.BLOCK_K)
@@ -308,12 +281,12 @@ def quant_fused_moe(x: torch.Tensor, w13: qf.QuantWeight, w2: qf.QuantWeight, we
     h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _launch(_quant_gate_up_kernel, a, a_scales, op13, s13, h, (), align, ids, pairs, inter, config.block_m,
             config.gate_up, fmt, fit13, (top_k, num_experts, inter, op13.k),
-            (a.stride(0), a.stride(1), a_scales.stride(0)), joint=JOINT_STAGES if joint_gate_up() else 0)
+            (a.stride(0), a.stride(1), a_scales.stride(0)), staged=config.gate_up_staged, joint=config.joint)
     hq, hq_scales = quantize_activations(h) if fmt == FP8_ACT else (h, h)
     rows = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     _launch(_quant_down_kernel, hq, hq_scales, op2, s2, rows, (weights,), align, ids, pairs, hidden,
             config.block_m, config.down, fmt, fit2, (num_experts, hidden, op2.k),
-            (hq.stride(0), hq.stride(1), hq_scales.stride(0)))
+            (hq.stride(0), hq.stride(1), hq_scales.stride(0)), staged=config.down_staged)
     return finish_pairs(rows, num_tokens, top_k, summed)
 
 

@@ -57,3 +57,15 @@ def table_to_extend(folder: Path, name: str) -> dict:
     if path.stem != name:
         table = {"_copied_from": f"{path.name}: entries a sweep on this card has not replaced", **table}
     return table
+
+
+def write_table(table: dict, folder: Path, name: str, out_dir: str | None, into_tree: bool) -> list[Path]:
+    """Write a sweep's ``table`` as ``<name>.json``: into ``folder`` (the source tree) when
+    ``into_tree``, and into ``out_dir/<folder's name>/`` when given. The paths written."""
+    text = json.dumps(table, indent=1) + "\n"
+    targets = ([folder / f"{name}.json"] if into_tree else []) + (
+        [Path(out_dir) / folder.name / f"{name}.json"] if out_dir else [])
+    for path in targets:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return targets

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where a chunked prefill's wall time goes on the host (GPU only).
+
+A prefill of ``--prefill`` tokens in chunks of ``--chunk`` (the engine's default is
+1,024), after an untimed one of another prompt, three ways in turn:
+
+1. timed plainly (tokens per second);
+2. under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that made the host
+   wait for the device (a read of a device value, a copy to pageable memory, an op whose
+   output size depends on device data), counted by the innermost call site in this
+   project or in a library it calls, so the syncs that leave the GPU idle while the host
+   queues the next kernels have names;
+3. under cProfile: the host functions with the most time of their own.
+
+On the 35B-A3B (session 30, H100) an 8,192-token prompt took 5x as long in 1,024-token
+chunks as in one chunk, in bf16 and FP8 alike, while one chunk's kernels kept the device
+busy for less than half of its wall time. One JSON line per part.
+
+    python3 scripts/gpu_prefill_host.py random:qwen3.6-35b-a3b --prefill 8192 --chunk 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+from gpu_step_profile import model_source  # noqa: E402 (scripts/ is on sys.path)
+
+from ninfer import LLM, SamplingParams
+
+ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def call_site(stack: list[traceback.FrameSummary]) -> str:
+    """The innermost frame outside torch and this script's own machinery (``file:line fn``)."""
+    for frame in reversed(stack):
+        name = frame.filename
+        if "/torch/" in name or name == __file__ or "warnings.py" in name:
+            continue
+        return f"{name.replace(ROOT + '/', '')}:{frame.lineno} {frame.name}"
+    return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
+    n = args.prefill
+    llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=1, max_context=n + 8, kv_capacity=2 * (n + 8),
+              prefill_chunk=args.chunk, weights=weights)
+    vocab = llm.loaded.tokenizer.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [(7 * i + r) % vocab for i in range(n)]} for r in range(4)]
+    llm.generate(prompts[0], params)  # compiles and autotunes for these chunks
+
+    def prefill(r: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts[r], params)  # a different prompt each time: no prefix reuse
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    seconds = prefill(1)
+    print(json.dumps({"part": "timed", "model": args.model, "prefill": n, "chunk": args.chunk,
+                      "seconds": round(seconds, 4), "tok_s": round(n / seconds, 1)}), flush=True)
+
+    sites: Counter = Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        sites[call_site(traceback.extract_stack())] += 1
+
+    torch.cuda.set_sync_debug_mode("warn")
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            prefill(2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    print(json.dumps({"part": "syncs", "chunks": -(-n // args.chunk), "total": sum(sites.values()),
+                      "sites": dict(sites.most_common(args.top))}), flush=True)
+
+    prof = cProfile.Profile()
+    prof.enable()
+    prefill(3)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.top)
+    print(json.dumps({"part": "host", "cprofile": text.getvalue()[-6000:]}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
