@@ -12,7 +12,7 @@ Qwen3-30B-A3B (128 experts, H 2048, I 768, top 8), bf16, random weights, T token
   per-expert loop, the shared MLP as its own matmuls), eager since it syncs. GB/s counts
   the weights of each distinct expert routed to, read once, plus the activations;
   TFLOP/s counts 6 * pairs * H * I.
-* the two align paths (one-CTA kernel, sorted torch ops) timed at each T (from a graph
+* the align paths (one-CTA kernel, the four-launch grid) timed at each T (from a graph
   up to 256 tokens), to place ``moe_route.KERNEL_MAX_PAIRS``.
 
 One JSON object per line goes to ``--out``; a table goes to stdout.
@@ -33,6 +33,7 @@ from gpu_timing import Report, bench, captured, rel_err  # noqa: E402 (scripts/ 
 from ninfer_kernels import moe
 from ninfer_kernels.triton import fused_moe as t_fused
 from ninfer_kernels.triton import moe_route as t_route
+from ninfer_kernels.triton.moe_align_grid import align_grid
 
 #: name -> (routed experts, hidden, expert intermediate, top_k, shared expert)
 #: routing weights: the shared expert's gate logit is rounded to bf16 as a linear layer's
@@ -108,7 +109,7 @@ def check_shape(report: Report, name: str, skip_ref_above: int, gen: torch.Gener
         cfg = t_fused.select_config(x.device, total_experts, hidden, inter, k_out, DTYPE, tokens)
         row["block_m"] = cfg.block_m
         want_layout = moe.moe_align(want_ids, total_experts, cfg.block_m)
-        paths = {"sorted": lambda: t_route._align_sorted(want_ids, total_experts, cfg.block_m)}
+        paths = {"grid": lambda: align_grid(want_ids, total_experts, cfg.block_m)}
         if want_ids.numel() <= 8 * t_route.KERNEL_MAX_PAIRS:  # one CTA's chunk loop: slow past that
             paths["kernel"] = lambda: t_route._align_kernel_launch(want_ids, total_experts, cfg.block_m)
         if want_ids.numel() <= t_route.SMALL_PAIRS:

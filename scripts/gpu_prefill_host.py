@@ -10,7 +10,9 @@ A prefill of ``--prefill`` tokens in chunks of ``--chunk`` (the engine's default
    output size depends on device data), counted by the innermost call site in this
    project or in a library it calls, so the syncs that leave the GPU idle while the host
    queues the next kernels have names;
-3. under cProfile: the host functions with the most time of their own.
+3. under cProfile: the host functions with the most time of their own;
+4. under torch's profiler: the torch operators that ran on the device, counted by the
+   line that called them (the small launches between the kernels that do the work).
 
 On the 35B-A3B (session 30, H100) an 8,192-token prompt took 5x as long in 1,024-token
 chunks as in one chunk, in bf16 and FP8 alike, while one chunk's kernels kept the device
@@ -26,6 +28,7 @@ import cProfile
 import io
 import json
 import pstats
+import re
 import sys
 import time
 import traceback
@@ -34,11 +37,13 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from gpu_step_profile import model_source  # noqa: E402 (scripts/ is on sys.path)
 
 from ninfer import LLM, SamplingParams
 
 ROOT = str(Path(__file__).resolve().parents[1])
+FRAME = re.compile(r".+\(\d+\): ")
 
 
 def call_site(stack: list[traceback.FrameSummary]) -> str:
@@ -64,8 +69,8 @@ def main() -> None:
               prefill_chunk=args.chunk, weights=weights)
     vocab = llm.loaded.tokenizer.vocab_size
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    prompts = [{"prompt_token_ids": [(7 * i + r) % vocab for i in range(n)]} for r in range(4)]
-    llm.generate(prompts[0], params)  # compiles and autotunes for these chunks
+    prompts = [{"prompt_token_ids": [(7 * i + r) % vocab for i in range(n)]} for r in range(5)]
+    llm.generate(prompts[4], params)  # compiles and autotunes for these chunks
 
     def prefill(r: int) -> float:
         torch.cuda.synchronize()
@@ -104,6 +109,33 @@ def main() -> None:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.top)
     print(json.dumps({"part": "host", "cprofile": text.getvalue()[-6000:]}), flush=True)
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as trace:
+        prefill(0)
+    print(json.dumps({"part": "torch ops", **ops_by_site(trace, args.top)}), flush=True)
+
+
+def ops_by_site(trace, top: int) -> dict:
+    """The torch operators that ran device work (the small launches between the Triton
+    kernels; on a machine without CUDA, every operator), counted by the innermost Python
+    line outside torch that called them."""
+    sites: Counter = Counter()
+    on_gpu = torch.cuda.is_available()
+    for evt in trace.events():
+        if not evt.name.startswith("aten::") or (on_gpu and getattr(evt, "self_device_time_total", 0) <= 0):
+            continue
+        sites[f"{evt.name} @ {caller(evt)}"] += 1
+    return {"total": sum(sites.values()), "sites": dict(sites.most_common(top))}
+
+
+def caller(evt) -> str:
+    """The profiler records Python frames as the operator's parent events ("file(line): fn")."""
+    parent = evt.cpu_parent
+    while parent is not None:
+        if FRAME.match(parent.name) and "torch/" not in parent.name:
+            return parent.name.replace(ROOT + "/", "")
+        parent = parent.cpu_parent
+    return "?"
 
 
 if __name__ == "__main__":

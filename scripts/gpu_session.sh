@@ -561,7 +561,14 @@ quant-moe-tune)
     ;;
 prefill-host)
     # where a chunked prefill's wall time goes on the host: the syncs by call site and a cProfile
-    # (scripts/gpu_prefill_host.py), 8k prompts in PREFILL_CHUNK (1024) chunks, per PREFILL_MODELS
+    # (scripts/gpu_prefill_host.py), 8k prompts in PREFILL_CHUNK (1024) chunks, per PREFILL_MODELS;
+    # first (PREFILL_TESTS=0: not) the GPU tests of the chunked prefill's pieces (fla's sequence
+    # bounds and initial states, the MoE layout's grid launches) and of graph decode
+    if [ "${PREFILL_TESTS:-1}" = 1 ]; then
+        timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_hybrid_kernels.py tests/test_moe_kernels.py \
+            tests/test_cuda_graph.py > "$OUT/pytest_prefill.txt" 2>&1; echo "pytest_prefill: $(tail -1 "$OUT/pytest_prefill.txt")"
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest_prefill.txt" | head -8
+    fi
     for m in ${PREFILL_MODELS:-qwen3.6-35b-a3b qwen3.6-35b-a3b@fp8-block}; do
         limit=$(left); [ "$limit" -gt 200 ] && limit=200
         timeout "$limit" python3 scripts/gpu_prefill_host.py "random:$m" --prefill 8192 \

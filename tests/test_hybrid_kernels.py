@@ -173,6 +173,24 @@ def test_fla_gets_the_same_sequence_bounds_for_every_layer_of_a_step():
     assert fla_seqlens(following)[0] is not device
 
 
+def test_fla_starts_from_the_slots_of_continuing_sequences_only():
+    """The states handed to fla: none when every sequence starts fresh, the slots' (as
+    float32) when all continue, zeros for the fresh ones of a mixed step; the pool itself
+    untouched."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton.gated_delta import _initial_states
+
+    states = torch.randn(5, 2, 4, 4).to(torch.bfloat16)
+    before = states.clone()
+    assert _initial_states(states, state_batch([(0, 6), (0, 3)], [3, 0])) is None
+    both = _initial_states(states, state_batch([(4, 1), (9, 5)], [3, 0]))
+    assert both.dtype == torch.float32 and torch.equal(both, states[[3, 0]].float())
+    mixed = _initial_states(states, state_batch([(4, 1), (0, 6), (9, 5)], [3, 0, 1]))
+    assert torch.equal(mixed[0], states[3].float()) and torch.equal(mixed[2], states[1].float())
+    assert not mixed[1].any()
+    assert torch.equal(states, before)
+
+
 def _conv_inputs(gen, dtype=torch.float32):
     totals = [sum(s.get(i, 0) for s in STEPS) for i in range(3)]
     return [(torch.randn(n, 24, generator=gen).to(dtype),) for n in totals]
@@ -236,8 +254,9 @@ def test_missing_state_slots_is_an_error():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("specs", [[(2047, 1)] * 8, [(0, 2048)], [(3000, 500), (100, 1), (0, 300)]],
-                         ids=["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("specs", [[(2047, 1)] * 8, [(0, 2048)], [(3000, 500), (100, 1), (0, 300)],
+                                   [(1000, 700), (64, 300)]],
+                         ids=["decode", "prefill", "mixed", "continued"])
 def test_gated_delta_real_shapes(specs):
     gen = torch.Generator().manual_seed(7)
     total = sum(n for _, n in specs)

@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from ninfer_kernels.triton import fused_moe as t_fused  # noqa: E402
 from ninfer_kernels.triton import moe_route as t_route  # noqa: E402
+from ninfer_kernels.triton.moe_align_grid import align_grid  # noqa: E402
 from ninfer_kernels.triton import moe_shapes as t_shapes  # noqa: E402
 from ninfer_kernels.triton import moe_single_token as t_one  # noqa: E402
 
@@ -186,7 +187,7 @@ def test_triton_align_equals_reference(t, k, e, block_m, chunk):
         ids = ids.clamp_min(1)
     want = moe.moe_align(ids, e, block_m)
     check_layout(ids, e, block_m, want)
-    paths = [t_route._align_kernel_launch(ids, e, block_m, chunk), t_route._align_sorted(ids, e, block_m)]
+    paths = [t_route._align_kernel_launch(ids, e, block_m, chunk), align_grid(ids, e, block_m, chunk)]
     if ids.numel() <= t_route.SMALL_PAIRS:
         paths.append(t_route._align_small_launch(ids, e, block_m))
     for got in paths:
@@ -194,13 +195,15 @@ def test_triton_align_equals_reference(t, k, e, block_m, chunk):
             assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_triton_align_takes_the_sorted_path_for_large_batches(monkeypatch):
-    """Prefill-sized pair counts (here 2000 tokens at k' = 9) go through torch ops."""
-    ids = torch.randint(0, 257, (2000, 9), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_cuda])])
+def test_triton_align_takes_the_grid_path_for_large_batches(monkeypatch, device):
+    """Prefill-sized pair counts (here 2000 tokens at k' = 9, 141 chunks, two scan steps)
+    go through the four grid launches; some experts empty, some runs many chunks long."""
+    ids = torch.randint(1, 200, (2000, 9), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
     monkeypatch.setattr(t_route, "_align_kernel_launch", None)  # would raise if called
-    got = t_route.moe_align(ids, 257, 64)
+    got = t_route.moe_align(ids.to(device), 257, 64)
     for a, b in zip(got, moe.moe_align(ids, 257, 64)):
-        assert torch.equal(a, b)
+        assert a.dtype == b.dtype and torch.equal(a.cpu(), b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -103,6 +103,21 @@ def recurrent_gated_delta_rule(
     return out
 
 
+def _initial_states(states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+    """Each sequence's state before its chunk, float32 (zeros for one starting fresh), or
+    None when every sequence starts fresh (fla then starts from zeros). Which continue is
+    known on the host, so a step of first chunks launches nothing here and one of later
+    chunks only the gather."""
+    continuing = [seen > new for seen, new in zip(batch.seq_lens_host, batch.query_lens_host)]
+    if not any(continuing):
+        return None
+    initial = states.index_select(0, batch.state_slots).float()
+    if not all(continuing):
+        fresh = torch.tensor([not c for c in continuing], device=states.device)
+        initial.masked_fill_(fresh[:, None, None, None], 0.0)
+    return initial
+
+
 #: the last batch's fla sequence bounds: (its query_start, int64 on the device, on the host)
 _SEQLENS: list = [None, None, None]
 
@@ -131,10 +146,7 @@ def chunked_gated_delta_rule(
 ) -> torch.Tensor:
     """fla's chunked kernel over the step's sequences, states gathered from their slots."""
     assert fla_chunk is not None, "flash-linear-attention is not importable"
-    slots = batch.state_slots
-    query_lens = batch.query_start[1:] - batch.query_start[:-1]
-    continuing = (batch.seq_lens > query_lens)[:, None, None, None]
-    initial = torch.where(continuing, states.index_select(0, slots), 0.0).float()
+    initial = _initial_states(states, batch)
     rows = sum(batch.query_lens_host)
     cu_seqlens, cu_seqlens_cpu = fla_seqlens(batch)
     # fla takes contiguous inputs (it copies any other); the model hands them so
@@ -144,7 +156,7 @@ def chunked_gated_delta_rule(
         initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
-    states.index_copy_(0, slots, final.to(states.dtype))
+    states.index_copy_(0, batch.state_slots, final.to(states.dtype))
     o = o[0].to(v.dtype)
     if rows == v.shape[0]:
         return o

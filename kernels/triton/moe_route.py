@@ -16,8 +16,8 @@ host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.
   next free row of each expert lives in a small global scratch buffer, read by pointer
   gathers. Being a single CTA, ``tl.debug_barrier`` orders those reads and writes.
   Past ``KERNEL_MAX_PAIRS`` pairs (large batches, prefill) the chunk loop of one CTA
-  grows slower than a dozen torch launches (a stable sort, binary searches, cumsums),
-  which give the same layout with no sync either: :func:`_align_sorted`.
+  grows long, and four launches spread over the GPU serve instead
+  (:mod:`.moe_align_grid`, whose runs step this kernel shares).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ninfer_kernels.moe import max_padded_rows
 from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.moe_align_grid import align_grid, store_runs
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
@@ -37,9 +38,9 @@ CHUNK = 128
 SMALL_PAIRS = 128
 #: block_experts entries one comparison pass of the align kernel fills
 BLOCK_CHUNK = 64
-#: above this many pairs the sorted torch path serves (8192-token prefill has 73,728).
-#: A guess until scripts/gpu_moe_check.py's align timings place it: the kernel costs a
-#: chunk's comparisons per 128 pairs, the torch path a dozen launches whatever the count.
+#: above this many pairs the four-launch grid path serves (8192-token prefill has 73,728).
+#: A guess until scripts/gpu_moe_check.py's align timings place it: the one-program kernel
+#: costs a chunk's comparisons per 128 pairs, the grid path four launches whatever the count.
 KERNEL_MAX_PAIRS = 1024
 
 
@@ -173,22 +174,11 @@ def _align_kernel(
         # pairs past the end land in the last bin, never an expert's (BLOCK_E > num_experts)
         e = tl.load(ids_ptr + c0 + offs_c, mask=ok, other=BLOCK_E - 1)
         counts += tl.histogram(e, BLOCK_E)
-    counts = tl.where(e_ok, counts, 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, 0)
-    num_padded = tl.sum(padded, 0)
-    tl.store(next_row_ptr + offs_e, ends - padded, mask=e_ok)  # each expert's next free row
-    tl.store(num_padded_ptr, num_padded)
-    # 2. the sentinel everywhere, and each block's expert: the first whose run ends past it
+    # 2. the runs (each block's expert, the rows covered), and the sentinel everywhere
+    starts = store_runs(counts, e_ok, rows, block_experts_ptr, num_padded_ptr, BLOCK_M, BLOCK_CHUNK)
+    tl.store(next_row_ptr + offs_e, starts, mask=e_ok)  # each expert's next free row
     for r0 in range(0, rows, CHUNK):
         tl.store(sorted_ptr + r0 + offs_c, pairs + offs_c * 0, mask=r0 + offs_c < rows)
-    offs_b = tl.arange(0, BLOCK_CHUNK)
-    for b0 in range(0, rows // BLOCK_M, BLOCK_CHUNK):
-        first_row = (b0 + offs_b) * BLOCK_M
-        before = (ends[None, :] <= first_row[:, None]) & e_ok[None, :]
-        expert = tl.sum(before.to(tl.int32), 1)
-        expert = tl.where(first_row < num_padded, expert, -1)
-        tl.store(block_experts_ptr + b0 + offs_b, expert, mask=b0 + offs_b < rows // BLOCK_M)
     tl.debug_barrier()  # the starts and the sentinel fill land before the scatter below
     # 3. each pair to its expert's next free row, in increasing pair order
     earlier = offs_c[None, :] < offs_c[:, None]  # [i, j]: j comes before i
@@ -283,34 +273,10 @@ def _align_kernel_launch(ids: torch.Tensor, num_experts: int, block_m: int, chun
     return sorted_pairs, block_experts, num_padded
 
 
-def _align_sorted(ids: torch.Tensor, num_experts: int, block_m: int):
-    """The same layout from torch ops (a stable sort, counts by binary search in it): a
-    fixed dozen launches whatever the pair count, none of which syncs or uses atomics."""
-    flat = ids.reshape(-1).long()
-    pairs = flat.numel()
-    rows = max_padded_rows(pairs, num_experts, block_m)
-    device = ids.device
-    expert_of, order = flat.sort(stable=True)
-    # where each expert's pairs begin in sorted order, hence the counts
-    bounds = torch.searchsorted(expert_of, torch.arange(num_experts + 1, device=device))
-    first_pair, counts = bounds[:-1], bounds[1:] - bounds[:-1]
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)
-    rank = torch.arange(pairs, device=device) - first_pair[expert_of]
-    dest = ends[expert_of] - padded[expert_of] + rank
-    sorted_pairs = torch.full((rows,), pairs, dtype=torch.int32, device=device)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
-    first_row = torch.arange(0, rows, block_m, device=device)
-    num_padded = ends[-1:] if num_experts else torch.zeros(1, dtype=torch.int64, device=device)
-    expert = torch.searchsorted(ends, first_row, right=True)
-    block_experts = torch.where(first_row < num_padded, expert, -1).to(torch.int32)
-    return sorted_pairs, block_experts, num_padded.to(torch.int32)
-
-
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract (and bit-identical output) as :func:`ninfer_kernels.moe.moe_align`."""
     if ids.numel() > KERNEL_MAX_PAIRS:
-        return _align_sorted(ids, num_experts, block_m)
+        return align_grid(ids, num_experts, block_m)
     if 0 < ids.numel() <= SMALL_PAIRS:
         return _align_small_launch(ids, num_experts, block_m)
     return _align_kernel_launch(ids, num_experts, block_m)
