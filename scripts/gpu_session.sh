@@ -543,8 +543,8 @@ staged-tests)
         > "$OUT/pytest_staged.txt" 2>&1; tail -3 "$OUT/pytest_staged.txt"
     ;;
 quant-moe-tune)
-    # a single token's quantized experts: the staged/narrow shapes' GPU tests, then their launch
-    # shapes tuned per MOE_FORMATS (fp8,int4) at the 35B-A3B's layer (scripts/gpu_quant_moe_tune.py;
+    # the quantized experts: the one-token staged/narrow shapes' GPU tests, then their launch shapes
+    # tuned per MOE_FORMATS (fp8,int4) at MOE_TOKENS (1) on the 35B-A3B's layer (scripts/gpu_quant_moe_tune.py;
     # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it
     if [ "${MOE_TESTS:-1}" = 1 ]; then
         timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k one_token \

@@ -1,9 +1,9 @@
 """The launch shapes the quantized GEMM sweep (``gpu_quant_gemm_sweep.py --parts tune``)
 times for each format and row count: decode tiles, the one-row steps (value by value,
 packed, staged through shared memory), FP8 on the tensor cores from registers, and at
-prefill sizes our tiles against the cuBLAS routes; and a single token's quantized experts
-(``gpu_quant_moe_tune.py``). The tables keep whichever measured fastest, so a candidate
-costs only tuning time."""
+prefill sizes our tiles against the cuBLAS routes; and the quantized experts' shapes at
+one token and at prefill sizes (``gpu_quant_moe_tune.py``). The tables keep whichever
+measured fastest, so a candidate costs only tuning time."""
 
 from __future__ import annotations
 
