@@ -333,17 +333,20 @@ spec2)
     if [ "${SPEC_TESTS:-0}" = 1 ]; then
         timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
     fi
-    # a warm machine keeps /tmp: a model trained by the previous call is reused
-    [ -f /tmp/trained/config.json ] \
-        || timeout 330 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q | tee "$OUT/train.json"
+    # a warm machine keeps /tmp: a model trained by the previous call is reused (TRAIN_PRESET gpu-deep
+    # trains longer than gpu: give it TRAIN_S and bench in the next call on the same warm machine)
+    trained=/tmp/trained-${TRAIN_PRESET:-gpu}
+    [ -f $trained/config.json ] \
+        || timeout "${TRAIN_S:-330}" ninfer-train $trained --device cuda --preset "${TRAIN_PRESET:-gpu}" -q \
+        | tee "$OUT/train.json"
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
-open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
-    bench 200 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
-        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
+open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    bench 200 $trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
+        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
     # the peer: the same k=3 rounds driven from the host (no device rounds, none launched ahead)
-    [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 /tmp/trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
-        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts /tmp/trained/heldout.txt \
+    [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 $trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
+        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
     ;;
 agent)

@@ -3,7 +3,8 @@
 A run is a fixed number of steps (never "until the time is up"), so that the same seed
 gives the same weights. ``default`` is sized for a 2-core CPU in under three minutes,
 ``test`` for the test suite (seconds), ``gpu`` (about 113M parameters) for benchmarks on
-one large GPU.
+one large GPU, ``gpu-deep`` (as many in 32 narrower layers) for speculative decoding's
+cost of a round at a realistic depth.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ PRESETS: dict[str, Preset] = {
             head_dim=128, linear_key_heads=6, linear_value_heads=12, linear_key_dim=64, linear_value_dim=64,
             vocab_size=8192, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
             seq_len=512, batch_size=64, steps=900, lr=1e-3, warmup=100,
+            eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
+        ),
+        Preset(
+            # as many parameters as ``gpu`` in 32 narrower layers: speculative decoding pays one
+            # MTP layer a draft against the target's every layer a verify, so the share a draft
+            # costs is the spec's models' only when the target is deep (the 27B has 64 layers;
+            # ``gpu``'s 12 made a draft cost about a quarter of a step at c=1, session 21)
+            name="gpu-deep", hidden_size=512, intermediate_size=1536, num_layers=32, num_heads=4, num_kv_heads=2,
+            head_dim=128, linear_key_heads=4, linear_value_heads=8, linear_key_dim=64, linear_value_dim=64,
+            vocab_size=8192, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
+            seq_len=512, batch_size=64, steps=800, lr=1e-3, warmup=100,
             eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
         ),
     )
