@@ -40,6 +40,7 @@ from ninfer_kernels.triton.quant_gemm import operands
 from ninfer_kernels.triton.quant_tiles import FP8, INT4
 from ninfer_kernels.triton.tuned_tables import device_name, table_to_extend, write_table
 
+
 def inputs(model: str, tokens: int, gen: torch.Generator):
     """x and routings of ``tokens`` tokens: sixteen for one token (the weights they read past
     the L2), two for more (the math dominates)."""
@@ -74,7 +75,7 @@ def call(x, experts, route, config):
 
 def active_bytes(experts, route) -> int:
     """What one call reads: the routed experts' (and the shared one's) codes and scales."""
-    w13, w2, s13, _ = experts
+    w13, w2 = experts[:2]
     per_expert = (nbytes(w13) + nbytes(w2)) // w13.shape[0]
     return per_expert * route[1].shape[1]
 
@@ -111,9 +112,9 @@ def warm_in_parallel(args) -> None:
     emit({"warm": args.warm, "s": round(time.time() - start, 1)})
 
 
-def best_of(x, experts, routes, candidates, label: dict, deadline: float):
+def best_of(x, experts, routes, configs, label: dict, deadline: float):
     best = None
-    for cfg in candidates:
+    for cfg in configs:
         if time.time() > deadline:
             emit({**label, "stopped": "budget spent"})
             break

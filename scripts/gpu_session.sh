@@ -546,6 +546,7 @@ staged-tests)
         > "$OUT/pytest_staged.txt" 2>&1; tail -3 "$OUT/pytest_staged.txt"
     ;;
 quant-moe-tune)
+    # (8 compiling workers: 12, each holding a layer's experts in each format, ran an H100 out of memory)
     # the quantized experts: the one-token staged/narrow shapes' GPU tests, then their launch shapes
     # tuned per MOE_FORMATS (fp8,int4) at MOE_TOKENS (1) on the 35B-A3B's layer (scripts/gpu_quant_moe_tune.py;
     # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it
@@ -554,7 +555,7 @@ quant-moe-tune)
             > "$OUT/pytest_moe_one.txt" 2>&1; echo "pytest_moe_one: $(tail -1 "$OUT/pytest_moe_one.txt")"
     fi
     timeout 330 python3 scripts/gpu_quant_moe_tune.py --formats "${MOE_FORMATS:-fp8,int4}" --tokens "${MOE_TOKENS:-1}" \
-        --warm 12 --warm-s 110 --budget-s "${MOE_TUNE_S:-160}" --write --out-dir "$OUT" > "$OUT/quant_moe_tune.jsonl" \
+        --warm 8 --warm-s 110 --budget-s "${MOE_TUNE_S:-160}" --write --out-dir "$OUT" > "$OUT/quant_moe_tune.jsonl" \
         2> "$OUT/quant_moe_tune.err"
     tail -2 "$OUT/quant_moe_tune.err"; grep -E '"(best_us|format": "bf16|warm)' "$OUT/quant_moe_tune.jsonl" | cut -c1-300
     for fmt in ${WEIGHT_FORMATS:-@fp8-block @bf16 @gptq}; do
