@@ -546,10 +546,10 @@ staged-tests)
         > "$OUT/pytest_staged.txt" 2>&1; tail -3 "$OUT/pytest_staged.txt"
     ;;
 quant-moe-tune)
-    # (8 compiling workers: 12, each holding a layer's experts in each format, ran an H100 out of memory)
     # the quantized experts: the one-token staged/narrow shapes' GPU tests, then their launch shapes
     # tuned per MOE_FORMATS (fp8,int4) at MOE_TOKENS (1) on the 35B-A3B's layer (scripts/gpu_quant_moe_tune.py;
-    # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it
+    # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it.
+    # 8 compiling workers: 12, each holding a layer's experts in each format, ran an H100 out of memory
     if [ "${MOE_TESTS:-1}" = 1 ]; then
         timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k one_token \
             > "$OUT/pytest_moe_one.txt" 2>&1; echo "pytest_moe_one: $(tail -1 "$OUT/pytest_moe_one.txt")"
