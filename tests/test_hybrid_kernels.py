@@ -160,17 +160,18 @@ def test_fla_gets_the_same_sequence_bounds_for_every_layer_of_a_step():
     without a device sync from a host copy): every layer of a step must pass the same two
     tensors, the host copy equal to the device bounds; the next step gets its own."""
     pytest.importorskip("triton")
-    from ninfer_kernels.triton.gated_delta import fla_seqlens
+    from ninfer_kernels.triton.gated_delta import step_layout
 
     batch = state_batch([(4, 1), (0, 6), (9, 5)], [3, 0, 1])
-    device, host = fla_seqlens(batch)
-    again = fla_seqlens(batch)
-    assert again[0] is device and again[1] is host
+    layout = step_layout(batch)
+    device, host = layout.cu_seqlens, layout.cu_seqlens_cpu
+    again = step_layout(batch)
+    assert again.cu_seqlens is device and again.cu_seqlens_cpu is host and again.fresh is layout.fresh
     assert device.dtype == host.dtype == torch.int64 and host.device.type == "cpu"
     assert host.tolist() == device.tolist() == batch.query_start.tolist() == [0, 1, 7, 12]
     following = state_batch([(5, 1), (6, 6)], [3, 0])
-    assert fla_seqlens(following)[1].tolist() == [0, 1, 7]
-    assert fla_seqlens(following)[0] is not device
+    assert step_layout(following).cu_seqlens_cpu.tolist() == [0, 1, 7]
+    assert step_layout(following).cu_seqlens is not device
 
 
 def test_fla_starts_from_the_slots_of_continuing_sequences_only():
@@ -178,14 +179,17 @@ def test_fla_starts_from_the_slots_of_continuing_sequences_only():
     float32) when all continue, zeros for the fresh ones of a mixed step; the pool itself
     untouched."""
     pytest.importorskip("triton")
-    from ninfer_kernels.triton.gated_delta import _initial_states
+    from ninfer_kernels.triton.gated_delta import _initial_states, step_layout
+
+    def initial(batch):
+        return _initial_states(states, batch, step_layout(batch))
 
     states = torch.randn(5, 2, 4, 4).to(torch.bfloat16)
     before = states.clone()
-    assert _initial_states(states, state_batch([(0, 6), (0, 3)], [3, 0])) is None
-    both = _initial_states(states, state_batch([(4, 1), (9, 5)], [3, 0]))
+    assert initial(state_batch([(0, 6), (0, 3)], [3, 0])) is None
+    both = initial(state_batch([(4, 1), (9, 5)], [3, 0]))
     assert both.dtype == torch.float32 and torch.equal(both, states[[3, 0]].float())
-    mixed = _initial_states(states, state_batch([(4, 1), (0, 6), (9, 5)], [3, 0, 1]))
+    mixed = initial(state_batch([(4, 1), (0, 6), (9, 5)], [3, 0, 1]))
     assert torch.equal(mixed[0], states[3].float()) and torch.equal(mixed[2], states[1].float())
     assert not mixed[1].any()
     assert torch.equal(states, before)

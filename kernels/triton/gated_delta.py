@@ -11,6 +11,7 @@ into matmuls; states are gathered from and scattered back to the slots around it
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -103,36 +104,53 @@ def recurrent_gated_delta_rule(
     return out
 
 
-def _initial_states(states: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
+@dataclass(frozen=True)
+class StepLayout:
+    """What every Gated DeltaNet layer of a step hands fla, made once a step from the host's
+    lengths (the first layer to see the batch builds it; the rest find it by the identity of
+    the batch's ``query_start``).
+
+    * The sequence bounds, int64 on the device and on the host, the same two tensors for
+      every layer: fla memoizes what it derives from them (chunk indices and offsets) by the
+      tensors' identity, and derives the chunk indices on the host when it has the host
+      copy. A fresh ``query_start.long()`` a layer missed that memo, and each miss read the
+      device's counts back, a sync that left the GPU idle while the host queued the layer.
+    * Which sequences continue from their slot's state: none (fla starts every one from
+      zeros), all, or some, with the fresh ones' mask on the device."""
+
+    query_start: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_cpu: torch.Tensor
+    any_continuing: bool
+    fresh: torch.Tensor | None  # bool [B] on the device when only some sequences continue
+
+
+_LAST_LAYOUT: list[StepLayout | None] = [None]
+
+
+def step_layout(batch: ForwardBatch) -> StepLayout:
+    last = _LAST_LAYOUT[0]
+    if last is None or last.query_start is not batch.query_start:
+        continuing = [seen > new for seen, new in zip(batch.seq_lens_host, batch.query_lens_host)]
+        fresh = None
+        if any(continuing) and not all(continuing):
+            fresh = torch.tensor([not c for c in continuing], device=batch.query_start.device)
+        bounds = torch.tensor([0, *itertools.accumulate(batch.query_lens_host)], dtype=torch.long)
+        last = StepLayout(batch.query_start, batch.query_start.long(), bounds, any(continuing), fresh)
+        _LAST_LAYOUT[0] = last
+    return last
+
+
+def _initial_states(states: torch.Tensor, batch: ForwardBatch, layout: StepLayout) -> torch.Tensor | None:
     """Each sequence's state before its chunk, float32 (zeros for one starting fresh), or
-    None when every sequence starts fresh (fla then starts from zeros). Which continue is
-    known on the host, so a step of first chunks launches nothing here and one of later
-    chunks only the gather."""
-    continuing = [seen > new for seen, new in zip(batch.seq_lens_host, batch.query_lens_host)]
-    if not any(continuing):
+    None when every sequence starts fresh: a step of first chunks launches nothing here,
+    one of later chunks the gather alone."""
+    if not layout.any_continuing:
         return None
     initial = states.index_select(0, batch.state_slots).float()
-    if not all(continuing):
-        fresh = torch.tensor([not c for c in continuing], device=states.device)
-        initial.masked_fill_(fresh[:, None, None, None], 0.0)
+    if layout.fresh is not None:
+        initial.masked_fill_(layout.fresh[:, None, None, None], 0.0)
     return initial
-
-
-#: the last batch's fla sequence bounds: (its query_start, int64 on the device, on the host)
-_SEQLENS: list = [None, None, None]
-
-
-def fla_seqlens(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's sequence bounds as fla takes them, int64 on the device and on the host,
-    made once a step and the same two tensors for every layer of it. fla memoizes what it
-    derives from them (chunk indices and offsets) by the tensors' identity, and derives the
-    chunk indices on the host when it has the host copy; a fresh ``query_start.long()`` a
-    layer missed the memo, and each miss read the device's counts back, a sync that left
-    the GPU idle while the host queued the layer's kernels."""
-    if _SEQLENS[0] is not batch.query_start:
-        bounds = torch.tensor([0, *itertools.accumulate(batch.query_lens_host)], dtype=torch.long)
-        _SEQLENS[:] = [batch.query_start, batch.query_start.long(), bounds]
-    return _SEQLENS[1], _SEQLENS[2]
 
 
 def chunked_gated_delta_rule(
@@ -146,15 +164,15 @@ def chunked_gated_delta_rule(
 ) -> torch.Tensor:
     """fla's chunked kernel over the step's sequences, states gathered from their slots."""
     assert fla_chunk is not None, "flash-linear-attention is not importable"
-    initial = _initial_states(states, batch)
+    layout = step_layout(batch)
+    initial = _initial_states(states, batch, layout)
     rows = sum(batch.query_lens_host)
-    cu_seqlens, cu_seqlens_cpu = fla_seqlens(batch)
     # fla takes contiguous inputs (it copies any other); the model hands them so
     o, final = fla_chunk(
         q[None, :rows].contiguous(), k[None, :rows].contiguous(), v[None, :rows].contiguous(),
         g[None, :rows].float().contiguous(), beta[None, :rows].contiguous(),
         initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        cu_seqlens=layout.cu_seqlens, cu_seqlens_cpu=layout.cu_seqlens_cpu,
     )
     states.index_copy_(0, batch.state_slots, final.to(states.dtype))
     o = o[0].to(v.dtype)
