@@ -48,6 +48,17 @@ class Preset:
     eval_batch: int = 16
 
 
+#: ~113M parameters on ~29M tokens (~5 passes over the stdlib with its tests): about 6 * 120M
+#: (matmul parameters per token, MTP and heads included) * 29.5M = 2.1e16 FLOPs, ~2.5 minutes
+#: at 150 TFLOP/s in bf16, so training and report fit in ~4 minutes on an H200
+GPU = Preset(
+    name="gpu", hidden_size=768, intermediate_size=2304, num_layers=12, num_heads=6, num_kv_heads=2,
+    head_dim=128, linear_key_heads=6, linear_value_heads=12, linear_key_dim=64, linear_value_dim=64,
+    vocab_size=8192, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
+    seq_len=512, batch_size=64, steps=900, lr=1e-3, warmup=100,
+    eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
+)
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
@@ -65,26 +76,12 @@ PRESETS: dict[str, Preset] = {
             seq_len=128, batch_size=16, steps=600, lr=3e-3,
             eval_prompts=64, eval_batch=32,
         ),
-        Preset(
-            # ~113M parameters on ~29M tokens (~5 passes over the stdlib with its tests): about
-            # 6 * 120M (matmul parameters per token, MTP and heads included) * 29.5M = 2.1e16 FLOPs,
-            # ~2.5 minutes at 150 TFLOP/s in bf16, so training and report fit in ~4 minutes on an H200
-            name="gpu", hidden_size=768, intermediate_size=2304, num_layers=12, num_heads=6, num_kv_heads=2,
-            head_dim=128, linear_key_heads=6, linear_value_heads=12, linear_key_dim=64, linear_value_dim=64,
-            vocab_size=8192, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
-            seq_len=512, batch_size=64, steps=900, lr=1e-3, warmup=100,
-            eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
-        ),
-        Preset(
-            # as many parameters as ``gpu`` in 32 narrower layers: speculative decoding pays one
-            # MTP layer a draft against the target's every layer a verify, so the share a draft
-            # costs is the spec's models' only when the target is deep (the 27B has 64 layers;
-            # ``gpu``'s 12 made a draft cost about a quarter of a step at c=1, session 21)
-            name="gpu-deep", hidden_size=512, intermediate_size=1536, num_layers=32, num_heads=4, num_kv_heads=2,
-            head_dim=128, linear_key_heads=4, linear_value_heads=8, linear_key_dim=64, linear_value_dim=64,
-            vocab_size=8192, train_bytes=40_000_000, heldout_bytes=400_000, include_tests=True,
-            seq_len=512, batch_size=64, steps=800, lr=1e-3, warmup=100,
-            eval_prompts=64, eval_prompt_len=128, eval_new_tokens=128, eval_batch=64,
-        ),
+        GPU,
+        # as many parameters as ``gpu`` in 32 narrower layers: speculative decoding pays one
+        # MTP layer a draft against the target's every layer a verify, so the share a draft
+        # costs is the spec's models' only when the target is deep (the 27B has 64 layers;
+        # ``gpu``'s 12 made a draft cost about a quarter of a step at c=1, session 21)
+        attrs.evolve(GPU, name="gpu-deep", hidden_size=512, intermediate_size=1536, num_layers=32, num_heads=4,
+                     linear_key_heads=4, linear_value_heads=8, steps=800),
     )
 }
