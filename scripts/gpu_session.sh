@@ -154,7 +154,7 @@ quant_tests() {
         > "$OUT/pytest_kv.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_gpu.py > "$OUT/pytest_kv_engine.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
-        tests/test_weight_formats_gpu.py tests/test_cublas_prefill.py \
+        tests/test_quant_moe_one_token.py tests/test_weight_formats_gpu.py tests/test_cublas_prefill.py \
         > "$OUT/pytest_quant.txt" 2>&1 &
     # the speculative GPU tests (device rounds among them) ride along: spec2's call has no room
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
@@ -406,7 +406,7 @@ new-tests)
     # rounds among them), the MoE kernels and graph decode (the quantized-KV tests, unchanged
     # since they last passed, stay out)
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
-        tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1 &
+        tests/test_quant_moe_one_token.py tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
         > "$OUT/pytest_spec.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py \
@@ -551,7 +551,7 @@ quant-moe-tune)
     # table written in place, a copy in $OUT), then the 35B-A3B at c=1 per WEIGHT_FORMATS with it.
     # 8 compiling workers: 12, each holding a layer's experts in each format, ran an H100 out of memory
     if [ "${MOE_TESTS:-1}" = 1 ]; then
-        timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_packed_gemv.py -k one_token \
+        timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_moe_one_token.py \
             > "$OUT/pytest_moe_one.txt" 2>&1; echo "pytest_moe_one: $(tail -1 "$OUT/pytest_moe_one.txt")"
     fi
     timeout 330 python3 scripts/gpu_quant_moe_tune.py --formats "${MOE_FORMATS:-fp8,int4}" --tokens "${MOE_TOKENS:-1}" \
