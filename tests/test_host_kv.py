@@ -60,7 +60,35 @@ def test_store_and_restore_preserve_content_exactly():
     assert all(int(t.flatten()[0]) == 42 for t in tier.read(page))
     _write(pages, 1, -5)  # the device block is reused
     tier.restore(page, 2)
+    assert _read(pages, 2) == 0  # queued until the flush
+    tier.flush()
     assert _read(pages, 2) == 42 and tier.num_pages == 0
+
+
+def test_a_flush_copies_runs_in_the_order_they_were_queued(monkeypatch):
+    """Stores and restores queue up and are issued in order at the flush, runs of one kind
+    to consecutive host rows together, whether their device blocks are consecutive or not,
+    and never across a slab's end. A host page restored, then taken by a later store in
+    the same flush, gives the restore its old content."""
+    pages = _pages(12)
+    page_bytes = BS * 2 * 3 * 4 + BS * 2
+    monkeypatch.setattr(host_kv, "SLAB_BYTES", 3 * page_bytes)  # slabs of 3 pages
+    tier = HostKVTier(pages, max_bytes=6 * page_bytes)
+    for block in range(12):
+        _write(pages, block, 100 + block)
+    stored = {block: tier.store(block)[0] for block in (0, 1, 2, 3, 7, 5)}  # across two slabs
+    assert sorted(stored.values()) == list(range(6))
+    tier.flush()
+    for block in range(12):
+        _write(pages, block, -1)  # the device blocks are overwritten after the flush
+    tier.restore(stored[7], 9)
+    tier.restore(stored[0], 10)
+    page, dropped = tier.store(4)  # the tier is full again: takes a freed page
+    assert page in (stored[7], stored[0]) and dropped is None
+    tier.restore(stored[5], 11)
+    tier.flush()
+    assert [_read(pages, b) for b in (9, 10, 11)] == [107, 100, 105]
+    assert [int(t.flatten()[0]) for t in tier.read(page)] == [-1, -1]  # block 4's content then
 
 
 def test_a_full_tier_drops_its_oldest_page_but_never_a_held_one():

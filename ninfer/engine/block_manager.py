@@ -191,6 +191,8 @@ class BlockManager:
             if page.block_id is None:
                 table[index] = self._restore(page.host_page)
         table += [self._take_fresh() for _ in range(self.blocks_needed(seq) - len(hits))]
+        if self.host_kv is not None:  # the spills and restores above, in runs (host_kv.py)
+            self.host_kv.flush()
         seq.block_table = table
         reused = len(hits) * self.block_size
         seq.num_cached_tokens = reused
