@@ -135,3 +135,13 @@ def gated_delta_rule(
         out[rows], final = chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], initial)
         states[slots[i]] = final.to(states.dtype)
     return out.to(out_dtype)
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
+              dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill chunk's per-token gates from the input projection's ``a`` and ``b`` columns
+    ([T, Hv], strided views are fine): the log-decay ``g = -exp(A_log) * softplus(a +
+    dt_bias)`` in float32 and the write strength ``beta = sigmoid(b)`` in ``b``'s dtype."""
+    beta = b.sigmoid()
+    g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    return g, beta

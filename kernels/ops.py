@@ -33,6 +33,7 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "decode_attention": {"reference": decode_attention.decode_attention, "triton": None},
     "causal_conv1d": {"reference": causal_conv.causal_conv1d, "triton": None},
     "gated_delta_rule": {"reference": gated_delta.gated_delta_rule, "triton": None},
+    "gdn_gates": {"reference": gated_delta.gdn_gates, "triton": None},
     "gated_delta_decode": {"reference": gated_delta_decode.gated_delta_decode, "triton": None},
     "gated_delta_verify": {"reference": gated_delta_decode.gated_delta_verify, "triton": None},
     "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
@@ -155,6 +156,12 @@ def gated_delta_rule(
     batch: ForwardBatch,
 ) -> torch.Tensor:
     return choose("gated_delta_rule", q.device.type)(q, k, v, g, beta, states, batch)
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor,
+              dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's per-token ``(g, beta)`` (:func:`ninfer_kernels.gated_delta.gdn_gates`)."""
+    return choose("gdn_gates", a.device.type)(a, b, a_log, dt_bias)
 
 
 def gated_delta_decode(

@@ -23,6 +23,7 @@ from test_hybrid_kernels import state_batch
 triton = pytest.importorskip("triton")
 from ninfer_kernels.triton import causal_conv as t_conv  # noqa: E402
 from ninfer_kernels.triton import gated_rms_norm as t_norm  # noqa: E402
+from ninfer_kernels.triton import gdn_gates as t_gates  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/interpreter check; gpu tests cover CUDA")
@@ -221,3 +222,47 @@ def test_conv_split_output_equals_the_split_reference(split):
         assert a.is_contiguous() and torch.equal(a, b)
     with pytest.raises(ValueError, match="adding up"):
         t_conv.causal_conv1d(x, weight, got_states, batch, split=(10, 10))
+
+
+def _gate_inputs(tokens: int, heads: int, dtype: torch.dtype, gen: torch.Generator):
+    """``a`` and ``b`` as the model takes them (column slices of a projection row), with
+    values past softplus's threshold and far below zero among them; ``A_log``, ``dt_bias``."""
+    proj = (torch.randn(tokens, 3 * heads + 5, generator=gen) * 8).to(dtype)
+    proj[0, :heads] = torch.linspace(-40, 40, heads).to(dtype)
+    a, b = proj[:, 5 : 5 + heads], proj[:, 5 + heads : 5 + 2 * heads]
+    a_log = torch.randn(heads, generator=gen)
+    dt_bias = torch.randn(heads, generator=gen).to(dtype)
+    return a, b, a_log, dt_bias
+
+
+def _check_gates(got, want, dtype, beta_rtol: float) -> None:
+    (g, beta), (g_ref, beta_ref) = got, want
+    assert g.dtype == torch.float32 and beta.dtype == dtype and g.shape == beta.shape == g_ref.shape
+    # the kernel's log(1 + exp(x)) drops what log1p keeps of a tiny exp(x): absolute slack there
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(beta.float(), beta_ref.float(), rtol=beta_rtol, atol=0)
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, 70, 129])
+def test_gdn_gates_triton_matches_reference(dtype, tokens):
+    """One launch for what the layer computed in about seven torch ops, on the strided
+    ``a`` and ``b`` slices, over several token blocks and a ragged last one."""
+    from ninfer_kernels.gated_delta import gdn_gates
+
+    a, b, a_log, dt_bias = _gate_inputs(tokens, 6, dtype, torch.Generator().manual_seed(tokens))
+    # bf16 beta is the reference's exactly: the same float32 sigmoid, rounded to nearest
+    _check_gates(t_gates.gdn_gates(a, b, a_log, dt_bias), gdn_gates(a, b, a_log, dt_bias), dtype,
+                 beta_rtol=0 if dtype == torch.bfloat16 else 1e-6)
+
+
+@gpu
+@needs_cuda
+def test_gdn_gates_27b_prefill_shape():
+    from ninfer_kernels.gated_delta import gdn_gates
+
+    a, b, a_log, dt_bias = (t.cuda() for t in _gate_inputs(8192, 48, torch.bfloat16, torch.Generator().manual_seed(3)))
+    # the GPU's exp may move a float32 sigmoid across a bf16 rounding point: one step
+    _check_gates(t_gates.gdn_gates(a, b, a_log, dt_bias), gdn_gates(a, b, a_log, dt_bias), torch.bfloat16,
+                 beta_rtol=BF16_STEP)

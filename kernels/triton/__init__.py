@@ -12,9 +12,9 @@ if importlib.util.find_spec("triton") is not None:
     from ninfer_kernels import ops
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
-        activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm, kv_write,
-        kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm, rope,
-        skinny_linear, state_rows,
+        activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm,
+        gdn_gates, kv_write, kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm,
+        rope, skinny_linear, state_rows,
     )
 
     ops.register_triton("linear", skinny_linear.linear)
@@ -27,6 +27,7 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("decode_attention", decode_attention.decode_attention)
     ops.register_triton("causal_conv1d", causal_conv.causal_conv1d)
     ops.register_triton("gated_delta_rule", gated_delta.gated_delta_rule)
+    ops.register_triton("gdn_gates", gdn_gates.gdn_gates)
     ops.register_triton("gated_delta_decode", gated_delta_decode.gated_delta_decode)
     ops.register_triton("gated_delta_verify", gated_delta_decode.gated_delta_verify)
     ops.register_triton("gated_rms_norm", gated_rms_norm.gated_rms_norm)

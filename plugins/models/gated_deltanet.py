@@ -26,7 +26,6 @@ float32, because they accumulate over the whole sequence.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ninfer.model.forward_batch import ForwardBatch
@@ -141,8 +140,7 @@ class GatedDeltaNet(nn.Module):
         # q, k and v come back as separate contiguous tensors: the chunked kernels want them so
         q, k, v = ops.causal_conv1d(qkv, self.conv1d.weight[:, 0], self.conv_state, batch,
                                     split=(self.key_dim, self.key_dim, self.value_dim))
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
         out = ops.gated_delta_rule(
             q.reshape(tokens, self.num_k_heads, self.head_k_dim),
             k.reshape(tokens, self.num_k_heads, self.head_k_dim),
