@@ -48,6 +48,10 @@
 #                                   35B-A3B at BENCH_C (1) per WEIGHT_FORMATS (" ": none)
 #   scripts/gpu_session.sh prefill-host  8k prompts in PREFILL_CHUNK (1024) chunks per PREFILL_MODELS: tok/s, the host
 #                                   syncs by call site, a cProfile of the host (scripts/gpu_prefill_host.py)
+#   scripts/gpu_session.sh chunk-latency  the prefill kernels' GPU tests (CHUNK_TESTS=0: none), then per CHUNK_MODELS
+#                                   an 8k prompt's time to first token alone and beside 8 decoders, their token
+#                                   gaps, at chunks CHUNKS (1024..8192; scripts/gpu_chunk_latency.py), and the
+#                                   Triton compiles the warm-up missed
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
 #                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
@@ -578,6 +582,23 @@ prefill-host)
         timeout "$limit" python3 scripts/gpu_prefill_host.py "random:$m" --prefill 8192 \
             --chunk "${PREFILL_CHUNK:-1024}" 2>>"$OUT/prefill_host.err" | tee -a "$OUT/prefill_host.jsonl" | cut -c1-2500
     done
+    ;;
+chunk-latency)
+    # the prefill chunk's trade: a long prompt's time to first token against the token gaps of
+    # the requests decoding beside it, per chunk size; device time of the ends profiled. First
+    # (CHUNK_TESTS=0: not) the prefill kernels' GPU tests (session 31's Gated DeltaNet gates)
+    if [ "${CHUNK_TESTS:-1}" = 1 ]; then
+        timeout 150 python3 -m pytest -q -rf --tb=short -m gpu tests/test_prefill_kernels.py \
+            > "$OUT/pytest_chunk.txt" 2>&1; echo "pytest_chunk: $(tail -1 "$OUT/pytest_chunk.txt")"
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest_chunk.txt" | head -8
+    fi
+    for m in ${CHUNK_MODELS:-qwen3.6-35b-a3b qwen3.6-27b}; do
+        limit=$(left); [ "$limit" -gt 240 ] && limit=240
+        timeout "$limit" python3 scripts/gpu_chunk_latency.py "random:$m" --chunks "${CHUNKS:-1024,2048,4096,8192}" \
+            --profile "${CHUNK_PROFILE:-1024,8192}" 2>>"$OUT/chunk_latency.err" | tee -a "$OUT/chunk_latency.jsonl" | cut -c1-1500
+    done
+    # the warm-up's summary (its compiles) and any compile it missed (ninfer/engine/compile_watch.py)
+    grep -E "warmed up|while serving" "$OUT/chunk_latency.err" | cut -c1-400 | head -20
     ;;
 quant35)
     # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode

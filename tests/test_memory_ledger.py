@@ -49,7 +49,7 @@ def test_auto_kv_capacity_leaves_room_for_the_second_scratch_bank(monkeypatch):
     monkeypatch.setattr(builder, "kv_bytes_per_token", lambda fmt, specs, dtype: 1 << 20)
     profile = SimpleNamespace(
         engine=SimpleNamespace(kv_capacity="auto", max_concurrency=8, max_context=4096, decode_ahead=True,
-                               prefix_reuse=True),
+                               prefix_reuse=True, prefill_chunk=1024),
         speculative=SimpleNamespace(backend="mtp", draft_tokens=3), cache=SimpleNamespace(device_state_slots=8))
 
     def tokens() -> int:
@@ -62,3 +62,9 @@ def test_auto_kv_capacity_leaves_room_for_the_second_scratch_bank(monkeypatch):
     profile.engine.prefix_reuse = False  # no snapshots: one bank whatever the rounds
     monkeypatch.delenv("NINFER_DEVICE_ROUNDS")
     assert tokens() == one_bank
+
+    # a step's activations: 1 GiB up to 4,096 tokens a step, then 256 KiB a token more
+    profile.engine.prefill_chunk = 4096 - 8 * 4
+    assert tokens() == one_bank
+    profile.engine.prefill_chunk = 8192 - 8 * 4
+    assert one_bank - tokens() == gib // (1 << 20)

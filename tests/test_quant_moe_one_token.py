@@ -104,6 +104,22 @@ def test_one_token_shapes_come_from_the_device_table(monkeypatch):
     assert qms.QuantMoeConfig.from_json(chunk.to_json()) == chunk
 
 
+def test_counts_between_entries_take_the_heuristic_of_their_power_of_two(monkeypatch):
+    """1,032 tokens (a 1,024-token chunk beside 8 decodes) lie below what an 8,192 entry
+    serves: they take 2,048's heuristic blocks, which the warm-up's 2,047-token prompt
+    compiled, not blocks of their own that nothing compiled before serving."""
+    key = qms.table_key("fp8b128x128", 257, 2048, 512, 9, torch.bfloat16)
+    big = replace(MOE_SMALL, block_m=64, act_quant=True)
+    monkeypatch.setattr(qms, "load_table", lambda name: {key: {8192: big}})
+
+    def config(tokens):
+        return qms.quant_moe_config(qt.FP8, 257, 9, tokens, "fp8b128x128", 2048, 512, torch.device("cpu"))
+
+    assert config(1032) == config(2047) == qms.heuristic_config(qt.FP8, 257, 9, 2048)
+    assert qms.heuristic_config(qt.FP8, 257, 9, 1032) != config(1032)  # 1,032's own blocks differ
+    assert config(2048) == big
+
+
 @gpu
 @needs_cuda
 def test_one_token_fp8_gate_and_up_in_one_loop_at_the_35b_shape(monkeypatch):

@@ -15,11 +15,13 @@ def test_warm_up_leaves_no_trace(one_thread):
 
     llm = LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, max_context=128, kv_capacity=1024)
     engine = llm.engine
+    chunking = engine.scheduler.prefill_chunk, engine.scheduler.max_batched_tokens
     assert warm_up(engine) > 0
     assert not engine.has_unfinished()
     assert engine.block_manager.num_used_blocks == 0
     assert len(engine.block_manager.cache) == 0  # nothing published for reuse
     assert engine.stats.steps == 0 and engine.stats.finished == 0
+    assert (engine.scheduler.prefill_chunk, engine.scheduler.max_batched_tokens) == chunking  # restored
     assert llm.generate(["Hello there"], params)[0].outputs[0].token_ids == want
 
 
@@ -34,3 +36,44 @@ def test_autotuning_results_are_kept_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "0")
     keep_autotuning_results()
     assert os.environ["TRITON_CACHE_AUTOTUNING"] == "0"
+
+
+def test_warm_up_rounds_reach_the_prefill_chunk():
+    """Long prompts double from 64 tokens to the chunk, each a token short of a power of two
+    and at it (both of Triton's integer specialisations in every table bucket), then a
+    whole chunk beside a short prompt: the largest step serving will run."""
+    from ninfer.engine.warmup import PROMPT_LENGTHS, warm_up_rounds
+
+    rounds = warm_up_rounds(chunk=1024, max_concurrency=4, limit=8000, pool=20000, out=3)
+    alone = [r[0] for r in rounds if len(r) == 1]
+    assert alone == [*PROMPT_LENGTHS, 63, 64, 127, 128, 255, 256, 511, 512, 1023, 1024]
+    assert rounds[-2] == list(PROMPT_LENGTHS[:4]) and rounds[-1] == [1024, 2]
+    # a chunk that is no power of two is warmed at its own size too
+    alone = [r[0] for r in warm_up_rounds(chunk=3000, max_concurrency=1, limit=8000, pool=20000, out=3)
+             if len(r) == 1]
+    assert alone[-4:] == [2047, 2048, 2999, 3000]
+
+
+def test_warm_up_rounds_stay_inside_the_context_and_pool():
+    rounds = warm_up_rounds_of(chunk=8192, limit=300, pool=305)
+    assert max(max(r) for r in rounds) == 300
+    assert [300, 2] not in rounds  # 300 + 2 prompts' tokens and outputs exceed the pool
+    assert warm_up_rounds_of(chunk=8192, limit=300, pool=400)[-1] == [300, 2]
+    # one request at a time: no round runs two prompts together
+    assert all(len(r) == 1 for r in warm_up_rounds_of(chunk=256, limit=1000, pool=2000, max_concurrency=1))
+
+
+def warm_up_rounds_of(chunk, limit, pool, max_concurrency=2):
+    from ninfer.engine.warmup import warm_up_rounds
+
+    return warm_up_rounds(chunk, max_concurrency, limit, pool, out=3)
+
+
+def test_continued_round_spans_three_chunks():
+    """Later chunks of a prompt continue its sequence: the engine's own chunk when the
+    context holds two of them, else a third of the longest prompt."""
+    from ninfer.engine.warmup import continued_round
+
+    assert continued_round(chunk=1024, limit=8189) == (2049, 1024)
+    assert continued_round(chunk=4096, limit=8189) == (5459, 2729)
+    assert continued_round(chunk=8192, limit=125) == (83, 41)

@@ -86,12 +86,20 @@ def heuristic_config(num_experts: int, top_k: int, num_tokens: int) -> MoeConfig
                      GemmConfig(BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4))
 
 
+def token_bucket(num_tokens: int) -> int:
+    """The power of two at or above ``num_tokens``. Untuned calls take the heuristic's
+    config for their bucket, so configs change only at powers of two, where the engine's
+    warm-up (prompts a token short of each power and at it) compiles them all."""
+    return 1 << max(num_tokens - 1, 0).bit_length()
+
+
 def select_config(device: torch.device, num_experts: int, hidden: int, inter: int, top_k: int,
                   dtype: torch.dtype, num_tokens: int) -> MoeConfig:
     """The tuned entry with the nearest M at or above ``num_tokens`` (else the largest M),
-    or the heuristic when this device or shape has no table. Host-side, from T alone."""
+    or the heuristic for its :func:`token_bucket` when this device or shape has no table.
+    Host-side, from T alone."""
     table = load_table(device_name(device)).get(shape_key(num_experts, hidden, inter, top_k, dtype))
     if not table:
-        return heuristic_config(num_experts, top_k, num_tokens)
+        return heuristic_config(num_experts, top_k, token_bucket(num_tokens))
     at_or_above = [m for m in table if m >= num_tokens]
     return table[min(at_or_above) if at_or_above else max(table)]

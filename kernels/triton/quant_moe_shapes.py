@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ninfer_kernels.triton.moe_shapes import GemmConfig
+from ninfer_kernels.triton.moe_shapes import GemmConfig, token_bucket
 from ninfer_kernels.triton.moe_shapes import heuristic_config as bf16_heuristic
 from ninfer_kernels.triton.quant_tiles import FP8
 from ninfer_kernels.triton.tuned_tables import device_name, read_table
@@ -92,7 +92,8 @@ def quant_moe_config(fmt: int, num_experts: int, top_k: int, num_tokens: int, ta
     """The tuned entry of this device and layer (``tag``, ``hidden``, ``inter`` name it) for the
     nearest token count at or above ``num_tokens``, of the same kind (decode or prefill) and
     within :data:`SERVES_DOWN_TO` of it; past the largest tuned prefill count, that one's;
-    else the heuristic."""
+    else the heuristic for the count's :func:`~.moe_shapes.token_bucket` (the gaps between
+    entries change config only at powers of two, which the warm-up compiles)."""
     per_m = load_table(device_name(device)).get(table_key(tag, num_experts, hidden, inter, top_k, dtype), {}) \
         if device is not None else {}
     decode = num_tokens <= DECODE_TOKENS
@@ -102,4 +103,4 @@ def quant_moe_config(fmt: int, num_experts: int, top_k: int, num_tokens: int, ta
         return per_m[min(near)]
     if not decode and same_kind and num_tokens > max(same_kind):
         return per_m[max(same_kind)]
-    return heuristic_config(fmt, num_experts, top_k, num_tokens)
+    return heuristic_config(fmt, num_experts, top_k, token_bucket(num_tokens))

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from loguru import logger
 
+from ninfer.engine.compile_watch import process_watch
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.context_cache import DescriptorLimits
 from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs
@@ -69,6 +70,18 @@ def kv_bytes_per_token(kv_format, specs, dtype: torch.dtype) -> float:
     return sum(kv_format.bytes_per_token(dtype, s.num_kv_heads, s.head_dim) for s in specs)
 
 
+#: device bytes a step's activations take a token, beside the KV pool. Measured peaks over
+#: the allocator's resting use in 8,192-token prefill chunks: 146 KiB a token on the
+#: 35B-A3B, 175 KiB on the 27B (H100, session 31; scripts/gpu_chunk_latency.py)
+ACTIVATION_BYTES_PER_TOKEN = 256 << 10
+
+
+def activation_headroom(step_tokens: int) -> int:
+    """Device memory the KV sizing leaves free for a step of ``step_tokens`` tokens (a
+    prefill chunk beside every decode row): 1 GiB at least, for the allocator's slack."""
+    return max(1 << 30, step_tokens * ACTIVATION_BYTES_PER_TOKEN)
+
+
 def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=(), backend=None) -> int:
     """Tokens the KV pool holds: the profile's number, or with ``auto`` what the device's
     free memory leaves after the recurrent-state pool (``backend``: the speculative one)."""
@@ -79,7 +92,7 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=(),
     per_token = kv_bytes_per_token(kv_format, specs, dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        # 1 GiB headroom for activations and the allocator; hybrid families' recurrent
+        # headroom for a step's activations (activation_headroom); hybrid families' recurrent
         # state pool (one slot per admitted request, the snapshot rows and, with
         # speculation, per-position verify rows) is allocated after the KV pool
         width = profile.speculative.draft_tokens + 1 if profile.speculative.backend else 0
@@ -88,7 +101,8 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=(),
         banks = 2 if (backend is not None and backend.drafts_on_device and device_rounds_enabled()
                       and profile.engine.decode_ahead and profile.engine.prefix_reuse) else 1
         rows = profile.engine.max_concurrency * (1 + banks * width) + (profile.cache.device_state_slots or 0)
-        budget = free - (1 << 30) - state_pool_bytes(model, rows)
+        step = profile.engine.prefill_chunk + profile.engine.max_concurrency * max(width, 1)
+        budget = free - activation_headroom(step) - state_pool_bytes(model, rows)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency
 
@@ -165,7 +179,7 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
                          vocab_size, Path(model_dir))
     engine = LLMEngine(model, tokenizer, cfg, parts, presets, device, vocab_size)
     if device.type == "cuda":
-        warm_up(engine)  # Triton compiles now rather than inside the first requests
+        warm_up(engine, watch=process_watch())  # Triton compiles now rather than inside the first requests
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
 

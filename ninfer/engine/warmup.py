@@ -1,26 +1,37 @@
 """Compiling kernels before the first request does.
 
 Triton compiles a kernel per distinct set of compile-time values, and it specialises
-integer arguments on their value (1, multiples of 16, anything else). A fresh server
-would pay those compiles (up to a second each on an H200) inside the first requests of
-each new shape. Before serving, the engine therefore runs a few throwaway requests of
-assorted prompt lengths, alone and together, so prefill, mixed and decode steps have
-compiled what they need. They neither read nor publish cached prefixes, and the engine's
-counters start from zero afterwards.
+integer arguments on their value (1, multiples of 16, anything else). Block shapes come
+from tuned tables keyed by the step's token count (the MoE kernels' entries double from
+1 to 8,192 tokens), and long steps take other paths (the MoE layout's grid launches past
+1,024 pairs). A fresh server would pay those compiles inside the first requests of each
+new shape: on an H100, the first 8k prompt beside running decodes stalled them for 11 s.
+Before serving, the engine therefore runs throwaway requests: short prompts of assorted
+lengths alone and together (prefill, mixed and decode steps), then prompts that double
+from 64 tokens up to the prefill chunk, each a token short of a power of two and at it,
+then a whole chunk beside a short prompt (the largest step), then a prompt whose later
+chunks continue it (their own kernel variants) beside one that decodes meanwhile. They
+neither read nor publish cached prefixes, and the engine's counters start from zero
+afterwards.
+:mod:`.compile_watch` names any compile the warm-up missed.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Optional
 
 from loguru import logger
 
+from ninfer.engine.compile_watch import CompileWatch
 from ninfer.engine.request import EngineRequest
 from ninfer.sampling_params import SamplingParams
 
 #: prompt lengths covering Triton's integer specialisations (1, a multiple of 16, neither)
 PROMPT_LENGTHS = (1, 2, 7, 16, 33)
+#: the shortest of the long prompts; they double from here up to the prefill chunk
+LONG_FROM = 64
 
 
 def keep_autotuning_results() -> None:
@@ -33,19 +44,74 @@ def keep_autotuning_results() -> None:
         os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 
 
-def warm_up(engine, token_id: int = 0) -> float:
-    """Run the throwaway requests to completion; returns the seconds it took."""
+def warm_up_rounds(chunk: int, max_concurrency: int, limit: int, pool: int, out: int) -> list[list[int]]:
+    """The prompt lengths of each round (a round's prompts run together), for prompts of at
+    most ``limit`` tokens and rounds of at most ``pool`` tokens (the KV pool's), ``out``
+    output tokens each: the short lengths alone, then together; each long length alone; then a
+    whole chunk beside a two-token prompt."""
+    short = [n for n in PROMPT_LENGTHS if n <= limit]
+    top = min(chunk, limit)
+    long: list[int] = []
+    p = LONG_FROM
+    while p <= top:
+        long += [p - 1, p]
+        p *= 2
+    if top >= LONG_FROM and top not in long:  # a chunk that is no power of two
+        long += [top - 1, top]
+    rounds = [[n] for n in short + long]
+    if max_concurrency > 1:
+        rounds.append(short[:max_concurrency])
+        if top >= LONG_FROM and top + 2 + 2 * out <= pool:
+            rounds.append([top, 2])
+    return rounds
+
+
+def continued_round(chunk: int, limit: int) -> tuple[int, int]:
+    """``(prompt, chunk)``: a prompt prefilled in two whole chunks and one token, so later
+    chunks continue a sequence (recurrent state and convolution taps carried in, attention
+    over earlier chunks: kernels and autotuned variants of their own). The engine's chunk
+    where the context allows twice it, else a third of the longest prompt."""
+    step = chunk if 2 * chunk + 1 <= limit else max(1, limit // 3)
+    return min(limit, 2 * step + 1), step
+
+
+def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> float:
+    """Run the throwaway requests to completion; returns the seconds it took. ``watch``
+    (installed): its compiles are counted in the log line, and it warns of later ones."""
     started = time.perf_counter()
+    before = (watch.compiles, watch.seconds) if watch is not None else (0, 0.0)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    lengths = [n for n in PROMPT_LENGTHS if n + params.max_tokens <= engine.config.max_context]
-    rounds = [[n] for n in lengths] + [lengths[: engine.config.max_concurrency]]  # alone, then together
+    cfg = engine.config
+    pool = engine.num_blocks * cfg.block_size
+    limit = min(cfg.max_context, pool) - params.max_tokens
+    rounds = warm_up_rounds(cfg.prefill_chunk, cfg.max_concurrency, limit, pool, params.max_tokens)
     for i, batch in enumerate(rounds):
-        for j, n in enumerate(batch):
-            engine.add_request(EngineRequest(f"warmup-{i}-{j}", [token_id] * n, params,
-                                             lookup_prefix_cache=False, commit_prefix_cache=False))
-        while engine.has_unfinished():
-            engine.step()
+        _run(engine, f"warmup-{i}", batch, params, token_id)
+    continued, chunk = continued_round(cfg.prefill_chunk, limit)
+    sched = engine.scheduler
+    kept = sched.prefill_chunk, sched.max_batched_tokens
+    sched.prefill_chunk, sched.max_batched_tokens = chunk, kept[1] - kept[0] + chunk
+    # beside a short request that decodes while the long one's later chunks run (mixed steps)
+    companion = [2] if cfg.max_concurrency > 1 and continued + 2 + 2 * params.max_tokens <= pool else []
+    try:
+        _run(engine, "warmup-continued", [continued, *companion], params, token_id)
+    finally:
+        sched.prefill_chunk, sched.max_batched_tokens = kept
+    rounds.append([continued, *companion])
     engine.reset_stats()
     seconds = time.perf_counter() - started
-    logger.info("warmed up kernels with {} throwaway requests in {:.1f} s", sum(map(len, rounds)), seconds)
+    compiled = ""
+    if watch is not None:
+        watch.serving = True
+        compiled = f", {watch.compiles - before[0]} Triton compiles ({watch.seconds - before[1]:.1f} s)"
+    logger.info("warmed up kernels with {} throwaway requests (prompts up to {} tokens) in {:.1f} s{}",
+                sum(map(len, rounds)), max(map(max, rounds)), seconds, compiled)
     return seconds
+
+
+def _run(engine, tag: str, lengths: list[int], params: SamplingParams, token_id: int) -> None:
+    for j, n in enumerate(lengths):
+        engine.add_request(EngineRequest(f"{tag}-{j}", [token_id] * n, params, lookup_prefix_cache=False,
+                                         commit_prefix_cache=False))
+    while engine.has_unfinished():
+        engine.step()
