@@ -155,8 +155,12 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
     device = resolve_device(profile.engine.device)
     dtype = resolve_dtype(profile.dtype, device)
     prefer_matmuls_without_workspace(device)  # before the first matmul reads the setting
+    watch = None
     if device.type == "cuda":
         keep_autotuning_results()  # before the first kernel autotunes
+        watch = process_watch()  # counts this engine's compiles; quiet until its warm-up ends
+        if watch is not None:
+            watch.serving = False
     started = time.perf_counter()
     if weights is None:
         model_dir, weights = resolve_source(profile.model, registry, dtype, device)
@@ -179,7 +183,7 @@ def build_engine(profile, registry, weights=None, *, decode_ahead_on_cpu: bool =
                          vocab_size, Path(model_dir))
     engine = LLMEngine(model, tokenizer, cfg, parts, presets, device, vocab_size)
     if device.type == "cuda":
-        warm_up(engine, watch=process_watch())  # Triton compiles now rather than inside the first requests
+        warm_up(engine, watch=watch)  # Triton compiles now rather than inside the first requests
     model_id = profile.model_id or default_model_id(profile.model, model_dir)
     return LoadedEngine(engine, tokenizer, family, config, str(model_dir), model_id, device, dtype)
 

@@ -80,6 +80,8 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     (installed): its compiles are counted in the log line, and it warns of later ones."""
     started = time.perf_counter()
     before = (watch.compiles, watch.seconds) if watch is not None else (0, 0.0)
+    if watch is not None:  # quiet while warming up (a later engine of the process too)
+        watch.serving = False
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     cfg = engine.config
     pool = engine.num_blocks * cfg.block_size
