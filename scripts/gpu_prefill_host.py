@@ -16,7 +16,10 @@ A prefill of ``--prefill`` tokens in chunks of ``--chunk`` (the engine's default
 
 On the 35B-A3B (session 30, H100) an 8,192-token prompt took 5x as long in 1,024-token
 chunks as in one chunk, in bf16 and FP8 alike, while one chunk's kernels kept the device
-busy for less than half of its wall time. One JSON line per part.
+busy for less than half of its wall time. Prompts are not published to the prefix cache
+unless ``--publish``: then, with a pool of two prompts, each evicts an older one into the
+host KV tier (session 30's runs did, which put ~10,000 page copies a prompt into its
+counts; session 31 batched them). One JSON line per part.
 
     python3 scripts/gpu_prefill_host.py random:qwen3.6-35b-a3b --prefill 8192 --chunk 1024
 """
@@ -41,6 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 from gpu_step_profile import model_source  # noqa: E402 (scripts/ is on sys.path)
 
 from ninfer import LLM, SamplingParams
+from ninfer.engine.request import EngineRequest
 
 ROOT = str(Path(__file__).resolve().parents[1])
 FRAME = re.compile(r".+\(\d+\): ")
@@ -62,6 +66,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--publish", action="store_true",
+                    help="publish each prompt to the prefix cache: with a pool of two prompts, each then evicts an "
+                         "older one into the host KV tier (session 30's runs did; the bench's prefill does not)")
     args = ap.parse_args()
     path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
     n = args.prefill
@@ -73,14 +80,18 @@ def main() -> None:
     llm.generate(prompts[4], params)  # compiles and autotunes for these chunks
 
     def prefill(r: int) -> float:
+        engine = llm.engine
+        engine.add_request(EngineRequest(f"prefill-{r}-{time.monotonic_ns()}", prompts[r]["prompt_token_ids"], params,
+                                         lookup_prefix_cache=False, commit_prefix_cache=args.publish))
         torch.cuda.synchronize()
         start = time.perf_counter()
-        llm.generate(prompts[r], params)  # a different prompt each time: no prefix reuse
+        while engine.has_unfinished():  # a different prompt each time: no prefix reuse
+            engine.step()
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
     seconds = prefill(1)
-    print(json.dumps({"part": "timed", "model": args.model, "prefill": n, "chunk": args.chunk,
+    print(json.dumps({"part": "timed", "model": args.model, "prefill": n, "chunk": args.chunk, "publish": args.publish,
                       "seconds": round(seconds, 4), "tok_s": round(n / seconds, 1)}), flush=True)
 
     sites: Counter = Counter()

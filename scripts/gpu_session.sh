@@ -47,7 +47,8 @@
 #                                   tuned (MOE_FORMATS fp8,int4; MOE_TOKENS 1, e.g. 1,1024,8192), then the
 #                                   35B-A3B at BENCH_C (1) per WEIGHT_FORMATS (" ": none)
 #   scripts/gpu_session.sh prefill-host  8k prompts in PREFILL_CHUNK (1024) chunks per PREFILL_MODELS: tok/s, the host
-#                                   syncs by call site, a cProfile of the host (scripts/gpu_prefill_host.py)
+#                                   syncs by call site, a cProfile of the host (scripts/gpu_prefill_host.py;
+#                                   PREFILL_PUBLISH=1: each prompt published, evicting the last to the host tier)
 #   scripts/gpu_session.sh chunk-latency  the prefill kernels' GPU tests (CHUNK_TESTS=0: none), then per CHUNK_MODELS
 #                                   an 8k prompt's time to first token alone and beside 8 decoders, their token
 #                                   gaps, at chunks CHUNKS (1024..8192; scripts/gpu_chunk_latency.py), and the
@@ -580,7 +581,7 @@ prefill-host)
     for m in ${PREFILL_MODELS:-qwen3.6-35b-a3b qwen3.6-35b-a3b@fp8-block}; do
         limit=$(left); [ "$limit" -gt 200 ] && limit=200
         timeout "$limit" python3 scripts/gpu_prefill_host.py "random:$m" --prefill 8192 \
-            --chunk "${PREFILL_CHUNK:-1024}" 2>>"$OUT/prefill_host.err" | tee -a "$OUT/prefill_host.jsonl" | cut -c1-2500
+            --chunk "${PREFILL_CHUNK:-1024}" ${PREFILL_PUBLISH:+--publish} 2>>"$OUT/prefill_host.err" | tee -a "$OUT/prefill_host.jsonl" | cut -c1-2500
     done
     ;;
 chunk-latency)
