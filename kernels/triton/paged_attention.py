@@ -234,7 +234,9 @@ def _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, 
         tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
 
 
-@triton.jit
+# num_seqs, num_splits and stride_ls vary with the step; specialising on them (and BLOCK_S
+# on the split count) compiled merge variants inside requests (session 31's compile watch)
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_ls"])
 def _merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
@@ -375,7 +377,7 @@ def paged_attention(
             part_o, part_lse, out, batch.query_start, num_seqs, splits,
             part_o.stride(0), part_o.stride(1), part_o.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
-            HEAD_DV=head_dim_v, BLOCK_S=triton.next_power_of_2(splits),
+            HEAD_DV=head_dim_v, BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant
             BLOCK_DV=triton.next_power_of_2(head_dim_v),
         )
     return out
