@@ -2,7 +2,7 @@
 """What the prefill chunk costs a user, per chunk size: a long prompt's time to first token
 alone, and the same prompt arriving while other requests decode.
 
-For each of ``--chunks`` (one loaded engine; the scheduler's chunk is changed between
+For each of ``--chunks`` (one loaded engine; ``Scheduler.set_prefill_chunk`` between
 runs, nothing else depends on it):
 
 1. ``alone``: a fresh ``--prompt``-token prompt (no prefix reuse), time to its first
@@ -35,12 +35,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer import LLM
+from ninfer.bench.ninfer_runs import GREEDY
 from ninfer.engine.compile_watch import process_watch
 from ninfer.engine.request import EngineRequest
 from ninfer.model.random_weights import model_source
 from ninfer.sampling_params import SamplingParams
-
-GREEDY = dict(temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
 
 
 def sync(device: torch.device) -> None:
@@ -67,11 +66,6 @@ class Runner:
         self.engine.add_request(EngineRequest(rid, self.ids(n_prompt), params, lookup_prefix_cache=False,
                                               commit_prefix_cache=False))
         return rid
-
-    def set_chunk(self, chunk: int) -> None:
-        sched = self.engine.scheduler
-        sched.prefill_chunk = chunk
-        sched.max_batched_tokens = chunk + sched.max_concurrency
 
     def drain(self) -> None:
         while self.engine.has_unfinished():
@@ -173,7 +167,7 @@ def main() -> None:
     watch = process_watch()
     compiles = (lambda: watch.compiles) if watch is not None else (lambda: -1)
     for chunk in chunks:
-        runner.set_chunk(chunk)
+        llm.engine.scheduler.set_prefill_chunk(chunk)
         before = compiles()
         peak = runner.activation_peak()  # also the untimed first run at this chunk
         line = {"model": args.model, "chunk": chunk, "prompt": args.prompt,

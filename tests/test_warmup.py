@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from ninfer import LLM, SamplingParams
 from ninfer.engine.warmup import warm_up
 
@@ -77,3 +79,16 @@ def test_continued_round_spans_three_chunks():
     assert continued_round(chunk=1024, limit=8189) == (2049, 1024)
     assert continued_round(chunk=4096, limit=8189) == (5459, 2729)
     assert continued_round(chunk=8192, limit=125) == (83, 41)
+
+
+def test_set_prefill_chunk_keeps_the_decode_rows_room(one_thread):
+    """The step budget moves with the chunk (the warm-up's continued prompt and the chunk
+    benchmark change it on a loaded engine), so decode rows and drafts keep their share."""
+    from ninfer.engine.scheduler import step_token_budget
+
+    sched = LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=1024).engine.scheduler
+    assert sched.max_batched_tokens == step_token_budget(1024, 4)
+    sched.set_prefill_chunk(64)
+    assert (sched.prefill_chunk, sched.max_batched_tokens) == (64, step_token_budget(64, 4))
+    with pytest.raises(ValueError):
+        sched.set_prefill_chunk(0)

@@ -23,6 +23,7 @@ from ninfer.engine.parts import (
     EngineParts, KVPool, allocate_kv_pool, allocate_recurrent_state, build_host_kv, context_costs, prefix_reuse_on,
     snapshot_rows, state_pool_bytes,
 )
+from ninfer.engine.scheduler import step_token_budget
 from ninfer.engine.spec.proposer import ProposerContext
 from ninfer.engine.spec.device_rounds import DeviceRounds, device_rounds_enabled
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
@@ -101,7 +102,8 @@ def kv_capacity_tokens(profile, kv_format, model, dtype, device, draft_specs=(),
         banks = 2 if (backend is not None and backend.drafts_on_device and device_rounds_enabled()
                       and profile.engine.decode_ahead and profile.engine.prefix_reuse) else 1
         rows = profile.engine.max_concurrency * (1 + banks * width) + (profile.cache.device_state_slots or 0)
-        step = profile.engine.prefill_chunk + profile.engine.max_concurrency * max(width, 1)
+        drafts = profile.speculative.draft_tokens if profile.speculative.backend else 0
+        step = step_token_budget(profile.engine.prefill_chunk, profile.engine.max_concurrency, drafts)
         budget = free - activation_headroom(step) - state_pool_bytes(model, rows)
         return max(profile.engine.max_context, int(budget // per_token))
     return profile.engine.max_context * profile.engine.max_concurrency

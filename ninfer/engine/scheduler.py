@@ -61,6 +61,12 @@ class SchedulerOutput:
         return not self.chunks
 
 
+def step_token_budget(prefill_chunk: int, max_concurrency: int, draft_tokens: int = 0) -> int:
+    """The most tokens one step computes by default: every decode row with its drafts, plus
+    a prefill chunk (also what the KV sizing leaves activation room for)."""
+    return prefill_chunk + max_concurrency * (1 + draft_tokens)
+
+
 class Scheduler:
     """Admission, the step's batch, and every change to the sequences it was given.
 
@@ -81,8 +87,8 @@ class Scheduler:
     ) -> None:
         if max_concurrency < 1 or prefill_chunk < 1:
             raise ValueError("max_concurrency and prefill_chunk must be >= 1")
-        if max_batched_tokens is None:  # every decode row with its drafts, plus a prefill chunk
-            max_batched_tokens = prefill_chunk + max_concurrency * (1 + draft_tokens)
+        if max_batched_tokens is None:
+            max_batched_tokens = step_token_budget(prefill_chunk, max_concurrency, draft_tokens)
         # Every decode row must fit, and with fewer decoders each prefill gets a token.
         if max_batched_tokens < max_concurrency:
             raise ValueError(
@@ -109,6 +115,15 @@ class Scheduler:
         self._round_rows: dict[int, dict[int, int]] = {}
         #: (working slot, verify position) per settled round, copied back in one launch before the next step
         self._settling: list[tuple[int, int]] = []
+
+    def set_prefill_chunk(self, chunk: int) -> None:
+        """Compute at most ``chunk`` prompt tokens a step from now on; the step's token budget
+        moves by as much, so the decode rows keep their room (the warm-up's continued prompt,
+        benchmarks comparing chunk sizes on one engine)."""
+        if chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.max_batched_tokens += chunk - self.prefill_chunk
+        self.prefill_chunk = chunk
 
     # -- gauges ---------------------------------------------------------------------
 

@@ -77,11 +77,10 @@ def continued_round(chunk: int, limit: int) -> tuple[int, int]:
 
 def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> float:
     """Run the throwaway requests to completion; returns the seconds it took. ``watch``
-    (installed): its compiles are counted in the log line, and it warns of later ones."""
+    (installed, quiet: the builder keeps it so from the engine's start): its compiles are
+    counted in the log line, and it warns of later ones."""
     started = time.perf_counter()
     before = (watch.compiles, watch.seconds) if watch is not None else (0, 0.0)
-    if watch is not None:  # quiet while warming up (a later engine of the process too)
-        watch.serving = False
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     cfg = engine.config
     pool = engine.num_blocks * cfg.block_size
@@ -90,15 +89,13 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     for i, batch in enumerate(rounds):
         _run(engine, f"warmup-{i}", batch, params, token_id)
     continued, chunk = continued_round(cfg.prefill_chunk, limit)
-    sched = engine.scheduler
-    kept = sched.prefill_chunk, sched.max_batched_tokens
-    sched.prefill_chunk, sched.max_batched_tokens = chunk, kept[1] - kept[0] + chunk
     # beside a short request that decodes while the long one's later chunks run (mixed steps)
     companion = [2] if cfg.max_concurrency > 1 and continued + 2 + 2 * params.max_tokens <= pool else []
+    engine.scheduler.set_prefill_chunk(chunk)
     try:
         _run(engine, "warmup-continued", [continued, *companion], params, token_id)
     finally:
-        sched.prefill_chunk, sched.max_batched_tokens = kept
+        engine.scheduler.set_prefill_chunk(cfg.prefill_chunk)
     rounds.append([continued, *companion])
     engine.reset_stats()
     seconds = time.perf_counter() - started
