@@ -11,6 +11,9 @@ outside the graph show up next to the graph's kernels.
     python scripts/gpu_step_profile.py random:qwen3.6-27b --prefill 8192     # one 8k prefill
     python scripts/gpu_step_profile.py random:qwen3.6-27b --concurrency 8 --prompt-len 131072 \
         --synthetic-context --kv-dtype fp8            # long contexts without their prefill
+    python scripts/gpu_step_profile.py random:train-gpu-deep --concurrency 1 --spec mtp --draft-tokens 3
+        # a step is then a speculative round (verify, drafts, verdict); random weights accept
+        # next to nothing, which leaves a round's cost as it is
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer import LLM
-from ninfer.model.random_weights import model_source
+from ninfer.model.sources import resolve_source
+from ninfer.plugins import load_registry
 from ninfer.bench.ninfer_runs import _submit, synthetic_contexts
 from ninfer.bench.workload import fixed_workload
 
@@ -128,9 +132,9 @@ def profile_prefill(args) -> None:
     """One prefill of ``args.prefill`` tokens in one chunk, profiled after an untimed one."""
     from ninfer import SamplingParams
 
-    path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
+    path, weights = resolve_source(args.model, load_registry(), torch.bfloat16, torch.device("cuda", 0))
     n = args.prefill
-    llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=1, max_context=n + 8, kv_capacity=2 * (n + 8),
+    llm = LLM(str(path), device="cuda", dtype="bf16", max_num_seqs=1, max_context=n + 8, kv_capacity=2 * (n + 8),
               prefill_chunk=n, weights=weights)
     vocab = llm.loaded.tokenizer.vocab_size
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -161,16 +165,19 @@ def main() -> None:
     ap.add_argument("--kv-dtype", default="bf16")
     ap.add_argument("--synthetic-context", action="store_true",
                     help="prompts count as computed without a prefill (ninfer-bench's option of that name)")
+    ap.add_argument("--spec", help="a speculative backend (mtp): each step is then a round")
+    ap.add_argument("--draft-tokens", type=int, default=3)
     ap.add_argument("--prefill", type=int, default=0, metavar="LEN",
                     help="instead: profile one prefill of LEN tokens (one chunk), after an untimed one")
     args = ap.parse_args()
     if args.prefill:
         return profile_prefill(args)
     levels = [int(c) for c in args.concurrency.split(",")]
-    path, weights = model_source(args.model, torch.bfloat16, torch.device("cuda", 0))
-    llm = LLM(path, device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
+    path, weights = resolve_source(args.model, load_registry(), torch.bfloat16, torch.device("cuda", 0))
+    spec = dict(spec=args.spec, draft_tokens=args.draft_tokens) if args.spec else {}
+    llm = LLM(str(path), device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
               kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights, decode_ahead=True,
-              kv_dtype=args.kv_dtype)
+              kv_dtype=args.kv_dtype, **spec)
     engine = llm.engine
     vocab = llm.loaded.tokenizer.vocab_size
     for c in levels:
@@ -198,7 +205,8 @@ def main() -> None:
         # the window: first to last device activity of the profiled steps
         window = intervals[-1][1] - intervals[0][0]
         print(json.dumps({
-            "concurrency": c, "kv_dtype": args.kv_dtype, "context": args.prompt_len, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
+            "concurrency": c, "spec": args.spec, "draft_tokens": args.draft_tokens if args.spec else 0,
+            "kv_dtype": args.kv_dtype, "context": args.prompt_len, "steps": args.steps, "wall_ms_per_step": round(wall, 4),
             "device_window_ms_per_step": round(window / 1000 / args.steps, 4),
             "activities_per_step": len(intervals) / args.steps,
             **summarise(intervals, args.steps, args.top),

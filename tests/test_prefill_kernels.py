@@ -238,8 +238,9 @@ def _gate_inputs(tokens: int, heads: int, dtype: torch.dtype, gen: torch.Generat
 def _check_gates(got, want, dtype, beta_rtol: float) -> None:
     (g, beta), (g_ref, beta_ref) = got, want
     assert g.dtype == torch.float32 and beta.dtype == dtype and g.shape == beta.shape == g_ref.shape
-    # the kernel's log(1 + exp(x)) drops what log1p keeps of a tiny exp(x): absolute slack there
-    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+    # the kernel's log(1 + exp(x)) drops what log1p keeps of a tiny exp(x): absolute slack there;
+    # a GPU's exp and log are approximate to a few ulps as well (1.3e-6 seen on an H100)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6 if g.device.type == "cpu" else 1e-5)
     torch.testing.assert_close(beta.float(), beta_ref.float(), rtol=beta_rtol, atol=0)
 
 

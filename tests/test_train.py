@@ -188,3 +188,61 @@ def test_delta_rule_equals_the_inference_reference():
     expected, _ = chunked(q, k, v, g, beta, torch.zeros(heads, dim, dim))
     got = chunk_delta_rule(*(t.transpose(0, 1) for t in (q, k, v, g, beta)), chunk=16)
     torch.testing.assert_close(got.transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_time_budget_shortens_the_run_and_its_schedule():
+    """``--train-seconds``: the run times its first steps, then takes only what fits, with the
+    cosine decaying over the shorter run (its last step at the floor, as a full run's)."""
+    from ninfer.train.loop import CALIBRATE_FROM, CALIBRATE_TO, lr_at, steps_within, train
+    from ninfer.train.pipeline import build_model
+    from ninfer.train.checkpoint import hf_config
+
+    # 20 calibration steps in 2 s: 0.1 s a step; 3 s left at CALIBRATE_FROM fits 30 more
+    assert steps_within(3.0, 2.0, PRESETS["default"]) == CALIBRATE_FROM + 30
+    assert steps_within(1e9, 2.0, PRESETS["default"]) == PRESETS["default"].steps  # never past the preset
+    assert steps_within(0.0, 2.0, PRESETS["default"]) == CALIBRATE_TO  # never before the calibration ends
+    assert lr_at(99, PRESETS["default"], 100) == pytest.approx(PRESETS["default"].lr * 0.1, rel=1e-2)
+
+    config = hf_config(PRESET, {"vocab_size": 384, "eos_token_id": 1, "pad_token_id": 0})
+    model = build_model(config, PRESET, 0, torch.device("cpu"))
+    stream = torch.randint(0, 384, (4096,), generator=torch.Generator().manual_seed(0))
+    out = train(model, stream, PRESET, 0, torch.device("cpu"), max_seconds=1e-6)
+    assert out["steps"] == CALIBRATE_TO < PRESET.steps
+
+
+def test_micro_batches_give_the_whole_batch_gradient():
+    """A preset's ``micro_batch`` splits a step's forward and backward, not its gradient."""
+    import attrs
+
+    from ninfer.train.checkpoint import hf_config
+    from ninfer.train.loop import accumulate_gradients
+    from ninfer.train.pipeline import build_model
+
+    config = hf_config(PRESET, {"vocab_size": 384, "eos_token_id": 1, "pad_token_id": 0})
+    tokens = torch.randint(0, 384, (PRESET.batch_size, PRESET.seq_len), generator=torch.Generator().manual_seed(0))
+    grads, figures = [], []
+    for preset in (PRESET, attrs.evolve(PRESET, micro_batch=3)):
+        model = build_model(config, preset, 0, torch.device("cpu"))
+        figures.append(accumulate_gradients(model, tokens, preset, 0, torch.autocast("cpu", enabled=False)))
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(figures[1], figures[0], rtol=1e-5, atol=1e-6)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:  # float32 sums in another order
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_random_shape_of_the_gpu_deep_preset_matches_it():
+    """``random:train-gpu-deep`` (round costs without training) has the preset's text config."""
+    from ninfer.model.random_weights import SHAPES
+    from ninfer.train.checkpoint import hf_config
+
+    preset = PRESETS["gpu-deep"]
+    text = hf_config(preset, {"vocab_size": preset.vocab_size + 5, "eos_token_id": 1, "pad_token_id": 0})["text_config"]
+    shape = SHAPES["train-gpu-deep"]
+    for key, value in shape.items():
+        if key in ("architectures", "full_attention_interval", "rope_parameters"):
+            continue
+        assert text[key] == value, key
+    assert text["layer_types"].count("full_attention") == preset.num_layers // shape["full_attention_interval"]
+    rope = {k: text["rope_parameters"][k] for k in shape["rope_parameters"]}
+    assert rope == shape["rope_parameters"]

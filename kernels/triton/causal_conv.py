@@ -45,7 +45,10 @@ BLOCK_T = 32
 BLOCK_C = 128
 
 
-@triton.jit
+# the batch's counts vary step to step: specialised, a count of 1 (search_steps of a two-sequence
+# batch) or a row total divisible by 16 would each compile another variant while serving
+# (session 32 caught one beside decodes at 1.05 s)
+@triton.jit(do_not_specialize=["num_seqs", "search_steps", "total_rows"])
 def _causal_conv_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, starts_ptr, seq_lens_ptr, slots_ptr,
     num_seqs, search_steps, channels, stride_x, stride_w, stride_slot, stride_hist, total_rows, split1, split2,

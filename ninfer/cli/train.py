@@ -15,7 +15,7 @@ from ninfer.log import setup_logging
 from ninfer.train.presets import PRESETS
 
 #: the report fields printed at the end
-SUMMARY = ("preset", "train_seconds", "total_seconds", "perplexity", "acceptance_per_position",
+SUMMARY = ("preset", "steps", "train_seconds", "total_seconds", "perplexity", "acceptance_per_position",
            "mean_accepted_length", "acceptance_rate", "teacher_forced_agreement")
 
 
@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "gpu-deep: ~122M in 32 layers (speculative decoding at a realistic depth)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same weights (same machine)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--train-seconds", type=float, metavar="S",
+                        help="cap the training loop at about S seconds: the run times its first steps and takes "
+                             "as many of the preset's steps as fit (the result then depends on the machine)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (results depend on it)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors in the log")
     return parser
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_training(args.out_dir, PRESETS[args.preset], seed=args.seed, device=args.device)
+    report = run_training(args.out_dir, PRESETS[args.preset], seed=args.seed, device=args.device,
+                          train_seconds=args.train_seconds)
     print(json.dumps({key: report[key] for key in SUMMARY}))
 
 

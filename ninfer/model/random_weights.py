@@ -70,6 +70,17 @@ SHAPES: dict[str, dict] = {
                         "num_key_value_heads": 2, "linear_num_value_heads": 32, "num_experts": 256,
                         "num_experts_per_tok": 8, "moe_intermediate_size": 512,
                         "shared_expert_intermediate_size": 512},
+    # ``ninfer-train --preset gpu-deep``'s model (its vocabulary as the trained tokenizer pads
+    # it): a speculative round's cost at that depth without training one first
+    "train-gpu-deep": {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "vocab_size": 8256,
+                       "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 32,
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+                       "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 64,
+                       "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "hidden_act": "silu",
+                       "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "attention_bias": False,
+                       "tie_word_embeddings": False, "mtp_num_hidden_layers": 1, "full_attention_interval": 4,
+                       "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                           "partial_rotary_factor": 0.25}},
 }
 
 

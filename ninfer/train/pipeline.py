@@ -32,8 +32,13 @@ def build_model(config: dict[str, Any], preset: Preset, seed: int, device: torch
     return model.to(device)
 
 
-def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Train ``preset`` and write the checkpoint, shortlist and report into ``out_dir``; returns the report."""
+def run_training(
+    out_dir: Path, preset: Preset, seed: int = 0, device: str | torch.device = "cpu",
+    train_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Train ``preset`` and write the checkpoint, shortlist and report into ``out_dir``; returns the report.
+
+    ``train_seconds`` caps the optimisation loop's time (fewer steps, same schedule shape)."""
     start = time.perf_counter()
     device = torch.device(device)
     out_dir = Path(out_dir)
@@ -52,7 +57,7 @@ def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | tor
     logger.info("model: {:.2f}M parameters ({:.2f}M in the MTP layer), preset {}", total_params / 1e6,
                 mtp_params / 1e6, preset.name)
     prepared = time.perf_counter()
-    training = train(model, train_stream, preset, seed, device)
+    training = train(model, train_stream, preset, seed, device, max_seconds=train_seconds)
     evaluating = time.perf_counter()
     figures = evaluate(model, heldout_stream, preset, device)
     evaluated = time.perf_counter()
@@ -69,7 +74,7 @@ def run_training(out_dir: Path, preset: Preset, seed: int = 0, device: str | tor
         "train_files": len(corpus.train_files),
         "heldout_files": len(corpus.heldout_files),
         "train_tokens": len(train_stream),
-        "tokens_seen": preset.steps * preset.batch_size * preset.seq_len,
+        "tokens_seen": training["steps"] * preset.batch_size * preset.seq_len,
         "parameters": total_params,
         "mtp_parameters": mtp_params,
         **training,

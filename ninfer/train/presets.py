@@ -34,6 +34,7 @@ class Preset:
     # -- optimisation ----------------------------------------------------------------------
     seq_len: int
     batch_size: int
+    micro_batch: int | None = None  # rows per forward/backward (gradients summed over a batch); None: all
     steps: int
     lr: float
     warmup: int = 20
@@ -82,6 +83,8 @@ PRESETS: dict[str, Preset] = {
         # costs is the spec's models' only when the target is deep (the 27B has 64 layers;
         # ``gpu``'s 12 made a draft cost about a quarter of a step at c=1, session 21)
         attrs.evolve(GPU, name="gpu-deep", hidden_size=512, intermediate_size=1536, num_layers=32, num_heads=4,
-                     linear_key_heads=4, linear_value_heads=8, steps=800),
+                     linear_key_heads=4, linear_value_heads=8, steps=800,
+                     # 32 layers' saved activations for 64 x 512 tokens outgrow an 80 GB card
+                     micro_batch=16),
     )
 }
