@@ -16,7 +16,7 @@ import torch
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import (
     activation, attention, causal_conv, decode_attention, gated_delta, gated_delta_decode, gated_rms_norm, moe, norm,
-    kv_quant, qk_norm_rope, quant_formats, rope, state_rows,
+    kv_quant, qk_norm_rope, quant_formats, rope, spec_rounds, state_rows,
 )
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
@@ -40,6 +40,9 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "moe_route": {"reference": moe.moe_route, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
+    "round_verdict": {"reference": spec_rounds.round_verdict, "triton": None},
+    "round_advance": {"reference": spec_rounds.round_advance, "triton": None},
+    "draft_chain_inputs": {"reference": spec_rounds.draft_chain_inputs, "triton": None},
     "write_kv_quant": {"reference": kv_quant.write_kv_quant, "triton": None},
     "paged_attention_quant": {"reference": kv_quant.paged_attention_quant, "triton": None},
     "decode_attention_quant": {"reference": kv_quant.decode_attention_quant, "triton": None},
@@ -280,6 +283,29 @@ def copy_state_rows(pools: list[torch.Tensor], src: torch.Tensor, dst: torch.Ten
     """In every state pool, row ``dst[i]`` takes row ``src[i]`` (see :mod:`ninfer_kernels.state_rows`)."""
     if pools:
         choose("copy_state_rows", pools[0].device.type)(pools, src, dst)
+
+
+def round_verdict(ids: torch.Tensor, num_drafts: torch.Tensor, target: torch.Tensor,
+                  position_rows: torch.Tensor | None):
+    """A greedy device round's verdict (see :mod:`ninfer_kernels.spec_rounds`)."""
+    return choose("round_verdict", ids.device.type)(ids, num_drafts, target, position_rows)
+
+
+def round_advance(tokens: torch.Tensor, accepted: torch.Tensor, drafts: torch.Tensor, input_ids: torch.Tensor,
+                  positions: torch.Tensor, slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                  num_drafts: torch.Tensor, pages: torch.Tensor, block_tables: torch.Tensor, block_size: int,
+                  position_rows: torch.Tensor | None = None, bank_first: int = 0, bank_rows: int = 0) -> torch.Tensor:
+    """A greedy device round's next inputs, written in place (see :mod:`ninfer_kernels.spec_rounds`)."""
+    return choose("round_advance", tokens.device.type)(
+        tokens, accepted, drafts, input_ids, positions, slot_mapping, seq_lens, num_drafts, pages, block_tables,
+        block_size, position_rows, bank_first, bank_rows)
+
+
+def draft_chain_inputs(tokens: torch.Tensor, accepted: torch.Tensor, starts: torch.Tensor,
+                       block_tables: torch.Tensor, pages: torch.Tensor, block_size: int, k: int):
+    """A chained drafter's inputs after a device round's verdict (see :mod:`ninfer_kernels.spec_rounds`)."""
+    return choose("draft_chain_inputs", tokens.device.type)(tokens, accepted, starts, block_tables, pages,
+                                                            block_size, k)
 
 
 try:

@@ -54,8 +54,9 @@
 #                                   an 8k prompt's time to first token alone and beside 8 decoders, their token
 #                                   gaps, at chunks CHUNKS (1024..8192; scripts/gpu_chunk_latency.py), and the
 #                                   Triton compiles the warm-up missed
-#   scripts/gpu_session.sh spec-profile  plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of
-#                                   SPEC_MODEL (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
+#   scripts/gpu_session.sh spec-profile  the round kernels' and device rounds' GPU tests (SPEC_TESTS=0: none), then
+#                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
+#                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -167,7 +168,7 @@ quant_tests() {
         > "$OUT/pytest_quant.txt" 2>&1 &
     # the speculative GPU tests (device rounds among them) ride along: spec2's call has no room
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
-        > "$OUT/pytest_spec.txt" 2>&1 &
+        tests/test_spec_rounds_kernels.py tests/test_train_gpu.py > "$OUT/pytest_spec.txt" 2>&1 &
     wait
     for f in pytest_kv pytest_kv_engine pytest_quant pytest_spec; do echo "$f: $(tail -1 "$OUT/$f.txt")"; done
 }
@@ -425,7 +426,7 @@ new-tests)
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
         tests/test_quant_moe_one_token.py tests/test_weight_formats_gpu.py > "$OUT/pytest_quant.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
-        > "$OUT/pytest_spec.txt" 2>&1 &
+        tests/test_spec_rounds_kernels.py tests/test_train_gpu.py > "$OUT/pytest_spec.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py \
         > "$OUT/pytest_moe.txt" 2>&1 &
     # session 20: the output gate inside the bf16 and quantized one-launch decode kernels
@@ -615,7 +616,13 @@ chunk-latency)
     ;;
 spec-profile)
     # where a speculative round's device time goes (SPEC_MODEL: the gpu-deep preset's shape, random
-    # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind
+    # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
+    # first the round's bookkeeping kernels and the device rounds on CUDA (SPEC_TESTS=0: not)
+    if [ "${SPEC_TESTS:-1}" = 1 ]; then
+        timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
+            > "$OUT/pytest_rounds.txt" 2>&1; echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
+        grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
+    fi
     for k in 0 "${SPEC_K:-3}"; do
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
         timeout "$limit" python3 scripts/gpu_step_profile.py "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency \

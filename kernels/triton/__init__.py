@@ -14,7 +14,7 @@ if importlib.util.find_spec("triton") is not None:
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm,
         gdn_gates, kv_write, kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm,
-        rope, skinny_linear, state_rows,
+        rope, skinny_linear, spec_rounds, state_rows,
     )
 
     ops.register_triton("linear", skinny_linear.linear)
@@ -34,6 +34,9 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("moe_route", moe_route.moe_route)
     ops.register_triton("fused_moe", fused_moe.fused_moe)
     ops.register_triton("copy_state_rows", state_rows.copy_rows)
+    ops.register_triton("round_verdict", spec_rounds.round_verdict)
+    ops.register_triton("round_advance", spec_rounds.round_advance)
+    ops.register_triton("draft_chain_inputs", spec_rounds.draft_chain_inputs)
     ops.register_triton("write_kv_quant", kv_quant.write_kv_quant)
     ops.register_triton("paged_attention_quant", kv_quant.paged_attention_quant)
     ops.register_triton("decode_attention_quant", kv_quant_decode.decode_attention_quant)

@@ -24,10 +24,10 @@ from typing import Callable, Optional
 
 import torch
 from loguru import logger
+from ninfer_kernels import ops
 
 from ninfer.capabilities import SpeculativeBackend
 from ninfer.engine.sampling_metadata import SamplingMetadata
-from ninfer.engine.spec.device_rounds import paged_slots
 from ninfer.engine.spec.distribution import propose
 from ninfer.engine.spec.shortlist import read_shortlist
 from ninfer.hookspecs import hookimpl
@@ -138,20 +138,12 @@ class MtpProposer:
         tensors only. Row ``b`` verified ``width`` positions from ``starts[b]`` (hidden rows
         ``b * width ..``), kept ``accepted[b] + 1`` of them, the tokens after them being
         ``tokens[b]``. ``host_lists``: also build the host lists the CPU kernels read."""
-        bs, w = tokens.shape
-        dev, bsz = tokens.device, self.block_size
-        t = torch.arange(w, device=dev)
-        positions = starts.unsqueeze(1) + t
-        slots = torch.where(t <= accepted.unsqueeze(1), paged_slots(positions, tables, pages, bsz), -1)
-        lens = starts + w  # row t sees the keys up to its own position
-        last = torch.arange(bs, device=dev) * w + accepted
-        chain_pos = (starts + accepted + 1).unsqueeze(0) + torch.arange(self.k - 1, device=dev).unsqueeze(1)
-        # contiguous: the KV write kernels read a step's slots without a stride
-        chain_slots = paged_slots(chain_pos.T, tables, pages, bsz).T.contiguous()
+        ids, positions, slots, lens, last, chain_pos, chain_lens, chain_slots = ops.draft_chain_inputs(
+            tokens, accepted, starts, tables, pages, self.block_size, self.k)
         return chain_drafts(
-            self._head_forward, self._greedy, self.k, bsz, self.max_context, tokens.clamp_min(0).reshape(-1),
-            hidden, positions.reshape(-1), slots.reshape(-1), lens, last, chain_pos, chain_pos + 1, chain_slots,
-            tables, lens.tolist() if host_lists else None, (chain_pos + 1).tolist() if host_lists else None,
+            self._head_forward, self._greedy, self.k, self.block_size, self.max_context, ids, hidden, positions,
+            slots, lens, last, chain_pos, chain_lens, chain_slots, tables,
+            lens.tolist() if host_lists else None, chain_lens.tolist() if host_lists else None,
         )
 
     @torch.inference_mode()

@@ -8,13 +8,14 @@ so one captured graph per batch bucket holds all of it:
 
 1. the verify forward over ``width`` rows per sequence (:class:`VerifyGraphs`' inputs),
    the LM head and its argmax;
-2. the verdict (:func:`~ninfer.engine.spec.acceptance.accept_greedy`);
+2. the verdict (``ops.round_verdict``: :func:`~ninfer.engine.spec.acceptance.accept_greedy`'s rule);
 3. the working recurrent-state slot takes the scratch row of the last kept position
    (what :meth:`VerifyScratch.settle` does from the host otherwise);
 4. the proposer's drafting over the kept positions (a backend offers
    ``draft_after_round``; the MTP head does);
-5. the next round's inputs, written over this round's: the target's token and the new
-   drafts as token ids, positions moved on by the tokens kept, their KV slots.
+5. the next round's inputs, written over this round's (``ops.round_advance``): the
+   target's token and the new drafts as token ids, positions moved on by the tokens
+   kept, their KV slots.
 
 Replaying the same bucket again therefore runs the next round with no host input at all,
 which is how the engine launches a round before the previous one's verdict reached the
@@ -38,7 +39,7 @@ from ninfer_kernels import ops
 
 from ninfer.engine.cuda_graph import capture_buckets
 from ninfer.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from ninfer.engine.spec.acceptance import PAD_TOKEN, accept_greedy
+from ninfer.engine.spec.acceptance import PAD_TOKEN
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
 
@@ -46,15 +47,6 @@ from ninfer.engine.spec.verify_graphs import VerifyGraphs
 def device_rounds_enabled() -> bool:
     """``NINFER_DEVICE_ROUNDS=0`` keeps every round on the host (for comparisons)."""
     return os.environ.get("NINFER_DEVICE_ROUNDS", "1") != "0"
-
-
-def paged_slots(positions: torch.Tensor, tables: torch.Tensor, pages: torch.Tensor, block_size: int) -> torch.Tensor:
-    """int64 KV slots of ``positions`` [B, n] through block ``tables`` [B, cols]; -1 where a
-    position lies past its row's ``pages`` [B] (it then writes no KV)."""
-    page = positions // block_size
-    inside = page < pages.unsqueeze(1)
-    ids = tables.gather(1, page.clamp(0, tables.shape[1] - 1)).long()
-    return torch.where(inside, ids * block_size + positions % block_size, -1)
 
 
 class DeviceRounds:
@@ -113,33 +105,20 @@ class DeviceRounds:
         ids = v.input_ids[: bs * w]
         hidden = self.model(ids, v.positions[: bs * w], batch)
         target = self.model.compute_logits(hidden).argmax(dim=-1).view(bs, w)
-        verdict = accept_greedy(ids.view(bs, w)[:, 1:], v.num_drafts[:bs], target)
-        accepted, tokens = verdict.accepted, verdict.token_ids
+        rows = v.position_rows[:bs] if self.scratch is not None else None
+        accepted, tokens, kept = ops.round_verdict(ids, v.num_drafts[:bs], target, rows)
         if self.scratch is not None:  # padding rows copy their trash row onto itself: nothing
-            kept = v.position_rows[:bs].gather(1, accepted.unsqueeze(1)).squeeze(1)
             ops.copy_state_rows(self.scratch.pools, kept, v.state_slots[:bs])
         starts = v.positions.view(-1, w)[:bs, 0]
         pages, tables = v.pages[:bs], v.block_tables[:bs]
         drafts = self.draft(hidden, tokens, accepted, starts, tables, pages, host_lists)
-        self._advance(bs, tokens, accepted, starts, drafts, pages, tables)
-        return torch.cat([accepted.unsqueeze(1), tokens, drafts], dim=1)
-
-    def _advance(self, bs: int, tokens, accepted, starts, drafts, pages, tables) -> None:
-        """Overwrite the inputs with the next round's: padding rows (no pages) stay inert."""
-        v, w = self.verify, self.width
-        live = pages > 0
-        bonus = tokens.gather(1, accepted.unsqueeze(1))
-        nxt = torch.where(live, starts + accepted + 1, starts)
-        positions = nxt.unsqueeze(1) + torch.arange(w, device=nxt.device)
-        v.input_ids.view(-1, w)[:bs].copy_(torch.cat([bonus, drafts], dim=1).clamp_min(0))
-        v.positions.view(-1, w)[:bs].copy_(positions)
-        v.slot_mapping.view(-1, w)[:bs].copy_(paged_slots(positions, tables, pages, v.block_size))
-        v.seq_lens[:bs].copy_(torch.where(live, nxt + w, v.seq_lens[:bs]))
-        v.num_drafts[:bs].copy_(torch.where(live, self.k, 0))
-        if self.banked:  # the next round writes the other bank
-            rows, step = v.position_rows[:bs], self.scratch.bank_rows
-            other = torch.where(rows >= self.scratch.first_row + step, rows - step, rows + step)
-            rows.copy_(torch.where(live.unsqueeze(1), other, rows))
+        # the next round's inputs over this one's (padding rows, without pages, stay inert);
+        # banked scratch rows flip so that it writes the other bank
+        banked = self.scratch is not None and self.banked
+        return ops.round_advance(
+            tokens, accepted, drafts, v.input_ids, v.positions, v.slot_mapping, v.seq_lens, v.num_drafts, pages,
+            tables, v.block_size, rows, self.scratch.first_row if banked else 0,
+            self.scratch.bank_rows if banked else 0)
 
 
 def plan_round_ahead(sched: SchedulerOutput, scheduler: Scheduler, max_context: int, width: int,
