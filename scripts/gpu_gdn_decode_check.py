@@ -2,7 +2,8 @@
 """Gated DeltaNet's fused decode mixer (one Triton launch) against its reference and the old chain.
 
 For the linear-attention shapes of Qwen3.6-27B (16 key heads, 48 value heads) and
-Qwen3.6-35B-A3B (16 / 32), head dims 128, conv kernel 4, bf16, at decode batch 1 and 8,
+Qwen3.6-35B-A3B (16 / 32), head dims 128, and of ``ninfer-train``'s ``gpu-deep`` preset
+(4 / 8, head dims 64; ``--shapes`` picks), conv kernel 4, bf16, at decode batch 1 and 8,
 batch 8 with a graph padding row (negative slot), and one sequence verifying 4 tokens:
 
 * relative error ||out - ref|| / ||ref|| of :func:`ninfer_kernels.triton.gated_delta_decode`
@@ -18,6 +19,7 @@ batch 8 with a graph padding row (negative slot), and one sequence verifying 4 t
 One JSON object per line goes to ``--out``; a table goes to stdout.
 
     python3 scripts/gpu_gdn_decode_check.py --out gdn_decode.jsonl
+    python3 scripts/gpu_gdn_decode_check.py --out gdn_small.jsonl --shapes train-gpu-deep
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from ninfer_kernels.triton import gated_delta as t_delta
 from ninfer_kernels.triton import gated_delta_decode as t_fused
 from ninfer_plugins.models.hybrid_norms import GatedRMSNorm
 
-#: name -> (key heads, value heads); Dk = Dv = D
-SHAPES = {"qwen3.6-27b": (16, 48), "qwen3.6-35b-a3b": (16, 32)}
-D, CONV_K, EPS = 128, 4, 1e-6
+#: name -> (key heads, value heads, head dim: Dk = Dv)
+SHAPES = {"qwen3.6-27b": (16, 48, 128), "qwen3.6-35b-a3b": (16, 32, 128), "train-gpu-deep": (4, 8, 64)}
+CONV_K, EPS = 4, 1e-6
 DTYPE = torch.bfloat16
 #: name -> ((tokens already processed, new tokens), state slot) per sequence
 CASES = {
@@ -49,8 +51,9 @@ CASES = {
     "decode b=8 pad": [((4095, 1), i) for i in range(7)] + [((0, 1), -1)],
     "verify b=1 x4": [((4095, 4), 0)],
 }
-#: (warps, programs per value head) timed beside the default launch shape
-VARIANTS = [(w, n) for n in (1, 2, 4) for w in (1, 2, 4, 8)]
+#: (warps, programs per value head) timed beside the default launch shape (8 programs a
+#: head only for heads narrower than 128: launch_shape keeps 32 columns a program)
+VARIANTS = [(w, n) for n in (1, 2, 4, 8) for w in (1, 2, 4, 8)]
 MAX_REL_ERR = 2e-2  # bf16 inputs and outputs, float32 state
 
 
@@ -69,7 +72,7 @@ def make_batch(case: list) -> ForwardBatch:
     )
 
 
-def make_inputs(hk: int, hv: int, tokens: int, num_slots: int, gen: torch.Generator) -> dict:
+def make_inputs(hk: int, hv: int, D: int, tokens: int, num_slots: int, gen: torch.Generator) -> dict:
     """Random operands at checkpoint-like scales; A_log as Qwen initialises it (log U(1, 16))."""
     conv_dim = 2 * hk * D + hv * D
     width = conv_dim + hv * D + 2 * hv
@@ -82,26 +85,27 @@ def make_inputs(hk: int, hv: int, tokens: int, num_slots: int, gen: torch.Genera
         "dt_bias": torch.ones(hv, dtype=DTYPE, device="cuda"),
         "norm_weight": (1 + 0.1 * torch.randn(D, generator=gen)).to("cuda", DTYPE),
         "hk": hk,
+        "d": D,
     }
 
 
 def fused(x: dict, batch: ForwardBatch, num_warps: int | None = None, value_splits: int | None = None):
     def run():
         return t_fused.gated_delta_decode(x["proj"], x["conv_weight"], x["conv_states"], x["ssm_states"], x["a_log"],
-                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], D, batch, num_warps=num_warps,
+                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], x["d"], batch, num_warps=num_warps,
                                           value_splits=value_splits)
     return run
 
 
 def reference(x: dict, batch: ForwardBatch):
     return lambda: ref.gated_delta_decode(x["proj"], x["conv_weight"], x["conv_states"], x["ssm_states"], x["a_log"],
-                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], D, batch)
+                                          x["dt_bias"], x["norm_weight"], EPS, x["hk"], x["d"], batch)
 
 
 def old_chain(x: dict, batch: ForwardBatch):
     """What plugins/models/gated_deltanet.py ran per decode step before the fused op, minus the
     projections. (Its kernels index the pools by slot unchecked: no negative slots here.)"""
-    hk, hv = x["hk"], x["a_log"].shape[0]
+    hk, hv, D = x["hk"], x["a_log"].shape[0], x["d"]
     norm = GatedRMSNorm(D, EPS).cuda()
     norm.weight.data = x["norm_weight"]
 
@@ -119,7 +123,7 @@ def old_chain(x: dict, batch: ForwardBatch):
     return run
 
 
-def min_bytes(hk: int, hv: int, case: list) -> int:
+def min_bytes(hk: int, hv: int, D: int, case: list) -> int:
     """What a step must move: state and conv history in and out per live sequence (a padding
     one reads none and writes none), the projection rows in, the output rows out."""
     conv_dim = 2 * hk * D + hv * D
@@ -143,12 +147,12 @@ def judge(row: dict) -> bool | None:
 
 
 def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator) -> None:
-    hk, hv = SHAPES[shape]
+    hk, hv, D = SHAPES[shape]
     case = CASES[case_name]
     batch = make_batch(case)
-    x = make_inputs(hk, hv, sum(n for (_, n), _ in case), len(case), gen)
+    x = make_inputs(hk, hv, D, sum(n for (_, n), _ in case), len(case), gen)
     base = {"shape": shape, "case": case_name}
-    nbytes = min_bytes(hk, hv, case)
+    nbytes = min_bytes(hk, hv, D, case)
 
     want_x = with_fresh_states(x)
     want = reference(want_x, batch)()
@@ -189,7 +193,7 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
 
     warps, splits = t_fused.launch_shape(len(case), hv, D, torch.device("cuda"))
     timed = {f"default w{warps} s{splits}": fused(with_fresh_states(x), batch)}
-    timed.update({f"fused w{w} s{n}": fused(with_fresh_states(x), batch, w, n) for w, n in VARIANTS})
+    timed.update({f"fused w{w} s{n}": fused(with_fresh_states(x), batch, w, n) for w, n in VARIANTS if n < 8 or D < 128})
     if not padded:
         timed["old_chain"] = old_chain(with_fresh_states(x), batch)
     for name, fn in timed.items():
@@ -216,6 +220,7 @@ def table(report: Report) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON-lines file to write")
+    parser.add_argument("--shapes", default="qwen3.6-27b,qwen3.6-35b-a3b", help=f"of {', '.join(SHAPES)}")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -226,7 +231,7 @@ def main() -> int:
                 "many_programs": t_fused.MANY_PROGRAMS})
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        for shape in SHAPES:
+        for shape in args.shapes.split(","):
             for case_name in CASES:
                 try:
                     check_case(report, shape, case_name, gen)

@@ -623,6 +623,8 @@ spec-profile)
             > "$OUT/pytest_rounds.txt" 2>&1; echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
     fi
+    # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
+    timeout 90 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24
     for k in 0 "${SPEC_K:-3}"; do
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
         timeout "$limit" python3 scripts/gpu_step_profile.py "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency \
