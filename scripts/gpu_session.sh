@@ -29,7 +29,8 @@
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
-#                                   its loop (SPEC_TESTS=1: the spec GPU tests first), then MTP
+#                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
+#                                   tests first), then MTP
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
 #                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0
 #                                   skips it); a warm machine's /tmp/trained is reused, not retrained
@@ -355,7 +356,7 @@ spec2)
     fi
     [ -f $trained/config.json ] \
         || timeout "$(( ${TRAIN_S:-300} + 150 ))" ninfer-train $trained --device cuda --preset "${TRAIN_PRESET:-gpu}" \
-            --train-seconds "${TRAIN_S:-300}" -q | tee "$OUT/train.json"
+            --train-seconds "${TRAIN_S:-300}" ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} -q | tee "$OUT/train.json"
     cp $trained/train_report.json "$OUT/" 2>/dev/null
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"

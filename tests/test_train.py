@@ -246,3 +246,11 @@ def test_random_shape_of_the_gpu_deep_preset_matches_it():
     assert text["layer_types"].count("full_attention") == preset.num_layers // shape["full_attention_interval"]
     rope = {k: text["rope_parameters"][k] for k in shape["rope_parameters"]}
     assert rope == shape["rope_parameters"]
+
+
+def test_steps_option_overrides_the_preset(tmp_path):
+    from ninfer.cli.train import main
+
+    main([str(tmp_path), "--preset", "test", "--steps", "6", "-q"])
+    report = json.loads((tmp_path / "train_report.json").read_text())
+    assert report["steps"] == 6 and report["tokens_seen"] == 6 * PRESET.batch_size * PRESET.seq_len

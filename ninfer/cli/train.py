@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+import attrs
 from pathlib import Path
 
 from ninfer.log import setup_logging
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "gpu-deep: ~122M in 32 layers (speculative decoding at a realistic depth)")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same weights (same machine)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="optimisation steps instead of the preset's (the schedule stretches to match)")
     parser.add_argument("--train-seconds", type=float, metavar="S",
                         help="cap the training loop at about S seconds: the run times its first steps and takes "
                              "as many of the preset's steps as fit (the result then depends on the machine)")
@@ -40,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
     setup_logging("warning" if args.quiet else "info")
     import torch
 
@@ -48,7 +55,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run_training(args.out_dir, PRESETS[args.preset], seed=args.seed, device=args.device,
+    preset = PRESETS[args.preset]
+    if args.steps is not None:
+        preset = attrs.evolve(preset, steps=args.steps)
+    report = run_training(args.out_dir, preset, seed=args.seed, device=args.device,
                           train_seconds=args.train_seconds)
     print(json.dumps({key: report[key] for key in SUMMARY}))
 
