@@ -58,6 +58,7 @@
 #   scripts/gpu_session.sh spec-profile  the round kernels' and device rounds' GPU tests (SPEC_TESTS=0: none), then
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
+#                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first)
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -626,6 +627,13 @@ spec-profile)
     fi
     # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
     timeout 90 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24
+    # SPEC_SKINNY=1: the shape's projections on the few-row kernel where it beats cuBLAS (rows of a
+    # decode step and of a verify step; table written in place, a copy in $OUT), before the profiles
+    if [ "${SPEC_SKINNY:-0}" = 1 ]; then
+        timeout 200 python3 scripts/gpu_skinny_sweep.py --parts linear --linear-models "${SPEC_MODEL:-train-gpu-deep}" \
+            --rows 1,4,8 --write --out-dir "$OUT" > "$OUT/spec_skinny_sweep.jsonl" 2>&1
+        grep '"linear"' "$OUT/spec_skinny_sweep.jsonl" | cut -c1-260
+    fi
     for k in 0 "${SPEC_K:-3}"; do
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
         timeout "$limit" python3 scripts/gpu_step_profile.py "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency \
