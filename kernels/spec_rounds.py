@@ -1,12 +1,13 @@
 """Reference for the bookkeeping of a greedy speculative round run on the device.
 
 A device round (``ninfer/engine/spec/device_rounds.py``) verifies, drafts and then writes
-its own next inputs, all inside one CUDA graph. Around its forward passes sit two pieces
+its own next inputs, all inside one CUDA graph. Around its forward passes sit three pieces
 of bookkeeping: the verdict (how many drafts stand, the tokens committed, the scratch row
-to keep) and the advance (the next round's token ids, positions, KV slots, lengths and
-scratch rows, and the row the host reads). As torch ops they are about fifty small
-launches a round, which on a small, launch-bound model is a tenth of the round's device
-time (session 32's profile). The Triton versions do each in one launch.
+to keep), the drafter's inputs (positions and KV slots of the kept positions and of the
+chained steps after them) and the advance (the next round's token ids, positions, KV
+slots, lengths and scratch rows, and the row the host reads). As torch ops they are about
+a hundred small launches a round, which on a small, launch-bound model is a tenth of the
+round's device time (session 32's profile). The Triton versions do each in one launch.
 
 ``PAD`` marks a committed-token entry past the round's last token (the acceptance module's
 ``PAD_TOKEN``, repeated here: kernels depend on nothing in the engine).

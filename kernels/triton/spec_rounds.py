@@ -1,4 +1,5 @@
-"""A device round's verdict and advance, one launch each (contract: :mod:`ninfer_kernels.spec_rounds`).
+"""A device round's verdict, drafter inputs and advance, one launch each (contract:
+:mod:`ninfer_kernels.spec_rounds`).
 
 One program per verify row; a row's ``w`` positions are the lanes of one small vector, so
 each kernel is a handful of loads and stores. The advance reads the row's old position,
@@ -15,6 +16,14 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.spec_rounds import PAD
+
+
+@triton.jit
+def _paged_slot(table_ptr, at, pages, table_cols, block_size, mask):
+    """KV slots of positions ``at`` through one row's block table; -1 past its ``pages``."""
+    page = at // block_size
+    block = tl.load(table_ptr + tl.minimum(tl.maximum(page, 0), table_cols - 1), mask=mask, other=0).to(tl.int64)
+    return tl.where(page < pages, block * block_size + at % block_size, -1)
 
 
 @triton.jit
@@ -77,10 +86,7 @@ def _advance_kernel(tokens_ptr, accepted_ptr, drafts_ptr, ids_ptr, positions_ptr
     bonus = tl.sum(tl.where(j == accepted, tokens, 0), axis=0)
     nxt = tl.where(live, start + accepted + 1, start)
     positions = nxt + j
-    page = positions // block_size
-    block = tl.load(tables_ptr + b * stride_table + tl.minimum(tl.maximum(page, 0), table_cols - 1),
-                    mask=lane, other=0).to(tl.int64)
-    slots = tl.where(page < pages, block * block_size + positions % block_size, -1)
+    slots = _paged_slot(tables_ptr + b * stride_table, positions, pages, table_cols, block_size, lane)
     ids = tl.maximum(tl.where(j == 0, bonus, drafts), 0)
     tl.store(ids_ptr + b * W + j, ids, mask=lane)
     tl.store(positions_ptr + b * W + j, positions, mask=lane)
@@ -122,28 +128,23 @@ def _chain_inputs_kernel(tokens_ptr, accepted_ptr, starts_ptr, tables_ptr, pages
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, LANES)
     lane = j < W
+    chain = j < CHAIN
     accepted = tl.load(accepted_ptr + b)
     start = tl.load(starts_ptr + b * stride_starts)  # (a column of the round's positions)
     pages = tl.load(pages_ptr + b)
+    table = tables_ptr + b * stride_table
     tokens = tl.load(tokens_ptr + b * W + j, mask=lane, other=0)
     tl.store(ids_ptr + b * W + j, tl.maximum(tokens, 0), mask=lane)
-    # the kept positions and, after them, the chain's: one paged lookup for both
+    # the verified positions (KV only for the kept ones), then the chain's after the last kept
     positions = start + j
+    slots = _paged_slot(table, positions, pages, table_cols, block_size, lane)
+    tl.store(positions_ptr + b * W + j, positions, mask=lane)
+    tl.store(slots_ptr + b * W + j, tl.where(j <= accepted, slots, -1), mask=lane)
     chained = start + accepted + 1 + j
-    for part in tl.static_range(2):
-        at = positions if part == 0 else chained
-        page = at // block_size
-        block = tl.load(tables_ptr + b * stride_table + tl.minimum(tl.maximum(page, 0), table_cols - 1),
-                        mask=lane | (j < CHAIN), other=0).to(tl.int64)
-        slot = tl.where(page < pages, block * block_size + at % block_size, -1)
-        if part == 0:
-            tl.store(positions_ptr + b * W + j, positions, mask=lane)
-            tl.store(slots_ptr + b * W + j, tl.where(j <= accepted, slot, -1), mask=lane)
-        else:
-            chain = j < CHAIN
-            tl.store(chain_pos_ptr + j * bs + b, chained, mask=chain)
-            tl.store(chain_lens_ptr + j * bs + b, chained + 1, mask=chain)
-            tl.store(chain_slots_ptr + j * bs + b, slot, mask=chain)
+    tl.store(chain_pos_ptr + j * bs + b, chained, mask=chain)
+    tl.store(chain_lens_ptr + j * bs + b, chained + 1, mask=chain)
+    tl.store(chain_slots_ptr + j * bs + b, _paged_slot(table, chained, pages, table_cols, block_size, chain),
+             mask=chain)
     tl.store(lens_ptr + b, start + W)
     tl.store(last_ptr + b, b * W + accepted)
 
