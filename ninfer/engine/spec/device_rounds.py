@@ -114,11 +114,10 @@ class DeviceRounds:
         drafts = self.draft(hidden, tokens, accepted, starts, tables, pages, host_lists)
         # the next round's inputs over this one's (padding rows, without pages, stay inert);
         # banked scratch rows flip so that it writes the other bank
-        banked = self.scratch is not None and self.banked
         return ops.round_advance(
             tokens, accepted, drafts, v.input_ids, v.positions, v.slot_mapping, v.seq_lens, v.num_drafts, pages,
-            tables, v.block_size, rows, self.scratch.first_row if banked else 0,
-            self.scratch.bank_rows if banked else 0)
+            tables, v.block_size, rows, self.scratch.first_row if self.banked else 0,
+            self.scratch.bank_rows if self.banked else 0)
 
 
 def plan_round_ahead(sched: SchedulerOutput, scheduler: Scheduler, max_context: int, width: int,
