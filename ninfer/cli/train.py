@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import attrs
-from pathlib import Path
 
 from ninfer.log import setup_logging
 from ninfer.train.presets import PRESETS
