@@ -22,7 +22,8 @@ What the graph needs, and how the loop provides it:
 
 Gradients are assigned, not accumulated, by the first backward inside the graph (they
 were None when it was captured), so every replay starts from zero as ``zero_grad`` does.
-``NINFER_TRAIN_GRAPH=0`` keeps the loop eager (for comparisons).
+``NINFER_TRAIN_GRAPH=0`` keeps the loop eager (for comparisons); a step that fails to
+capture logs why and the loop goes on eagerly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 
 import torch
+from loguru import logger
 
 from ninfer.train.presets import Preset
 
@@ -57,28 +59,40 @@ class GraphedStep:
         self.side = torch.cuda.Stream(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.figures: torch.Tensor | None = None
+        self.eager_only = False  # set when the capture failed
 
     def run(self, tokens: torch.Tensor, step: int, lr: float) -> torch.Tensor:
         """Step ``step`` on batch ``tokens`` at learning rate ``lr``; returns its loss figures."""
+        if self.graph is None and (step < EAGER_STEPS or self.eager_only):
+            return self._eager(tokens, step, lr)
+        self._stage(tokens, step, lr)
+        if self.graph is None:
+            try:
+                self._capture(step)
+            except RuntimeError as exc:  # an op that cannot be captured: train on, eagerly
+                logger.warning("the training step could not be captured in a CUDA graph ({}); going on eagerly",
+                               str(exc).splitlines()[0][:200])
+                self.eager_only = True
+                return self._eager(tokens, step, lr)
+        self.graph.replay()
+        return self.figures.clone()
+
+    def _stage(self, tokens: torch.Tensor, step: int, lr: float) -> None:
         stride = self.preset.mtp_stride
-        if self.graph is None and step < EAGER_STEPS:
-            self.side.wait_stream(torch.cuda.current_stream())
-            tokens.record_stream(self.side)  # the default stream made it; the side stream reads it
-            with torch.cuda.stream(self.side):
-                self._set_lr(lr)
-                self.tokens.copy_(tokens)
-                self.bases.copy_(self.every[step % stride :: stride])
-                self.optimizer.zero_grad(set_to_none=True)
-                figures = self.body(self.tokens, step, self.bases)
-            torch.cuda.current_stream().wait_stream(self.side)
-            return figures
         self._set_lr(lr)
         self.tokens.copy_(tokens)
         self.bases.copy_(self.every[step % stride :: stride])
-        if self.graph is None:
-            self._capture(step)
-        self.graph.replay()
-        return self.figures.clone()
+
+    def _eager(self, tokens: torch.Tensor, step: int, lr: float) -> torch.Tensor:
+        """The step without the graph, on the side stream (as warm-up before a capture must run)."""
+        self.side.wait_stream(torch.cuda.current_stream())
+        tokens.record_stream(self.side)  # the default stream made it; the side stream reads it
+        with torch.cuda.stream(self.side):
+            self._stage(tokens, step, lr)
+            self.optimizer.zero_grad(set_to_none=True)
+            figures = self.body(self.tokens, step, self.bases)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return figures
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

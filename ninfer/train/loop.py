@@ -173,5 +173,7 @@ def train(
         step += 1
     lm_avg, *mtp_avg = running.tolist()  # waits for the device to finish
     model.eval()
+    # whether the steps ran from a graph (a capture that failed left the loop eager)
+    graphed = stepper is not None and stepper.graph is not None
     return {"train_seconds": time.perf_counter() - start, "steps": steps, "graphed": graphed,
             "final_lm_loss": lm_avg, "final_mtp_loss": mtp_avg}
