@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool command per stage: GPU tests, kernel checks, benchmarks. Results land in
-# $OUT. Wheels for packages the GPU image lacks travel in .whl/ (carry it).
+# $OUT. Wheels for packages the GPU image lacks travel in .whl/ (carry it; scripts/gpu_wheels.sh
+# fills it).
 #
 #   scripts/gpu_session.sh check    GPU tests, hybrid kernel checks, then the 27B shape (~9 min)
 #   scripts/gpu_session.sh moe      MoE GPU tests, the one-token expert sweep (written in place; MOE_TUNE=1:
