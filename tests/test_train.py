@@ -254,3 +254,67 @@ def test_steps_option_overrides_the_preset(tmp_path):
     main([str(tmp_path), "--preset", "test", "--steps", "6", "-q"])
     report = json.loads((tmp_path / "train_report.json").read_text())
     assert report["steps"] == 6 and report["tokens_seen"] == 6 * PRESET.batch_size * PRESET.seq_len
+
+
+@pytest.mark.parametrize("device_rounds", [False, True])
+def test_engine_drafts_are_the_trainers_chain(monkeypatch, device_rounds):
+    """Lossless verification hides a drafter that drafts the wrong thing; acceptance shows it.
+    Every round's MTP drafts must be what the trainer's chain (its own drafts from step 2 on)
+    drafts at the same base: the head reads the right hidden state, token and position, and
+    its KV holds step 1's keys for every earlier position. Both round paths are checked: the
+    host's (proposals) and the device's (the rows a round hands back). The model is the tiny
+    random qwen3_5 (the trainer's layout): a trained test-preset model drafts nearly the same
+    few tokens everywhere and would miss a wrong position; random weights do not."""
+    import attrs
+    from safetensors.torch import load_file
+
+    from ninfer import LLM, SamplingParams
+    from ninfer.engine.spec import device_rounds as rounds_module
+    from ninfer.plugins import load_registry
+    from ninfer.tiny.cache import resolve_model_path
+    from ninfer.train.checkpoint import VISION_PREFIX
+    from ninfer.train.pipeline import build_model
+    from ninfer_plugins.speculative import mtp
+
+    k, drafted = 3, []  # (base, drafts): base t's drafts are tokens t + 2 .. t + k + 1
+    if device_rounds:
+        run = rounds_module.DeviceRounds.run
+
+        def record(self, bucket, num):
+            start = int(self.verify.positions.view(-1, self.width)[0, 0])
+            out, bank = run(self, bucket, num)
+            row = out[0].tolist()
+            drafted.append((start + row[0], row[1 + self.width:]))
+            return out, bank
+
+        monkeypatch.setattr(rounds_module.DeviceRounds, "run", record)
+    else:
+        propose = mtp.MtpProposer.propose
+
+        def record(self, seq, limit):
+            out = propose(self, seq, limit)
+            drafted.append((seq.num_tokens - 2, list(out)))
+            return out
+
+        monkeypatch.setattr(mtp.MtpProposer, "propose", record)
+    path = resolve_model_path("tiny:qwen3_5", load_registry())
+    llm = LLM(str(path), device="cpu", dtype="fp32", max_context=256, max_concurrency=2, spec="mtp",
+              draft_tokens=k, decode_ahead_on_cpu=device_rounds)
+    ids = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    greedy = SamplingParams(temperature=0, presence_penalty=0.0, max_tokens=48, ignore_eos=True)
+    seq = ids + list(llm.generate([{"prompt_token_ids": ids}], greedy)[0].outputs[0].token_ids)
+
+    config = json.loads((path / "config.json").read_text())
+    model = build_model(config, attrs.evolve(PRESET, seq_len=256), 0, torch.device("cpu")).eval()
+    weights = {}
+    for file in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    model.load_state_dict({n: t for n, t in weights.items() if not n.startswith(VISION_PREFIX)})
+    with torch.no_grad():
+        tokens = torch.tensor([seq])
+        outs = model.mtp_chain(tokens[:, :-1], model.hidden(tokens)[:, :-1], k, drafts=True)
+        chain = torch.stack([model.logits(o).argmax(-1)[0] for o in outs], dim=1).tolist()  # [bases, k]
+    compared = [(base, got) for base, got in drafted if got and base + k + 1 < len(seq)]
+    assert len(compared) > 10 and len({tuple(got) for _, got in compared}) > 5  # drafts that vary
+    for base, got in compared:
+        assert got == chain[base][: len(got)], base
