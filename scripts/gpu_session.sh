@@ -31,7 +31,8 @@
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
-#                                   tests first), then MTP
+#                                   tests first), the engine's acceptance against the trainer's chain
+#                                   (scripts/spec_acceptance_check.py), then MTP
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
 #                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0
 #                                   skips it); a warm machine's /tmp/trained is reused, not retrained
@@ -362,6 +363,9 @@ spec2)
     cp $trained/train_report.json "$OUT/" 2>/dev/null
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
 open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    # the engine's acceptance on the GPU against the trainer's chain on the same prompts
+    timeout 150 python3 scripts/spec_acceptance_check.py $trained --preset "${TRAIN_PRESET:-gpu}" --device cuda \
+        --dtype bf16 --trainer-device cuda 2>>"$OUT/acceptance_check.err" | tee "$OUT/acceptance_check.jsonl" | cut -c1-300
     bench "${SPEC_BENCH_S:-200}" $trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
