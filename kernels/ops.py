@@ -3,7 +3,10 @@
 Each op has a plain-torch reference and, once written, a Triton implementation for
 CUDA tensors. The choice is made per call from the first tensor's device type.
 ``NINFER_KERNELS=reference`` (read at import) forces the references everywhere,
-which is how a suspected kernel bug is ruled in or out.
+which is how a suspected kernel bug is ruled in or out. ``NINFER_KERNELS=triton`` does the
+opposite on a machine without a GPU: with ``TRITON_INTERPRET=1`` every op that has a Triton
+version runs it on CPU tensors, so a whole engine runs its CUDA path's kernels (slowly; that
+is how session 32 checked the speculative rounds' drafts through the Triton kernels).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ninfer_kernels import (
 )
 
 FORCE_REFERENCE = os.environ.get("NINFER_KERNELS", "").strip().lower() == "reference"
+FORCE_TRITON = os.environ.get("NINFER_KERNELS", "").strip().lower() == "triton"
 
 #: op name -> {"reference": fn, "triton": fn or None}
 IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
@@ -66,7 +70,7 @@ def choose(op: str, device_type: str) -> Callable:
     """The implementation of ``op`` for tensors on ``device_type`` ("cpu", "cuda", ...)."""
     impls = IMPLEMENTATIONS[op]
     triton_fn = impls["triton"]
-    if device_type == "cuda" and triton_fn is not None and not FORCE_REFERENCE:
+    if triton_fn is not None and not FORCE_REFERENCE and (device_type == "cuda" or FORCE_TRITON):
         return triton_fn
     return impls["reference"]
 

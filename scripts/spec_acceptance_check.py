@@ -11,7 +11,10 @@ held-out prompts of a checkpoint ``ninfer-train`` wrote:
   the rounds a greedy engine would run (each starting after the previous one's kept
   drafts);
 - ``engine``: ``LLM(..., spec="mtp")`` on ``--device``/``--dtype`` decodes the same prompts,
-  and its interval statistics give the per-position acceptance.
+  and its interval statistics give the per-position acceptance. Every round's drafts are
+  also compared with the trainer's chain at the same base of the engine's own output
+  (``drafts_equal_to_trainer``, per position): in float32 on the CPU all of them are;
+  bf16 rounding flips a few near-ties, a wrong drafting path many.
 
 On the CPU they agree within a few thousandths (session 32, ``default`` preset: trainer
 0.714 / 0.444 / 0.311, engine 0.715 / 0.444 / 0.312 in float32 and 0.737 / 0.474 / 0.304
@@ -73,19 +76,76 @@ def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> dic
             "rounds": rounds}
 
 
-def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int, device: str, dtype: str) -> dict:
+class DraftLog:
+    """The drafts every round of one request proposed, by base (the last kept position: its
+    drafts are tokens base + 2 ..), from both round paths: the host's proposals and the
+    rows device rounds hand back (rounds launched ahead never pass the host's proposer)."""
+
+    def __init__(self):
+        from ninfer.engine.spec import device_rounds
+        from ninfer_plugins.speculative import mtp
+
+        self.by_base: dict[int, list[int]] = {}
+        self._restore = [(device_rounds.DeviceRounds, "run"), (mtp.MtpProposer, "propose")]
+        self._saved = [getattr(owner, name) for owner, name in self._restore]
+        run, propose, log = self._saved[0], self._saved[1], self
+
+        def logged_run(rounds, bucket, num):
+            start = int(rounds.verify.positions.view(-1, rounds.width)[0, 0])
+            out, bank = run(rounds, bucket, num)
+            row = out[0].tolist()
+            log.by_base[start + row[0]] = row[1 + rounds.width:]
+            return out, bank
+
+        def logged_propose(proposer, seq, limit):
+            drafts = propose(proposer, seq, limit)
+            if drafts:
+                log.by_base.setdefault(seq.num_tokens - 2, list(drafts))
+            return drafts
+
+        device_rounds.DeviceRounds.run, mtp.MtpProposer.propose = logged_run, logged_propose
+
+    def close(self) -> None:
+        for (owner, name), saved in zip(self._restore, self._saved):
+            setattr(owner, name, saved)
+
+
+def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int, device: str, dtype: str,
+                  trainer_model) -> dict:
+    """The engine's acceptance on ``prompts``, and how often each of its drafts equals the
+    trainer's chain at the same base of the sequence the engine itself produced."""
     from ninfer import LLM, SamplingParams
 
     longest = max(len(p) for p in prompts) + new_tokens + 2 * k + 8
     llm = LLM(str(path), device=device, dtype=dtype, max_context=longest, max_concurrency=1, spec="mtp",
               draft_tokens=k)
     greedy = SamplingParams(temperature=0, presence_penalty=0.0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": prompts[0]}], greedy)  # untimed: compiles, captures
+    llm.generate([{"prompt_token_ids": prompts[0]}], greedy)  # compiles, captures
     llm.engine.stats.take_interval()
-    llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
+    same, compared = [0] * k, [0] * k
+    for prompt in prompts:
+        log = DraftLog()
+        try:
+            out = llm.generate([{"prompt_token_ids": prompt}], greedy)[0].outputs[0].token_ids
+        finally:
+            log.close()
+        chain = chain_drafts(trainer_model, prompt + list(out), k)
+        for base, drafts in log.by_base.items():
+            for j, token in enumerate(drafts[: len(chain[base]) if base < len(chain) else 0]):
+                compared[j] += 1
+                same[j] += token == chain[base][j]
     stats = llm.engine.stats.take_interval()
     return {"position_acceptance": list(stats.position_acceptance), "tokens_per_round": stats.acceptance_length,
-            "rounds": stats.rounds}
+            "rounds": stats.rounds, "drafts_equal_to_trainer": [s / max(c, 1) for s, c in zip(same, compared)]}
+
+
+@torch.no_grad()
+def chain_drafts(model, seq: list[int], k: int) -> list[list[int]]:
+    """The trainer chain's k drafts at every base of ``seq`` (its own drafts from step 2 on)."""
+    device = next(model.parameters()).device
+    tokens = torch.tensor([seq], device=device)
+    outs = model.mtp_chain(tokens[:, :-1], model.hidden(tokens)[:, :-1], k, drafts=True)
+    return torch.stack([model.logits(o).argmax(-1)[0] for o in outs], dim=1).tolist()
 
 
 def main() -> None:
@@ -115,8 +175,8 @@ def main() -> None:
     model = load_trainer_model(args.model, preset, device)
     trainer = trainer_rounds(model, prompts.to(device), args.new_tokens, args.draft_tokens)
     print(json.dumps({"side": "trainer", "device": args.trainer_device, "dtype": "fp32", **trainer}), flush=True)
-    del model
-    engine = engine_rounds(args.model, prompts.tolist(), args.new_tokens, args.draft_tokens, args.device, args.dtype)
+    engine = engine_rounds(args.model, prompts.tolist(), args.new_tokens, args.draft_tokens, args.device, args.dtype,
+                           model)
     print(json.dumps({"side": "engine", "device": args.device, "dtype": args.dtype, **engine}), flush=True)
     gap = [round(a - b, 3) for a, b in zip(trainer["position_acceptance"], engine["position_acceptance"])]
     print(json.dumps({"trainer_minus_engine": gap}), flush=True)
