@@ -124,11 +124,14 @@ class GatedDeltaNet(nn.Module):
         """Speculative verify rows, each position's state to its own scratch row (see
         :class:`ninfer.model.forward_batch.VerifyRows`), then the rest of the batch."""
         n = rows.num_rows
-        out = proj.new_empty(proj.shape[0], self.value_dim)
-        out[:n] = ops.gated_delta_verify(
+        verified = ops.gated_delta_verify(
             proj[:n], self.conv1d.weight[:, 0], self.conv_state, self.ssm_state, self.A_log, self.dt_bias,
             self.norm.weight, self.norm.eps, self.num_k_heads, self.head_k_dim, rows.head, rows.position_rows,
         )
+        if rows.rest is None and n == proj.shape[0]:  # verify rows only: no copy (a launch a layer)
+            return verified
+        out = proj.new_empty(proj.shape[0], self.value_dim)
+        out[:n] = verified
         if rows.rest is not None:
             out[n:] = self._chunks(proj[n:], rows.rest)
         return out
