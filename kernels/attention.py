@@ -59,8 +59,10 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    gate: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Causal attention of varlen queries [T, num_heads, head_dim] over paged K/V.
+    """Causal attention of varlen queries [T, num_heads, head_dim] over paged K/V, times
+    ``sigmoid(gate)`` with a ``gate`` [T, num_heads, head_dim_v] (:func:`output_gate`).
 
     Row ``j`` of sequence ``i`` sits at position ``seq_lens[i] - q_len_i + j`` and sees
     that sequence's cached tokens up to and including it, so decode steps, prefill
@@ -69,8 +71,9 @@ def paged_attention(
     Math runs in float32; the result has ``q``'s dtype. Rows past the last sequence
     (padding) come back as zeros.
     """
-    return attend_pages(q, lambda table, n: gather_pages(k_cache, table, n),
-                        lambda table, n: gather_pages(v_cache, table, n), k_cache.shape[2], batch, scale)
+    out = attend_pages(q, lambda table, n: gather_pages(k_cache, table, n),
+                       lambda table, n: gather_pages(v_cache, table, n), k_cache.shape[2], batch, scale)
+    return output_gate(out, gate)
 
 
 #: reads one sequence's first ``seq_len`` cached keys or values: (block table, seq_len) -> [S, Hk, D]

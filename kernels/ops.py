@@ -121,9 +121,11 @@ def write_kv(
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return choose("paged_attention", q.device.type)(q, k_cache, v_cache, batch, scale)
+    """Attention over the paged cache; with ``gate``, times ``sigmoid(gate)`` (in the kernel on CUDA)."""
+    return choose("paged_attention", q.device.type)(q, k_cache, v_cache, batch, scale, gate=gate)
 
 
 def decode_attention(

@@ -126,6 +126,28 @@ def test_paged_attention_bf16_and_padding_rows(splits):
     assert torch.equal(got[-3:], torch.zeros_like(got[-3:]))
 
 
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 1),
+                                          (torch.bfloat16, 2)])
+def test_paged_attention_applies_the_output_gate(dtype, splits):
+    """The prefill and verify path's gate (``sigmoid(gate)`` from a strided view of the
+    projection), applied as the kernel stores its rows (no splits) or as the merge does:
+    what the unfused product gives, padding rows still zero."""
+    q, k_cache, v_cache, batch = attention_case(CASES["mixed"], 4, 6, 2, 16, dtype, seed=5, pad_rows=2)
+    gen = torch.Generator().manual_seed(4)
+    gate = (2 * torch.randn(q.shape[0], 6, 32, generator=gen)).to(DEVICE, dtype)[..., 16:]
+    ungated = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=splits)
+    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=splits, gate=gate)
+    want = attention.output_gate(ungated, gate)
+    assert got.dtype == dtype and rel_err(got, ungated) > 0.1
+    if dtype == torch.float32:
+        assert rel_err(got, want) < 1e-6
+    else:  # Triton's interpreter truncates to bf16 where the GPU rounds: up to two last bits
+        torch.testing.assert_close(got, want, atol=0, rtol=2**-6)
+    assert torch.equal(got[-2:], torch.zeros_like(got[-2:]))
+    ref = attention.paged_attention(q, k_cache, v_cache, batch, 0.25, gate=gate)
+    assert rel_err(got[:-2], ref[:-2]) < TOL[dtype]
+
+
 def test_split_heuristic_fills_the_gpu_only_when_needed():
     cpu = torch.device("cpu")  # counts 4 multiprocessors, so the target is 8 programs
     assert t_attention._num_splits(base_programs=2, max_seq_len=8192, device=cpu) == 4

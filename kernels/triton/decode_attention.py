@@ -32,7 +32,7 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_launch import tuned_launch
-from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
+from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits, gate_tile
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
 #: launch shape per head dim: (warps, stages, key tile, the key tile of launches with at
@@ -222,8 +222,7 @@ def _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, DT: tl.constexpr):
 def _gate_rows(o, gate_ptr, seq, heads, offs_dv, mask, stride_gt, stride_gh, DT: tl.constexpr):
     """Output rows ``o`` (fp32) times ``sigmoid(gate)``, both rounded to the output dtype
     first, as the unfused ops (:func:`ninfer_kernels.attention.output_gate`) round them."""
-    g = tl.load(gate_ptr + seq * stride_gt + heads[:, None] * stride_gh + offs_dv[None, :], mask=mask, other=0.0)
-    return o.to(DT).to(tl.float32) * tl.sigmoid(g.to(tl.float32)).to(DT).to(tl.float32)
+    return gate_tile(o, gate_ptr, seq * stride_gt + heads.to(tl.int64) * stride_gh, offs_dv, mask, DT)
 
 
 @triton.jit

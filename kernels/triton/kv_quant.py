@@ -217,7 +217,8 @@ def _attend_quant_kernel(
                                   offs_d, d_ok, k_gscale, v_gscale, PAGE, BLOCK_N, KFMT, VFMT, QGROUP, dt, IEEE, UPCAST,
                                   HEAD_D, BLOCK_D)
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_d, row_ok, d_ok, split,
-                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT,
+                out_ptr, 0, 0, False)  # (no output gate: quantized formats apply it after)
 
 
 #: With bf16 queries on the GPU, multiply in fp16 rather than bf16: an fp8 or int8 code

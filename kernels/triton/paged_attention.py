@@ -159,10 +159,11 @@ def _attend_kernel(
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt,
     stride_bt,
+    gate_ptr, stride_gt, stride_gh,
     GROUP: tl.constexpr, TOKENS: tl.constexpr, PAGE: tl.constexpr,
     HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr = False,
 ):
     block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -206,7 +207,8 @@ def _attend_kernel(
     )
 
     _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_dv, row_ok, dv_ok, split,
-                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT)
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT,
+                gate_ptr, stride_gt, stride_gh, GATED)
 
 
 @triton.jit
@@ -218,10 +220,20 @@ def _load_queries(q_ptr, q_rows, head, offs_d, row_ok, d_ok, stride_qt, stride_q
 
 
 @triton.jit
+def gate_tile(o, gate_ptr, row_offs, offs_dv, mask, DT: tl.constexpr):
+    """Output rows ``o`` (fp32) times ``sigmoid(gate)`` (the gate's rows at ``row_offs``),
+    both rounded to the output dtype first, as the unfused ops
+    (:func:`ninfer_kernels.attention.output_gate`) round them."""
+    g = tl.load(gate_ptr + row_offs[:, None] + offs_dv[None, :], mask=mask, other=0.0)
+    return o.to(DT).to(tl.float32) * tl.sigmoid(g.to(tl.float32)).to(DT).to(tl.float32)
+
+
+@triton.jit
 def _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, offs_dv, row_ok, dv_ok, split,
-                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT: tl.constexpr):
+                stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, SPLIT: tl.constexpr,
+                gate_ptr, stride_gt, stride_gh, GATED: tl.constexpr):
     """A program's normalised rows: with key splits, the partial and its log-sum-exp for the
-    merge; else the output itself, in its dtype."""
+    merge (which applies the gate); else the output itself in its dtype, gated with ``GATED``."""
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     if SPLIT:
@@ -231,7 +243,11 @@ def _store_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, q_rows, head, 
         tl.store(part_lse_ptr + split * stride_ls + q_rows * stride_lt + head, lse, mask=row_ok)
     else:
         dest = q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
-        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        mask = row_ok[:, None] & dv_ok[None, :]
+        if GATED:
+            rows = q_rows.to(tl.int64) * stride_gt + head * stride_gh
+            o = gate_tile(o, gate_ptr, rows, offs_dv, mask, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # num_seqs, num_splits and stride_ls vary with the step; specialising on them (and BLOCK_S
@@ -241,9 +257,11 @@ def _merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, query_start_ptr, num_seqs, num_splits,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
     HEAD_DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, USE_PDL: tl.constexpr = False,
+    gate_ptr=None, stride_gt=0, stride_gh=0, GATED: tl.constexpr = False,
 ):
     """Weight each split's partial by its share of the row's total softmax mass. ``USE_PDL``:
-    launched with PDL right behind the kernel that wrote the partials (:mod:`.pdl`)."""
+    launched with PDL right behind the kernel that wrote the partials (:mod:`.pdl`).
+    ``GATED``: the row is multiplied by ``sigmoid(gate)`` as it is stored."""
     if USE_PDL:
         pdl.wait()
     t = tl.program_id(0)
@@ -264,7 +282,11 @@ def _merge_kernel(
     part = part_o_ptr + offs_s[:, None] * stride_ps + t.to(tl.int64) * stride_pt + h * stride_ph + offs_dv[None, :]
     # empty splits left their values unwritten: never read them (0 * garbage may be NaN)
     o = tl.load(part, mask=(s_ok & (lse > float("-inf")))[:, None] & dv_ok[None, :], other=0.0)
-    tl.store(dest, tl.sum(o * w[:, None], 0).to(out_ptr.dtype.element_ty), mask=dv_ok)
+    row = tl.sum(o * w[:, None], 0)
+    if GATED:
+        one = tl.zeros([1], tl.int64) + t.to(tl.int64) * stride_gt + h * stride_gh
+        row = tl.sum(gate_tile(row[None, :], gate_ptr, one, offs_dv, dv_ok[None, :], out_ptr.dtype.element_ty), 0)
+    tl.store(dest, row.to(out_ptr.dtype.element_ty), mask=dv_ok)
 
 
 @functools.lru_cache(maxsize=None)
@@ -321,10 +343,13 @@ def paged_attention(
     batch: ForwardBatch,
     scale: float,
     num_splits: int | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of varlen queries [T, H, D] over paged K/V; see the reference.
 
     ``num_splits`` overrides the key-split heuristic (tests use it to cover both paths).
+    ``gate`` [T, H, Dv] (any row strides): the output is multiplied by ``sigmoid(gate)``
+    as it is stored, instead of by two more launches after.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -352,6 +377,10 @@ def paged_attention(
         part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
     if num_seqs == 0 or num_tokens == 0:
         return out.zero_()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    gated = gate is not None
+    gate_args = (gate, gate.stride(0), gate.stride(1)) if gated else (None, 0, 0)
 
     _attend_kernel[(blocks, num_seqs, num_kv_heads * splits)](
         q, k_cache, v_cache, out, part_o, part_lse,
@@ -363,13 +392,13 @@ def paged_attention(
         out.stride(0), out.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        batch.block_tables.stride(0),
+        batch.block_tables.stride(0), *gate_args,
         GROUP=group, TOKENS=tokens, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v,
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
-        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16,
+        UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gated and splits == 1,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:
@@ -378,6 +407,7 @@ def paged_attention(
             part_o.stride(0), part_o.stride(1), part_o.stride(2),
             part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
             HEAD_DV=head_dim_v, BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant
-            BLOCK_DV=triton.next_power_of_2(head_dim_v),
+            BLOCK_DV=triton.next_power_of_2(head_dim_v), gate_ptr=gate_args[0], stride_gt=gate_args[1],
+            stride_gh=gate_args[2], GATED=gated,
         )
     return out

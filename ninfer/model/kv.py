@@ -26,6 +26,14 @@ class KVCache(abc.ABC):
     def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
         """Causal attention of queries [T, num_heads, head_dim] over the cached context."""
 
+    def attend_gated(self, q: torch.Tensor, batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+        """:meth:`attend` times ``sigmoid(gate)``, gated attention's output gate (``gate``
+        [T, heads, Dv], a view of the projection). A format whose kernel can apply it as it
+        stores the output overrides this (two launches fewer a layer)."""
+        from ninfer_kernels.attention import output_gate
+
+        return output_gate(self.attend(q, batch, scale), gate)
+
     def decode_fused(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
         batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,

@@ -44,6 +44,9 @@ class NativeKVCache(KVCache):
     def attend(self, q: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
         return ops.paged_attention(q, self.k, self.v, batch, scale)
 
+    def attend_gated(self, q: torch.Tensor, batch: ForwardBatch, scale: float, gate: torch.Tensor) -> torch.Tensor:
+        return ops.paged_attention(q, self.k, self.v, batch, scale, gate)
+
     def decode_fused(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
         batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,

@@ -20,7 +20,6 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.kv import HeadNormRope, KVCache
 from ninfer.model.weight_format import linear_weights_deferred
 from ninfer_kernels import ops
-from ninfer_kernels.attention import output_gate
 from ninfer_plugins.models.config import DecoderConfig
 
 if TYPE_CHECKING:
@@ -126,7 +125,7 @@ def cached_attention(
     n = norm_rope
     q, k = ops.qk_norm_rope(q, k, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim)
     kv_cache.write(k, v, batch.slot_mapping)
-    return output_gate(kv_cache.attend(q, batch, scale), gate)
+    return kv_cache.attend(q, batch, scale) if gate is None else kv_cache.attend_gated(q, batch, scale, gate)
 
 
 class Attention(nn.Module):
