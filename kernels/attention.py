@@ -40,8 +40,8 @@ def write_kv(
 def output_gate(out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     """``out * sigmoid(gate)``: the per-element output gate of Qwen3-Next / Qwen3.5 gated
     attention (``gate`` [T, heads, Dv], any row strides), or ``out`` itself without one.
-    The decode kernels apply it as they store their output, saving the model three
-    launches a layer (the gate's copy out of the projection, the sigmoid, the product)."""
+    The decode kernels and the paged kernel (with the bf16 cache) apply it as they store
+    their output, saving the model the launches of the sigmoid and the product a layer."""
     return out if gate is None else out * torch.sigmoid(gate)
 
 
