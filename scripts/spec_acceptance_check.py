@@ -32,33 +32,16 @@ import argparse
 import json
 from pathlib import Path
 
-import attrs
 import torch
-
-
-def load_trainer_model(path: Path, preset, device: torch.device):
-    from safetensors.torch import load_file
-
-    from ninfer.train.checkpoint import VISION_PREFIX
-    from ninfer.train.pipeline import build_model
-
-    config = json.loads((path / "config.json").read_text())
-    model = build_model(config, attrs.evolve(preset, seq_len=4096), 0, device).eval()
-    weights = {}
-    for file in sorted(path.glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    model.load_state_dict({n: t.to(device) for n, t in weights.items() if not n.startswith(VISION_PREFIX)})
-    return model
 
 
 @torch.no_grad()
 def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> dict:
     """Per-position acceptance and tokens a round of the greedy rounds the chain implies."""
-    from ninfer.train.report import greedy_continue
+    from ninfer.train.report import chain_drafts, greedy_continue
 
     seqs = greedy_continue(model, prompts, new_tokens)
-    outs = model.mtp_chain(seqs[:, :-1], model.hidden(seqs)[:, :-1], k, drafts=True)
-    drafts = torch.stack([model.logits(o).argmax(-1) for o in outs], dim=2).tolist()  # [B, bases, k]
+    drafts = chain_drafts(model, seqs, k).tolist()  # [B, bases, k]
     prompt_len, end = prompts.shape[1], seqs.shape[1]
     kept, rounds, committed = [0] * k, 0, 0
     for row, seq in zip(drafts, seqs.tolist()):
@@ -115,6 +98,7 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
     """The engine's acceptance on ``prompts``, and how often each of its drafts equals the
     trainer's chain at the same base of the sequence the engine itself produced."""
     from ninfer import LLM, SamplingParams
+    from ninfer.train.report import chain_drafts
 
     longest = max(len(p) for p in prompts) + new_tokens + 2 * k + 8
     llm = LLM(str(path), device=device, dtype=dtype, max_context=longest, max_concurrency=1, spec="mtp",
@@ -129,9 +113,12 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
             out = llm.generate([{"prompt_token_ids": prompt}], greedy)[0].outputs[0].token_ids
         finally:
             log.close()
-        chain = chain_drafts(trainer_model, prompt + list(out), k)
+        on = next(trainer_model.parameters()).device
+        chain = chain_drafts(trainer_model, torch.tensor([prompt + list(out)], device=on), k)[0].tolist()
         for base, drafts in log.by_base.items():
-            for j, token in enumerate(drafts[: len(chain[base]) if base < len(chain) else 0]):
+            if base >= len(chain):  # the last rounds draft past the sequence's end
+                continue
+            for j, token in enumerate(drafts):
                 compared[j] += 1
                 same[j] += token == chain[base][j]
     stats = llm.engine.stats.take_interval()
@@ -139,19 +126,11 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
             "rounds": stats.rounds, "drafts_equal_to_trainer": [s / max(c, 1) for s, c in zip(same, compared)]}
 
 
-@torch.no_grad()
-def chain_drafts(model, seq: list[int], k: int) -> list[list[int]]:
-    """The trainer chain's k drafts at every base of ``seq`` (its own drafts from step 2 on)."""
-    device = next(model.parameters()).device
-    tokens = torch.tensor([seq], device=device)
-    outs = model.mtp_chain(tokens[:, :-1], model.hidden(tokens)[:, :-1], k, drafts=True)
-    return torch.stack([model.logits(o).argmax(-1)[0] for o in outs], dim=1).tolist()
-
-
 def main() -> None:
     from tokenizers import Tokenizer
 
     from ninfer.train.corpus import load_corpus
+    from ninfer.train.pipeline import load_trained
     from ninfer.train.presets import PRESETS
     from ninfer.train.report import _windows
 
@@ -172,7 +151,7 @@ def main() -> None:
     stream = torch.tensor(tokenizer.encode("\n".join(corpus.heldout_texts)).ids)
     prompts = _windows(stream, args.prompt_len, args.prompts)
     device = torch.device(args.trainer_device)
-    model = load_trainer_model(args.model, preset, device)
+    model = load_trained(args.model, preset, device, positions=args.prompt_len + args.new_tokens + 8)
     trainer = trainer_rounds(model, prompts.to(device), args.new_tokens, args.draft_tokens)
     print(json.dumps({"side": "trainer", "device": args.trainer_device, "dtype": "fp32", **trainer}), flush=True)
     engine = engine_rounds(args.model, prompts.tolist(), args.new_tokens, args.draft_tokens, args.device, args.dtype,

@@ -28,16 +28,9 @@ def trained(tmp_path_factory):
 
 def _ours(path):
     """The trainer's own model with the checkpoint's weights."""
-    from safetensors.torch import load_file
+    from ninfer.train.pipeline import load_trained
 
-    from ninfer.train.checkpoint import VISION_PREFIX
-    from ninfer.train.pipeline import build_model
-
-    config = json.loads((path / "config.json").read_text())
-    model = build_model(config, PRESET, 0, torch.device("cpu"))
-    tensors = load_file(str(path / "model.safetensors"))
-    model.load_state_dict({n: t for n, t in tensors.items() if not n.startswith(VISION_PREFIX)})
-    return model.eval()
+    return load_trained(path, PRESET)
 
 
 def _prompt_ids(path) -> list[int]:
@@ -265,15 +258,12 @@ def test_engine_drafts_are_the_trainers_chain(monkeypatch, device_rounds):
     host's (proposals) and the device's (the rows a round hands back). The model is the tiny
     random qwen3_5 (the trainer's layout): a trained test-preset model drafts nearly the same
     few tokens everywhere and would miss a wrong position; random weights do not."""
-    import attrs
-    from safetensors.torch import load_file
-
     from ninfer import LLM, SamplingParams
     from ninfer.engine.spec import device_rounds as rounds_module
     from ninfer.plugins import load_registry
     from ninfer.tiny.cache import resolve_model_path
-    from ninfer.train.checkpoint import VISION_PREFIX
-    from ninfer.train.pipeline import build_model
+    from ninfer.train.pipeline import load_trained
+    from ninfer.train.report import chain_drafts
     from ninfer_plugins.speculative import mtp
 
     k, drafted = 3, []  # (base, drafts): base t's drafts are tokens t + 2 .. t + k + 1
@@ -304,16 +294,7 @@ def test_engine_drafts_are_the_trainers_chain(monkeypatch, device_rounds):
     greedy = SamplingParams(temperature=0, presence_penalty=0.0, max_tokens=48, ignore_eos=True)
     seq = ids + list(llm.generate([{"prompt_token_ids": ids}], greedy)[0].outputs[0].token_ids)
 
-    config = json.loads((path / "config.json").read_text())
-    model = build_model(config, attrs.evolve(PRESET, seq_len=256), 0, torch.device("cpu")).eval()
-    weights = {}
-    for file in sorted(path.glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    model.load_state_dict({n: t for n, t in weights.items() if not n.startswith(VISION_PREFIX)})
-    with torch.no_grad():
-        tokens = torch.tensor([seq])
-        outs = model.mtp_chain(tokens[:, :-1], model.hidden(tokens)[:, :-1], k, drafts=True)
-        chain = torch.stack([model.logits(o).argmax(-1)[0] for o in outs], dim=1).tolist()  # [bases, k]
+    chain = chain_drafts(load_trained(path, PRESET, positions=256), torch.tensor([seq]), k)[0].tolist()
     compared = [(base, got) for base, got in drafted if got and base + k + 1 < len(seq)]
     assert len(compared) > 10 and len({tuple(got) for _, got in compared}) > 5  # drafts that vary
     for base, got in compared:

@@ -24,12 +24,34 @@ from ninfer_plugins.models.hybrid_config import HybridConfig
 REPORT_FILE = "train_report.json"
 
 
-def build_model(config: dict[str, Any], preset: Preset, seed: int, device: torch.device) -> TrainModel:
-    positions = max(preset.seq_len, preset.eval_prompt_len + preset.eval_new_tokens) + preset.mtp_depth + 1
+def build_model(config: dict[str, Any], preset: Preset, seed: int, device: torch.device,
+                positions: int | None = None) -> TrainModel:
+    """The trainable model for ``config``, seeded; its rotary table covers the preset's
+    lengths, or ``positions``."""
+    if positions is None:
+        positions = max(preset.seq_len, preset.eval_prompt_len + preset.eval_new_tokens) + preset.mtp_depth + 1
     with torch.random.fork_rng(devices=[]):  # the caller's global generator stays as it was
         torch.manual_seed(seed)
         model = TrainModel(HybridConfig.from_hf(config), positions)
     return model.to(device)
+
+
+def load_trained(path: Path, preset: Preset, device: str | torch.device = "cpu",
+                 positions: int | None = None) -> TrainModel:
+    """The trainer's model with the weights of checkpoint ``path`` (one ``ninfer-train``
+    wrote, or any in that released layout: the vision tower is left out), in eval mode.
+    ``positions``: a rotary table longer than the preset's, for longer sequences."""
+    from safetensors.torch import load_file
+
+    from ninfer.train.checkpoint import VISION_PREFIX
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    model = build_model(config, preset, 0, torch.device(device), positions)
+    weights = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        weights.update(load_file(str(file), device=str(device)))
+    model.load_state_dict({n: t for n, t in weights.items() if not n.startswith(VISION_PREFIX)})
+    return model.eval()
 
 
 def run_training(

@@ -60,15 +60,24 @@ def greedy_continue(model: TrainModel, prompts: torch.Tensor, new_tokens: int) -
 
 
 @torch.no_grad()
-def draft_acceptance(model: TrainModel, seq: torch.Tensor, prompt_len: int, depth: int) -> list[float]:
-    """Acceptance per position over the continuation of ``seq`` [B, L] past ``prompt_len``."""
+def chain_drafts(model: TrainModel, seq: torch.Tensor, depth: int) -> torch.Tensor:
+    """The greedy drafts of the MTP chained ``depth`` times at every base ``t`` of ``seq``
+    [B, L] (step 1 from the hidden state at ``t`` and token ``t + 1``, later steps from
+    their own drafts): [B, L - 1 - depth, depth], entry ``[b, t, j]`` drafting token
+    ``t + j + 2``. What a greedy engine's rounds must draft at the same base."""
     hidden = model.hidden(seq)
     outs = model.mtp_chain(seq[:, :-1], hidden[:, :-1], depth, drafts=True)
-    n = outs[0].shape[1]
+    return torch.stack([model.logits(out).argmax(-1) for out in outs], dim=2)
+
+
+@torch.no_grad()
+def draft_acceptance(model: TrainModel, seq: torch.Tensor, prompt_len: int, depth: int) -> list[float]:
+    """Acceptance per position over the continuation of ``seq`` [B, L] past ``prompt_len``."""
     first = prompt_len - 1  # base t = prompt_len - 1: token t + 1 is the first greedy one
-    drafts = [model.logits(out[:, first:]).argmax(-1) for out in outs]
+    drafts = chain_drafts(model, seq, depth)[:, first:]
+    n = first + drafts.shape[1]
     targets = [seq[:, first + j + 1 : n + j + 1] for j in range(1, depth + 1)]
-    return _accepted(drafts, targets)
+    return _accepted([drafts[..., j] for j in range(depth)], targets)
 
 
 @torch.no_grad()
