@@ -80,7 +80,7 @@ def round_advance(
     bs, w = tokens.shape
     k = w - 1
     live = pages > 0
-    starts = positions.view(-1, w)[:bs, 0].clone()
+    starts = positions.view(-1, w)[:bs, 0]  # (read into nxt before positions is written)
     bonus = tokens.gather(1, accepted.unsqueeze(1))
     nxt = torch.where(live, starts + accepted + 1, starts)
     new_positions = nxt.unsqueeze(1) + torch.arange(w, device=nxt.device)

@@ -7,6 +7,7 @@ from typing import Callable
 
 import attrs
 import torch
+from ninfer_kernels.attention import output_gate
 
 from ninfer.model.forward_batch import ForwardBatch
 
@@ -30,8 +31,6 @@ class KVCache(abc.ABC):
         """:meth:`attend` times ``sigmoid(gate)``, gated attention's output gate (``gate``
         [T, heads, Dv], a view of the projection). A format whose kernel can apply it as it
         stores the output overrides this (two launches fewer a layer)."""
-        from ninfer_kernels.attention import output_gate
-
         return output_gate(self.attend(q, batch, scale), gate)
 
     def decode_fused(

@@ -48,14 +48,13 @@ def capturable(preset: Preset, device: torch.device) -> bool:
 
 class GraphedStep:
     """Runs steps through ``body(tokens, step, bases) -> figures`` (the backward of one batch,
-    clipping and the optimiser step): eagerly at first, then as one captured graph."""
+    clipping and the optimiser step): eagerly at first, then as one captured graph.
+    ``bases_at(step)``: the step's MTP bases (the same count at every step)."""
 
-    def __init__(self, body, optimizer: torch.optim.Optimizer, preset: Preset, batch_shape, device: torch.device):
-        self.body, self.optimizer, self.preset = body, optimizer, preset
+    def __init__(self, body, optimizer: torch.optim.Optimizer, bases_at, batch_shape, device: torch.device):
+        self.body, self.optimizer, self.bases_at = body, optimizer, bases_at
         self.tokens = torch.zeros(batch_shape, dtype=torch.int64, device=device)
-        positions = batch_shape[1] - 1 - preset.mtp_depth
-        self.every = torch.arange(positions, device=device)
-        self.bases = self.every[:: preset.mtp_stride].clone()
+        self.bases = bases_at(0).clone()
         self.side = torch.cuda.Stream(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.figures: torch.Tensor | None = None
@@ -78,10 +77,9 @@ class GraphedStep:
         return self.figures.clone()
 
     def _stage(self, tokens: torch.Tensor, step: int, lr: float) -> None:
-        stride = self.preset.mtp_stride
         self._set_lr(lr)
         self.tokens.copy_(tokens)
-        self.bases.copy_(self.every[step % stride :: stride])
+        self.bases.copy_(self.bases_at(step))
 
     def _eager(self, tokens: torch.Tensor, step: int, lr: float) -> torch.Tensor:
         """The step without the graph, on the side stream (as warm-up before a capture must run)."""

@@ -139,7 +139,9 @@ def train(
         optimizer.step()
         return figures
 
-    stepper = GraphedStep(body, optimizer, preset, (preset.batch_size, preset.seq_len), device) if graphed else None
+    positions = preset.seq_len - 1 - preset.mtp_depth  # the bases chained MTP steps pick from
+    stepper = GraphedStep(body, optimizer, lambda step: mtp_bases(positions, preset, step, device),
+                          (preset.batch_size, preset.seq_len), device) if graphed else None
     stream = stream.to(device)
     starts = batch_starts(len(stream), preset, seed).to(device)
     window = torch.arange(preset.seq_len, device=device)
