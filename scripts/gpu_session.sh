@@ -194,7 +194,7 @@ case "$stage" in
 check)
     timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
         tests/test_gated_delta_decode.py tests/test_prefill_kernels.py tests/test_skinny_linear.py \
-        tests/test_lora.py tests/test_sampler.py tests/test_kernels_triton.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+        tests/test_lora.py tests/test_sampler.py tests/test_kernels_triton.py tests/test_decode_attention_kernel.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
     timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -14
     timeout 60 python3 scripts/gpu_prefill_kernels_check.py --out "$OUT/prefill_kernels.jsonl" 2>&1 | tail -14
     bench 330 random:qwen3.6-27b --dtype bf16 --only bandwidth,decode,prefill --concurrency 1,8 \
@@ -286,8 +286,8 @@ profile35)
 gate-tests)
     # session 20's output gate inside the decode kernels, graph decode with it, the MoE kernels
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
-    timeout "$limit" python3 -m pytest -q -rf --tb=short tests/test_kernels_triton.py tests/test_kv_quant.py \
-        -k "decode_attention or one_launch" > "$OUT/pytest_gate.txt" 2>&1 &
+    timeout "$limit" python3 -m pytest -q -rf --tb=short tests/test_decode_attention_kernel.py tests/test_kernels_triton.py \
+        tests/test_kv_quant.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
     timeout "$limit" python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
         > "$OUT/pytest_graph.txt" 2>&1 &
     wait
@@ -437,8 +437,8 @@ new-tests)
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_moe_kernels.py tests/test_cuda_graph.py \
         > "$OUT/pytest_moe.txt" 2>&1 &
     # session 20: the output gate inside the bf16 and quantized one-launch decode kernels
-    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kernels_triton.py tests/test_kv_quant.py \
-        -k "decode_attention or one_launch" > "$OUT/pytest_gate.txt" 2>&1 &
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_decode_attention_kernel.py tests/test_kernels_triton.py \
+        tests/test_kv_quant.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
     wait
     for f in pytest_quant pytest_spec pytest_moe pytest_gate; do echo "$f: $(tail -1 "$OUT/$f.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.txt" | head -8; done
     ;;

@@ -1,4 +1,5 @@
-"""Triton kernels against the plain-torch references.
+"""Triton kernels against the plain-torch references (the decode step's fused attention
+has its own file, test_decode_attention_kernel.py).
 
 Without CUDA they run in Triton's interpreter (conftest sets TRITON_INTERPRET before
 any kernel module loads), so shapes stay tiny; the ``gpu`` tests repeat the
@@ -7,18 +8,14 @@ comparison at real model shapes on CUDA.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from ninfer.model.forward_batch import ForwardBatch  # noqa: E402
-from ninfer_kernels import activation, attention, decode_attention, norm, ops, qk_norm_rope, rope  # noqa: E402
+from _attention_cases import CASES, DEVICE, TOL, attention_case, rel_err  # noqa: E402
+from ninfer_kernels import activation, attention, norm, ops, qk_norm_rope, rope  # noqa: E402
 from ninfer_kernels.triton import activation as t_activation  # noqa: E402
-from ninfer_kernels.triton import counters as counters_module  # noqa: E402
-from ninfer_kernels.triton import decode_attention as t_decode_attention  # noqa: E402
 from ninfer_kernels.triton import kv_write as t_kv_write  # noqa: E402
 from ninfer_kernels.triton import norm as t_norm  # noqa: E402
 from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
@@ -26,75 +23,13 @@ from ninfer_kernels.triton import qk_norm_rope as t_qk_norm_rope  # noqa: E402
 from ninfer_kernels.triton import rope as t_rope  # noqa: E402
 
 torch.set_num_threads(2)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-#: per-dtype tolerance on a relative-norm error, and on elementwise comparisons
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.double()
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
 
 
 # -- paged attention ----------------------------------------------------------------
 
 
-def make_batch(specs: list[tuple[int, int]], page: int, gen: torch.Generator, pad_rows: int = 0):
-    """(cached prefix, new tokens) per sequence -> batch with shuffled pages, block count."""
-    seq_lens = [p + n for p, n in specs]
-    pages = [math.ceil(s / page) for s in seq_lens]
-    num_blocks = sum(pages) + 2
-    ids = torch.randperm(num_blocks, generator=gen).tolist()
-    tables = torch.zeros(len(specs), max(pages) + 1, dtype=torch.int32)  # a spare column, as real tables have
-    slots: list[int] = []
-    for i, ((prefix, new), n) in enumerate(zip(specs, pages)):
-        tables[i, :n] = torch.tensor(ids[:n], dtype=torch.int32)
-        ids = ids[n:]
-        slots += [int(tables[i, p // page]) * page + p % page for p in range(prefix, prefix + new)]
-    q_lens = [n for _, n in specs]
-    batch = ForwardBatch(
-        query_start=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=tables,
-        slot_mapping=torch.tensor(slots + [-1] * pad_rows, dtype=torch.int64),
-        logits_indices=torch.tensor(q_lens, dtype=torch.int64).cumsum(0) - 1,
-        block_size=page, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
-        query_lens_host=q_lens, seq_lens_host=seq_lens,
-    )
-    return batch, num_blocks
-
-
-def to_device(batch: ForwardBatch, device: str) -> ForwardBatch:
-    for name in ("query_start", "seq_lens", "block_tables", "slot_mapping", "logits_indices"):
-        setattr(batch, name, getattr(batch, name).to(device))
-    return batch
-
-
-def attention_case(specs, page, heads, kv_heads, head_dim, dtype, seed, pad_rows=0, device=DEVICE):
-    """Random q and a cache that is NaN wherever no sequence wrote, plus the batch."""
-    gen = torch.Generator().manual_seed(seed)
-    batch, num_blocks = make_batch(specs, page, gen, pad_rows)
-    shape = (num_blocks, page, kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype)
-    for i, s in enumerate(batch.seq_lens_host):
-        slots = torch.tensor([int(batch.block_tables[i, p // page]) * page + p % page for p in range(s)])
-        k_cache.view(-1, kv_heads, head_dim)[slots] = torch.randn(s, kv_heads, head_dim, generator=gen).to(dtype)
-        v_cache.view(-1, kv_heads, head_dim)[slots] = torch.randn(s, kv_heads, head_dim, generator=gen).to(dtype)
-    q = torch.randn(sum(batch.query_lens_host) + pad_rows, heads, head_dim, generator=gen).to(dtype)
-    return q.to(device), k_cache.to(device), v_cache.to(device), to_device(batch, device)
-
-
-#: (cached prefix, new tokens) per sequence; contexts past 64 keys (one key tile) reach
-#: the kernel's unmasked-tile loop as well as its masked tail.
-CASES = {
-    "decode": [(5, 1), (17, 1), (0, 1), (150, 1)],
-    "prefill": [(0, 7), (0, 20)],
-    "chunk_on_prefix": [(140, 9)],
-    "mixed": [(0, 6), (9, 1), (80, 5), (3, 1), (21, 16)],
-}
 
 
 @pytest.mark.parametrize(
@@ -330,124 +265,6 @@ def test_small_kernels_real_shapes_on_cuda():
     ops.write_kv(*caches, kf, vf, slots)
     attention.write_kv(*ref, kf, vf, slots)
     assert torch.equal(caches[0], ref[0]) and torch.equal(caches[1], ref[1])
-
-
-# -- decode attention (norm + RoPE + KV write + attention in one launch) ----------------
-
-
-def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, seed, device=DEVICE, pad=0):
-    """Raw q/k/v views of a fused projection, the cache holding each sequence's earlier
-    tokens, and a decode batch whose last ``pad`` rows are graph padding (slot -1)."""
-    q_c, k_cache, v_cache, batch = attention_case([(c, 1) for c in contexts], page, heads, kv_heads, head_dim,
-                                                  dtype, seed, device=device)
-    gen = torch.Generator().manual_seed(seed + 1)
-    rows = len(contexts)
-    if pad:
-        batch.slot_mapping[-pad:] = -1
-    fused = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 3).to(dtype).to(device)
-    q = fused[:, : heads * head_dim].reshape(rows, heads, head_dim)
-    k = fused[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, kv_heads, head_dim)
-    v = fused[:, (heads + kv_heads) * head_dim :].reshape(rows, kv_heads, head_dim)
-    qw, kw = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(device) for _ in range(2)]
-    table = rope.rope_cos_sin(max(contexts) + 1, rotary_dim, 10_000.0, torch.float32, device)
-    positions = batch.seq_lens.to(torch.int64) - 1
-    return (q, k, v, qw, kw, 1e-6, positions, table, rotary_dim), k_cache, v_cache, batch
-
-
-@pytest.mark.parametrize(
-    "contexts,page,heads,head_dim,rotary_dim,dtype,splits",
-    [
-        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 1),
-        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 3),
-        ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
-        ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
-        ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
-        # small key tiles, a merge in two passes, and a sequence whose 31 other splits exit
-        ([1000, 7, 600], 16, (8, 2), 16, 16, torch.float32, 32),
-    ],
-)
-def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rotary_dim, dtype, splits):
-    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, head_dim, rotary_dim, dtype, seed=page)
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want = decode_attention.decode_attention(*args, want_k, want_v, batch, head_dim**-0.5)
-    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, head_dim**-0.5, num_splits=splits)
-    assert got.dtype == dtype and got.shape == want.shape
-    assert rel_err(got, want) < TOL[dtype]
-    # the new rows went into the cache as the unfused ops store them, and nothing else did
-    # (NaN marks never-written slots; keys may differ in the last bit of the norm's sum)
-    torch.testing.assert_close(k_cache, want_k, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
-    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
-    counters = counters_module._buffers.get(("decode_attention", got.device))
-    assert counters is None or not counters.any()  # the merging program reset every counter
-
-
-@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 1),
-                                          (torch.bfloat16, 4)])
-def test_decode_attention_applies_the_output_gate(dtype, splits):
-    """Gated attention's ``sigmoid(gate)``, from a strided view of the projection as the
-    model passes it, applied as the kernel stores its rows (no splits) or merges them: what
-    the unfused product gives (bf16: the attention output and the sigmoid each rounded
-    first, as there)."""
-    args, k_cache, v_cache, batch = decode_case([5, 17, 0, 150], 16, 6, 2, 16, 16, dtype, seed=9)
-    gen = torch.Generator().manual_seed(4)
-    gate = (2 * torch.randn(4, 6, 32, generator=gen)).to(DEVICE, dtype)[..., 16:]
-    ungated = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.25,
-                                                  num_splits=splits)
-    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, gate=gate, num_splits=splits)
-    want = attention.output_gate(ungated, gate)
-    assert got.dtype == dtype
-    if dtype == torch.float32:
-        assert rel_err(got, want) < 1e-6
-    else:  # Triton's interpreter truncates to bf16 where the GPU rounds: up to two last bits
-        torch.testing.assert_close(got, want, atol=0, rtol=2**-6)
-    assert rel_err(got, ungated) > 0.1
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    assert rel_err(decode_attention.decode_attention(*args, ref_k, ref_v, batch, 0.25, gate=gate), got) < TOL[dtype]
-
-
-def test_decode_attention_padding_rows_store_nothing():
-    args, k_cache, v_cache, batch = decode_case([9, 30, 2], 4, 4, 2, 16, 16, torch.float32, seed=5, pad=1)
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
-    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
-    assert rel_err(got[:-1], want[:-1]) < TOL[torch.float32]
-    assert torch.isfinite(got[-1]).all()  # a padding row still attends (to whatever its page holds)
-    # the reference skips slot -1 too, so any stray store of the padding row would differ
-    torch.testing.assert_close(k_cache, want_k, atol=1e-6, rtol=1e-6, equal_nan=True)
-    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("contexts", [[2047] * 8, [640], [5, 3000, 17, 64]], ids=["batch8", "batch1", "mixed"])
-def test_decode_attention_real_shapes(contexts):
-    args, k_cache, v_cache, batch = decode_case(contexts, 16, 32, 8, 128, 128, torch.bfloat16, seed=2, device="cuda")
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 128**-0.5)
-    for _ in range(3):  # the split counters must come back to zero between calls
-        got = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5)
-        assert rel_err(got, want) < 1e-2
-    # the output gate, as gated attention passes it (a strided view), rounded as torch rounds
-    gate = torch.randn(*got.shape[:2], 2 * got.shape[2], device="cuda", dtype=got.dtype)[..., got.shape[2]:]
-    gated = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5, gate)
-    torch.testing.assert_close(gated, attention.output_gate(got, gate), atol=0, rtol=2**-7)
-    torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
-    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
-
-
-def test_attention_kernels_take_int64_context_lengths():
-    """Replayed decode graphs hand the kernels int64 context lengths (see cuda_graph.py)."""
-    args, k_cache, v_cache, batch = decode_case([5, 70, 0], 16, 8, 2, 16, 16, torch.float32, seed=11)
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
-    batch.seq_lens = batch.seq_lens.to(torch.int64)
-    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
-    assert rel_err(got, want) < TOL[torch.float32]
-    q, k_cache, v_cache, batch = attention_case(CASES["decode"], 16, 8, 2, 16, torch.float32, seed=3)
-    want = attention.paged_attention(q, k_cache, v_cache, batch, 0.25)
-    batch.seq_lens = batch.seq_lens.to(torch.int64)
-    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=2)
-    assert rel_err(got, want) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("odd", [False, True], ids=["words", "halfwords"])

@@ -1,0 +1,116 @@
+"""The decode step's one-launch attention (q/k norm, RoPE, the KV write, attention and the
+split merge) against the unfused references, in Triton's interpreter without CUDA; the
+``gpu`` test repeats it at real shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from _attention_cases import CASES, DEVICE, TOL, attention_case, decode_case, rel_err  # noqa: E402
+from ninfer_kernels import attention, decode_attention, ops  # noqa: E402
+from ninfer_kernels.triton import counters as counters_module  # noqa: E402
+from ninfer_kernels.triton import decode_attention as t_decode_attention  # noqa: E402
+from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
+
+torch.set_num_threads(2)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize(
+    "contexts,page,heads,head_dim,rotary_dim,dtype,splits",
+    [
+        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 1),
+        ([5, 17, 0, 150], 16, (8, 2), 16, 16, torch.float32, 3),
+        ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
+        ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
+        ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
+        # small key tiles, a merge in two passes, and a sequence whose 31 other splits exit
+        ([1000, 7, 600], 16, (8, 2), 16, 16, torch.float32, 32),
+    ],
+)
+def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rotary_dim, dtype, splits):
+    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, head_dim, rotary_dim, dtype, seed=page)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, head_dim**-0.5)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, head_dim**-0.5, num_splits=splits)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert rel_err(got, want) < TOL[dtype]
+    # the new rows went into the cache as the unfused ops store them, and nothing else did
+    # (NaN marks never-written slots; keys may differ in the last bit of the norm's sum)
+    torch.testing.assert_close(k_cache, want_k, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+    counters = counters_module._buffers.get(("decode_attention", got.device))
+    assert counters is None or not counters.any()  # the merging program reset every counter
+
+
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 1),
+                                          (torch.bfloat16, 4)])
+def test_decode_attention_applies_the_output_gate(dtype, splits):
+    """Gated attention's ``sigmoid(gate)``, from a strided view of the projection as the
+    model passes it, applied as the kernel stores its rows (no splits) or merges them: what
+    the unfused product gives (bf16: the attention output and the sigmoid each rounded
+    first, as there)."""
+    args, k_cache, v_cache, batch = decode_case([5, 17, 0, 150], 16, 6, 2, 16, 16, dtype, seed=9)
+    gen = torch.Generator().manual_seed(4)
+    gate = (2 * torch.randn(4, 6, 32, generator=gen)).to(DEVICE, dtype)[..., 16:]
+    ungated = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.25,
+                                                  num_splits=splits)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, gate=gate, num_splits=splits)
+    want = attention.output_gate(ungated, gate)
+    assert got.dtype == dtype
+    if dtype == torch.float32:
+        assert rel_err(got, want) < 1e-6
+    else:  # Triton's interpreter truncates to bf16 where the GPU rounds: up to two last bits
+        torch.testing.assert_close(got, want, atol=0, rtol=2**-6)
+    assert rel_err(got, ungated) > 0.1
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    assert rel_err(decode_attention.decode_attention(*args, ref_k, ref_v, batch, 0.25, gate=gate), got) < TOL[dtype]
+
+
+def test_decode_attention_padding_rows_store_nothing():
+    args, k_cache, v_cache, batch = decode_case([9, 30, 2], 4, 4, 2, 16, 16, torch.float32, seed=5, pad=1)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got[:-1], want[:-1]) < TOL[torch.float32]
+    assert torch.isfinite(got[-1]).all()  # a padding row still attends (to whatever its page holds)
+    # the reference skips slot -1 too, so any stray store of the padding row would differ
+    torch.testing.assert_close(k_cache, want_k, atol=1e-6, rtol=1e-6, equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("contexts", [[2047] * 8, [640], [5, 3000, 17, 64]], ids=["batch8", "batch1", "mixed"])
+def test_decode_attention_real_shapes(contexts):
+    args, k_cache, v_cache, batch = decode_case(contexts, 16, 32, 8, 128, 128, torch.bfloat16, seed=2, device="cuda")
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 128**-0.5)
+    for _ in range(3):  # the split counters must come back to zero between calls
+        got = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5)
+        assert rel_err(got, want) < 1e-2
+    # the output gate, as gated attention passes it (a strided view), rounded as torch rounds
+    gate = torch.randn(*got.shape[:2], 2 * got.shape[2], device="cuda", dtype=got.dtype)[..., got.shape[2]:]
+    gated = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5, gate)
+    torch.testing.assert_close(gated, attention.output_gate(got, gate), atol=0, rtol=2**-7)
+    torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+def test_attention_kernels_take_int64_context_lengths():
+    """Replayed decode graphs hand the kernels int64 context lengths (see cuda_graph.py)."""
+    args, k_cache, v_cache, batch = decode_case([5, 70, 0], 16, 8, 2, 16, 16, torch.float32, seed=11)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    batch.seq_lens = batch.seq_lens.to(torch.int64)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got, want) < TOL[torch.float32]
+    q, k_cache, v_cache, batch = attention_case(CASES["decode"], 16, 8, 2, 16, torch.float32, seed=3)
+    want = attention.paged_attention(q, k_cache, v_cache, batch, 0.25)
+    batch.seq_lens = batch.seq_lens.to(torch.int64)
+    got = t_attention.paged_attention(q, k_cache, v_cache, batch, 0.25, num_splits=2)
+    assert rel_err(got, want) < TOL[torch.float32]
