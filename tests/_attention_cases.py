@@ -1,17 +1,20 @@
-"""Attention kernel test cases shared by the paged and decode attention kernel tests:
-varlen batches over shuffled pages, caches NaN wherever no sequence wrote, and decode
-steps' raw q/k/v views of a fused projection."""
+"""What the paged and decode attention kernel tests share: varlen batches over shuffled
+pages, caches NaN wherever no sequence wrote, decode steps' raw q/k/v views of a fused
+projection, the tolerances and the CUDA markers."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import rope
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 #: per-dtype tolerance on a relative-norm error, and on elementwise comparisons
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 

@@ -9,15 +9,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from _attention_cases import CASES, DEVICE, TOL, attention_case, decode_case, rel_err  # noqa: E402
+from _attention_cases import CASES, DEVICE, TOL, attention_case, decode_case, gpu, needs_cuda, rel_err  # noqa: E402
 from ninfer_kernels import attention, decode_attention, ops  # noqa: E402
 from ninfer_kernels.triton import counters as counters_module  # noqa: E402
 from ninfer_kernels.triton import decode_attention as t_decode_attention  # noqa: E402
 from ninfer_kernels.triton import paged_attention as t_attention  # noqa: E402
 
 torch.set_num_threads(2)
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from _attention_cases import CASES, DEVICE, TOL, attention_case, rel_err  # noqa: E402
+from _attention_cases import CASES, DEVICE, TOL, attention_case, gpu, needs_cuda, rel_err  # noqa: E402
 from ninfer_kernels import activation, attention, norm, ops, qk_norm_rope, rope  # noqa: E402
 from ninfer_kernels.triton import activation as t_activation  # noqa: E402
 from ninfer_kernels.triton import kv_write as t_kv_write  # noqa: E402
@@ -23,8 +23,6 @@ from ninfer_kernels.triton import qk_norm_rope as t_qk_norm_rope  # noqa: E402
 from ninfer_kernels.triton import rope as t_rope  # noqa: E402
 
 torch.set_num_threads(2)
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 # -- paged attention ----------------------------------------------------------------
