@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import start_server, stop_server
 
 DRAIN_MS = 1500
@@ -68,6 +69,15 @@ def _events(lines: list[str]) -> list[tuple[str, dict]]:
     return out
 
 
+def _in_flight(base: str) -> float:
+    """The server's count of generation requests holding a capacity slot."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "ninfer:requests_in_flight":
+            return sum(sample.value for sample in family.samples)
+    raise AssertionError("no ninfer:requests_in_flight gauge in /metrics")
+
+
 def _refusals(base: str) -> None:
     """While draining: each protocol refuses new work in its own shape, with Retry-After."""
     for name, (path, body) in STREAMS.items():
@@ -93,7 +103,8 @@ def test_sigterm_ends_streams_that_outlive_the_drain_with_their_error_event():
         for reader in [*readers.values(), aggregate]:
             reader.start()
         deadline = time.monotonic() + 60
-        while not all(r.saw(STARTED[name]) for name, r in readers.items()):
+        # the aggregate shows nothing until it ends: the server's in-flight gauge says it holds a slot
+        while not (all(r.saw(STARTED[name]) for name, r in readers.items()) and _in_flight(server) == 4):
             assert time.monotonic() < deadline, {name: r.lines[:5] for name, r in readers.items()}
             time.sleep(0.05)
         signaled = time.monotonic()
