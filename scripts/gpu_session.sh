@@ -36,6 +36,9 @@
 #                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
 #                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0
 #                                   skips it); a warm machine's /tmp/trained is reused, not retrained
+#   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
+#                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
+#                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
 #   scripts/gpu_session.sh agent    the agent workload (#23) on the 27B shape, with and without reuse, over capacity
 #   scripts/gpu_session.sh kv128    27B decode per KV_FORMATS: c=1 after a 128k prompt, c=8 after 32k prompts
 #   scripts/gpu_session.sh kvsyn    27B decode per KV_FORMATS at c=1 and 8 over 32k and 128k synthetic contexts
@@ -373,6 +376,31 @@ open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
     [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 $trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
+    ;;
+spec-gap)
+    # why session 32's bench accepted 0.33 at the first draft where the report said 0.55:
+    # the engine against the trainer's own greedy rounds on the same held-out prompts, one
+    # switch at a time. mean_common_prefix low: the target's forward differs (a kernel at
+    # this shape); drafts_equal_to_trainer low with it high: the drafting path; both high:
+    # the bench's text. A short-trained GAP_PRESET model is enough (its logits are no longer
+    # flat); a warm machine's is reused
+    gap=/tmp/trained-gap-${GAP_PRESET:-gpu-deep}
+    [ -f $gap/config.json ] || timeout $(( ${GAP_TRAIN_S:-60} + 150 )) ninfer-train $gap --device cuda \
+        --preset "${GAP_PRESET:-gpu-deep}" --train-seconds "${GAP_TRAIN_S:-60}" -q | tee "$OUT/train_gap.json"
+    for how in "--dtype fp32" "--dtype fp32 --no-cuda-graph" "--dtype bf16" "--dtype bf16 --no-cuda-graph" \
+               "--dtype bf16 --host-rounds"; do
+        [ "$(left)" -lt 40 ] && { echo "skipped: acceptance check $how (deadline)"; continue; }
+        flags=${how/--host-rounds/}
+        env $([ "$flags" != "$how" ] && echo NINFER_DEVICE_ROUNDS=0) timeout 150 python3 \
+            scripts/spec_acceptance_check.py $gap --preset "${GAP_PRESET:-gpu-deep}" --device cuda --trainer-device cuda \
+            --prompts 16 --prompt-len 128 --new-tokens 128 $flags 2>>"$OUT/acceptance_gap.err" \
+            | sed "s|^|$how: |" | tee -a "$OUT/acceptance_gap.jsonl" | cut -c1-400
+    done
+    # the bench's sample (now spread over the held-out text) on the same model
+    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
+open('$gap/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    bench 120 $gap --dtype bf16 --only decode --spec mtp --draft-tokens 3 --concurrency 1,8 --decode-prompt-len 128 \
+        --decode-output-len 256 --spec-prompts $gap/heldout.txt --no-transformers
     ;;
 agent)
     bench 330 random:qwen3.6-27b --dtype bf16 --workload agent --agents 4 --turns 10 --agent-over-capacity 8 \

@@ -14,7 +14,13 @@ held-out prompts of a checkpoint ``ninfer-train`` wrote:
   and its interval statistics give the per-position acceptance. Every round's drafts are
   also compared with the trainer's chain at the same base of the engine's own output
   (``drafts_equal_to_trainer``, per position): in float32 on the CPU all of them are;
-  bf16 rounding flips a few near-ties, a wrong drafting path many.
+  bf16 rounding flips a few near-ties, a wrong drafting path many. The engine's greedy
+  outputs are compared with the trainer's continuations too (``first_token_equal``,
+  ``mean_common_prefix``): a fault in the target's own forward shows there, where a
+  drafting fault does not.
+
+``--no-cuda-graph`` runs the engine eagerly and ``NINFER_DEVICE_ROUNDS=0`` keeps its
+rounds on the host, so a gap can be pinned on one path (``gpu_session.sh spec-gap``).
 
 On the CPU they agree within a few thousandths (session 32, ``default`` preset: trainer
 0.714 / 0.444 / 0.311, engine 0.715 / 0.444 / 0.312 in float32 and 0.737 / 0.474 / 0.304
@@ -36,8 +42,9 @@ import torch
 
 
 @torch.no_grad()
-def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> dict:
-    """Per-position acceptance and tokens a round of the greedy rounds the chain implies."""
+def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> tuple[dict, list[list[int]]]:
+    """Per-position acceptance and tokens a round of the greedy rounds the chain implies,
+    and the greedy continuations themselves."""
     from ninfer.train.report import chain_drafts, greedy_continue
 
     seqs = greedy_continue(model, prompts, new_tokens)
@@ -55,8 +62,22 @@ def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> dic
             for j in range(accepted):
                 kept[j] += 1
             base += accepted + 1
-    return {"position_acceptance": [n / rounds for n in kept], "tokens_per_round": committed / rounds,
-            "rounds": rounds}
+    return ({"position_acceptance": [n / rounds for n in kept], "tokens_per_round": committed / rounds,
+             "rounds": rounds}, seqs[:, prompt_len:].tolist())
+
+
+def _agreement(outputs: list[list[int]], expected: list[list[int]]) -> dict:
+    """How far the engine's greedy outputs follow the trainer's: a fault in the target's
+    own forward (not the drafting) shows here as early divergence, float32 against float32
+    as any divergence at all."""
+    prefixes = []
+    for out, want in zip(outputs, expected):
+        n = 0
+        while n < min(len(out), len(want)) and out[n] == want[n]:
+            n += 1
+        prefixes.append(n / max(len(want), 1))
+    return {"first_token_equal": sum(o[:1] == w[:1] for o, w in zip(outputs, expected)) / len(expected),
+            "mean_common_prefix": sum(prefixes) / len(prefixes)}
 
 
 class DraftLog:
@@ -94,7 +115,7 @@ class DraftLog:
 
 
 def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int, device: str, dtype: str,
-                  trainer_model) -> dict:
+                  trainer_model, expected: list[list[int]] | None = None, **engine_options) -> dict:
     """The engine's acceptance on ``prompts``, and how often each of its drafts equals the
     trainer's chain at the same base of the sequence the engine itself produced."""
     from ninfer import LLM, SamplingParams
@@ -102,17 +123,19 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
 
     longest = max(len(p) for p in prompts) + new_tokens + 2 * k + 8
     llm = LLM(str(path), device=device, dtype=dtype, max_context=longest, max_concurrency=1, spec="mtp",
-              draft_tokens=k)
+              draft_tokens=k, **engine_options)
+    rounds = "device" if llm.engine.runner.rounds is not None else "host"
     greedy = SamplingParams(temperature=0, presence_penalty=0.0, max_tokens=new_tokens, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], greedy)  # compiles, captures
     llm.engine.stats.take_interval()
-    same, compared = [0] * k, [0] * k
+    same, compared, outputs = [0] * k, [0] * k, []
     for prompt in prompts:
         log = DraftLog()
         try:
             out = llm.generate([{"prompt_token_ids": prompt}], greedy)[0].outputs[0].token_ids
         finally:
             log.close()
+        outputs.append(list(out))
         on = next(trainer_model.parameters()).device
         chain = chain_drafts(trainer_model, torch.tensor([prompt + list(out)], device=on), k)[0].tolist()
         for base, drafts in log.by_base.items():
@@ -123,7 +146,9 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
                 same[j] += token == chain[base][j]
     stats = llm.engine.stats.take_interval()
     return {"position_acceptance": list(stats.position_acceptance), "tokens_per_round": stats.acceptance_length,
-            "rounds": stats.rounds, "drafts_equal_to_trainer": [s / max(c, 1) for s, c in zip(same, compared)]}
+            "rounds": stats.rounds, "round_path": rounds,
+            "drafts_equal_to_trainer": [s / max(c, 1) for s, c in zip(same, compared)],
+            **(_agreement(outputs, expected) if expected else {})}
 
 
 def main() -> None:
@@ -144,6 +169,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--draft-tokens", type=int, default=3)
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="the engine drafts and verifies eagerly (on CUDA: tells a captured path's fault apart)")
+    ap.add_argument("--decode-ahead-on-cpu", action="store_true",
+                    help="on the CPU, run greedy rounds whole as device rounds (the CUDA path's round code)")
+    ap.add_argument("--no-trainer", action="store_true", help="the engine's side alone (the trainer's chain still "
+                    "scores its drafts)")
     args = ap.parse_args()
     preset = PRESETS[args.preset]
     tokenizer = Tokenizer.from_file(str(args.model / "tokenizer.json"))
@@ -152,13 +183,19 @@ def main() -> None:
     prompts = _windows(stream, args.prompt_len, args.prompts)
     device = torch.device(args.trainer_device)
     model = load_trained(args.model, preset, device, positions=args.prompt_len + args.new_tokens + 8)
-    trainer = trainer_rounds(model, prompts.to(device), args.new_tokens, args.draft_tokens)
-    print(json.dumps({"side": "trainer", "device": args.trainer_device, "dtype": "fp32", **trainer}), flush=True)
+    expected = None
+    if not args.no_trainer:
+        trainer, expected = trainer_rounds(model, prompts.to(device), args.new_tokens, args.draft_tokens)
+        print(json.dumps({"side": "trainer", "device": args.trainer_device, "dtype": "fp32", **trainer}), flush=True)
+    graphs = not args.no_cuda_graph
     engine = engine_rounds(args.model, prompts.tolist(), args.new_tokens, args.draft_tokens, args.device, args.dtype,
-                           model)
-    print(json.dumps({"side": "engine", "device": args.device, "dtype": args.dtype, **engine}), flush=True)
-    gap = [round(a - b, 3) for a, b in zip(trainer["position_acceptance"], engine["position_acceptance"])]
-    print(json.dumps({"trainer_minus_engine": gap}), flush=True)
+                           model, expected, cuda_graph=graphs, decode_ahead_on_cpu=args.decode_ahead_on_cpu)
+    print(json.dumps({"side": "engine", "device": args.device, "dtype": args.dtype,
+                      "cuda_graph": graphs and args.device != "cpu",
+                      **engine}), flush=True)
+    if not args.no_trainer:
+        gap = [round(a - b, 3) for a, b in zip(trainer["position_acceptance"], engine["position_acceptance"])]
+        print(json.dumps({"trainer_minus_engine": gap}), flush=True)
 
 
 if __name__ == "__main__":

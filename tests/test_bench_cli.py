@@ -268,16 +268,32 @@ def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, m
     assert code == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     spec = [r for r in lines if r["figure"] == "spec_decode"]
-    assert [(r["draft_tokens"], r["concurrency"], r["prompts"]) for r in spec] == [(0, 1, 8), (0, 4, 8), (2, 1, 8),
-                                                                                   (2, 4, 8)]
+    assert [(r["draft_tokens"], r["concurrency"], r["prompts"]) for r in spec] == [(0, 1, 16), (0, 4, 16),
+                                                                                   (2, 1, 16), (2, 4, 16)]
     assert spec[2]["speedup"] > 0 and len(spec[2]["position_acceptance"]) == 2
     # after the plain decode figure (c=1, then 4): per engine and concurrency the warm-up
     # (32 tokens), then the sample's batches of c
     assert [n for n, _, _ in calls[:2]] == [1, 4]
     calls = calls[2:]
     sample = [call for call in calls if call[1] == 6]
-    assert [n for n, _, _ in sample].count(1) == 2 * 8 and [n for n, _, _ in sample].count(4) == 2 * 2
+    assert [n for n, _, _ in sample].count(1) == 2 * 16 and [n for n, _, _ in sample].count(4) == 2 * 4
     firsts = {tuple(p) for n, _, p in sample if n == 1}
-    assert len(firsts) == 8  # eight different prompts, not one repeated
+    assert len(firsts) == 16  # sixteen different prompts, not one repeated
     assert sum(1 for n, out, _ in calls if out == 32) == 4
-    assert spec_decode.SAMPLE_PROMPTS == 8
+    assert spec_decode.SAMPLE_PROMPTS == 16
+
+
+def test_the_spec_sample_spreads_its_text_prompts_over_the_whole_text():
+    """Text prompts are windows from the whole held-out text, the same at every concurrency,
+    not its first stretches (one file's header)."""
+    from ninfer.bench import spec_decode
+
+    ids = list(range(1000))
+    n = spec_decode.SAMPLE_PROMPTS
+    singles = [spec_decode.batch_work(ids, 1, b, 10, 5, 0, 0).prompts[0] for b in range(n)]
+    eights = [p for b in range(n // 8) for p in spec_decode.batch_work(ids, 8, b, 10, 5, 0, 0).prompts]
+    assert singles == eights and len({tuple(p) for p in singles}) == n
+    assert singles[0] == list(range(10)) and singles[-1] == list(range(990, 1000))  # first and last windows
+    assert all(len(p) == 10 and p == list(range(p[0], p[0] + 10)) and p[0] % 10 == 0 for p in singles)
+    with pytest.raises(ValueError, match="need more"):
+        spec_decode.batch_work(ids[:100], 1, 0, 10, 5, 0, 0)

@@ -27,10 +27,3 @@ def random_workload(num: int, input_range: tuple[int, int], output_range: tuple[
 def fixed_workload(num: int, input_len: int, output_len: int, vocab: int, seed: int = 0) -> Workload:
     return random_workload(num, (input_len, input_len), (output_len, output_len), vocab, seed)
 
-
-def text_workload(num: int, token_ids: list[int], input_len: int, output_len: int) -> Workload:
-    """``num`` prompts of ``input_len`` tokens cut from consecutive, non-overlapping stretches
-    of a tokenized text (speculation needs text a model has learned, not random ids)."""
-    if len(token_ids) < num * input_len:
-        raise ValueError(f"the text has {len(token_ids)} tokens; {num} prompts of {input_len} need more")
-    return Workload([token_ids[i * input_len:(i + 1) * input_len] for i in range(num)], [output_len] * num)
