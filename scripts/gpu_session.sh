@@ -29,6 +29,8 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
+#   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
+#                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768)
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first), the engine's acceptance against the trainer's chain
@@ -343,6 +345,14 @@ spec)
         bench 240 "$TRAINED" --dtype bf16 --only decode --spec mtp --draft-tokens 1,2,3,4,5 --concurrency 1,8 \
             --decode-prompt-len 256 --decode-output-len 256 --spec-prompts "$TRAINED/heldout.txt" --no-transformers
     fi
+    ;;
+spec-head)
+    # the spec's headline on the 27B shape: a k=3 round drafting over the full 248k-entry LM head,
+    # then over the --lm-head-draft shortlist (HEAD_SIZES); the head is most of a draft's bytes
+    for head in "" ${HEAD_SIZES:-32768}; do
+        bench 260 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
+            --spec-context 512,32768 --no-transformers ${head:+--lm-head-draft "$head"}
+    done
     ;;
 spec2)
     # the spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them here too): training the

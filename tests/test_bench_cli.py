@@ -252,8 +252,8 @@ def test_synthetic_context_decodes_after_the_last_prompt_token_only(capsys):
 
 
 def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, monkeypatch):
-    """Every concurrency decodes the same eight prompts (eight single requests at c=1, two
-    batches of four at c=4), after an untimed warm-up batch, with and without speculation."""
+    """Every concurrency decodes the same sixteen prompts (sixteen single requests at c=1,
+    four batches of four at c=4), after an untimed warm-up batch, with and without speculation."""
     from ninfer.bench import ninfer_runs, spec_decode
     from ninfer.model import random_weights
 
@@ -281,6 +281,25 @@ def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, m
     assert len(firsts) == 16  # sixteen different prompts, not one repeated
     assert sum(1 for n, out, _ in calls if out == 32) == 4
     assert spec_decode.SAMPLE_PROMPTS == 16
+
+
+def test_lm_head_draft_reaches_the_engine_and_the_records(capsys, monkeypatch):
+    """``--lm-head-draft N``: the speculating engines draft over the shortlist's first N
+    entries (a random shape's own shortlist file), and each spec record says so."""
+    from ninfer.model import random_weights
+    from ninfer_plugins.speculative import shortlist_head
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe-mtp", {**TINY_HYBRID_MOE, "mtp_num_hidden_layers": 1})
+    sizes = []
+    real = shortlist_head.ShortlistHead.__init__
+    monkeypatch.setattr(shortlist_head.ShortlistHead, "__init__",
+                        lambda head, weight, ids: sizes.append(len(ids)) or real(head, weight, ids))
+    assert bench.main(["random:tiny-hybrid-moe-mtp", "--device", "cpu", "--dtype", "fp32", "--only", "decode",
+                       "--spec", "mtp", "--draft-tokens", "2", "--concurrency", "1", "--decode-prompt-len", "8",
+                       "--decode-output-len", "4", "--no-transformers", "--lm-head-draft", "64"]) == 0
+    spec = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"spec_decode"' in x]
+    assert [(r["draft_tokens"], r["lm_head_draft"]) for r in spec] == [(0, None), (2, 64)]
+    assert sizes == [64]  # the plain engine has no proposer
 
 
 def test_the_spec_sample_spreads_its_text_prompts_over_the_whole_text():

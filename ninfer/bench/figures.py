@@ -66,6 +66,8 @@ class Bench:
         dtype = resolve_dtype(a.dtype, device)
         path, weights = resolve_source(model, load_registry(), dtype, device, a.seed)
         spec = dict(spec=a.spec, draft_tokens=draft_tokens) if draft_tokens else {}
+        if draft_tokens and a.lm_head_draft:
+            spec.update(lm_head_draft=True, lm_head_draft_size=a.lm_head_draft)
         self.llm = LLM(str(path), device=device_arg, dtype=a.dtype,
                        max_num_seqs=max_seqs, max_context=longest, kv_capacity=kv, prefill_chunk=a.prefill_chunk,
                        cuda_graph=not a.no_cuda_graph, weights=weights, kv_dtype=a.kv_dtype, **spec)
@@ -132,7 +134,8 @@ class Bench:
         a = self.args
         for context in a.spec_context:
             record = round_cost(self.llm.engine, context, acceptance, self.vocab)
-            self.emit({"figure": "spec_round_cost", "engine": "ninfer", "spec": a.spec, **self.common, **record})
+            self.emit({"figure": "spec_round_cost", "engine": "ninfer", "spec": a.spec,
+                       "lm_head_draft": a.lm_head_draft, **self.common, **record})
 
     def spec_decode(self, model: str, levels: list[int], ks: list[int]) -> None:
         """Decode at each concurrency without speculation, then with each draft count in
@@ -150,7 +153,8 @@ class Bench:
                 ours, s = spec_decode.measure(engine, ids, c, a.decode_prompt_len, a.decode_output_len, self.vocab,
                                               a.seed)
                 record = {"figure": "spec_decode", "engine": "ninfer", "spec": a.spec if k else None,
-                          "draft_tokens": k, "concurrency": c, **self.common, **ours}
+                          "draft_tokens": k, "lm_head_draft": a.lm_head_draft if k else None, "concurrency": c,
+                          **self.common, **ours}
                 if k:
                     record.update(tokens_per_round=s.acceptance_length, position_acceptance=s.position_acceptance,
                                   speedup=ours["decode_tok_s"] / plain[c] if plain.get(c) else None)

@@ -99,6 +99,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="spec_cost: per-position acceptance the implied speedup assumes (a trained model's)")
     p.add_argument("--spec-prompts", help="spec_decode: a text file whose tokens make the prompts (random ids "
                    "otherwise, which a trained model drafts badly)")
+    p.add_argument("--lm-head-draft", type=int, metavar="N", default=None,
+                   help="--spec drafts score the N most frequent vocabulary entries only (the serve flag's "
+                        "shortlist, lm_head_shortlist.json beside the checkpoint; random: shapes have one in id "
+                        "order); verification keeps the full head")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", choices=["random", "agent"], default="random",
                    help="agent: multi-turn tool-using conversations (shaped like the Claude Code and Codex "
