@@ -16,6 +16,18 @@ from ninfer_kernels.attention import output_gate, paged_attention, write_kv
 from ninfer_kernels.qk_norm_rope import qk_norm_rope
 
 
+#: verify rows take the one-launch path up to this many tokens a sequence (k = 5 drafts) and
+#: this many (token, query head) rows per KV head (the Triton program's tile)
+MAX_ROWS, MAX_GROUP_ROWS = 6, 32
+
+
+def fits_rows(group: int, rows: int) -> bool:
+    """Whether a batch whose sequences each bring ``rows`` new tokens takes the one-launch
+    path, for ``group`` query heads per KV head. Wider steps (prefill chunks, verify rows
+    past the tile) take the steps one by one; a decode step always fits."""
+    return rows == 1 or (1 < rows <= MAX_ROWS and group * rows <= MAX_GROUP_ROWS)
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -32,14 +44,16 @@ def decode_attention(
     scale: float,
     gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention output [B, H, Dv] for a decode batch (one new token per sequence), times
-    ``sigmoid(gate)`` when a ``gate`` [B, H, Dv] is given (gated attention's output gate).
+    """Attention output [T, H, Dv] for a batch whose B sequences each bring the same number
+    of new tokens, sequence-major (T = B for decode, B * (k + 1) for speculative verify
+    rows: :func:`fits_rows`), times ``sigmoid(gate)`` when a ``gate`` [T, H, Dv] is given
+    (gated attention's output gate).
 
-    ``q`` [B, H, D], ``k`` [B, Hk, D] and ``v`` [B, Hk, Dv] are the projections before the
+    ``q`` [T, H, D], ``k`` [T, Hk, D] and ``v`` [T, Hk, Dv] are the projections before the
     per-head norm and RoPE (strided views of a fused projection are fine). Row ``i``
-    sits at ``positions[i]`` (its sequence's last position); its normalised, rotated key
-    and its value are stored at ``batch.slot_mapping[i]`` (-1: not stored) before the
-    attention reads the cache.
+    sits at ``positions[i]`` (its sequence's last positions, in order); its normalised,
+    rotated key and its value are stored at ``batch.slot_mapping[i]`` (-1: not stored)
+    before the attention reads the cache, and each row sees the keys up to its own.
     """
     q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, positions, cos_sin, rotary_dim)
     write_kv(k_cache, v_cache, k, v, batch.slot_mapping)

@@ -80,13 +80,15 @@ CASES = {
 }
 
 
-def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, seed, device=DEVICE, pad=0):
+def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, seed, device=DEVICE, pad=0,
+                tokens=1):
     """Raw q/k/v views of a fused projection, the cache holding each sequence's earlier
-    tokens, and a decode batch whose last ``pad`` rows are graph padding (slot -1)."""
-    q_c, k_cache, v_cache, batch = attention_case([(c, 1) for c in contexts], page, heads, kv_heads, head_dim,
-                                                  dtype, seed, device=device)
+    tokens (``contexts``), and a decode batch of ``tokens`` new rows a sequence (more than
+    one: speculative verify rows) whose last ``pad`` rows are graph padding (slot -1)."""
+    q_c, k_cache, v_cache, batch = attention_case([(c, tokens) for c in contexts], page, heads, kv_heads,
+                                                  head_dim, dtype, seed, device=device)
     gen = torch.Generator().manual_seed(seed + 1)
-    rows = len(contexts)
+    rows = len(contexts) * tokens
     if pad:
         batch.slot_mapping[-pad:] = -1
     fused = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 3).to(dtype).to(device)
@@ -94,6 +96,6 @@ def decode_case(contexts, page, heads, kv_heads, head_dim, rotary_dim, dtype, se
     k = fused[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, kv_heads, head_dim)
     v = fused[:, (heads + kv_heads) * head_dim :].reshape(rows, kv_heads, head_dim)
     qw, kw = [(torch.rand(head_dim, generator=gen) + 0.5).to(dtype).to(device) for _ in range(2)]
-    table = rope.rope_cos_sin(max(contexts) + 1, rotary_dim, 10_000.0, torch.float32, device)
-    positions = batch.seq_lens.to(torch.int64) - 1
+    table = rope.rope_cos_sin(max(contexts) + tokens, rotary_dim, 10_000.0, torch.float32, device)
+    positions = (batch.seq_lens.to(torch.int64)[:, None] - tokens + torch.arange(tokens, device=device)).reshape(-1)
     return (q, k, v, qw, kw, 1e-6, positions, table, rotary_dim), k_cache, v_cache, batch

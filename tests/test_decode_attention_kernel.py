@@ -69,6 +69,46 @@ def test_decode_attention_applies_the_output_gate(dtype, splits):
     assert rel_err(decode_attention.decode_attention(*args, ref_k, ref_v, batch, 0.25, gate=gate), got) < TOL[dtype]
 
 
+@pytest.mark.parametrize(
+    "contexts,tokens,page,heads,dtype,splits,gated",
+    [
+        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 1, False),
+        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 3, True),  # new keys split across two ranges
+        ([60, 1000], 2, 4, (6, 1), torch.float32, 8, True),  # 6-way group: 12 rows padded to 16
+        ([63, 129], 6, 16, (4, 2), torch.bfloat16, 4, False),  # k = 5 drafts
+    ],
+)
+def test_verify_rows_take_the_one_launch_path(contexts, tokens, page, heads, dtype, splits, gated):
+    """Speculative verify rows (``tokens`` a sequence, each at its own position) through the
+    decode kernel: each row sees the cached keys and the new ones up to its own (causal
+    among the new), every new key and value is stored as the unfused ops store them, and
+    the output gate and split merge cover every row."""
+    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, 16, 16, dtype, seed=page + tokens,
+                                                tokens=tokens)
+    gate = None
+    if gated:
+        gen = torch.Generator().manual_seed(6)
+        gate = (2 * torch.randn(len(contexts) * tokens, heads[0], 32, generator=gen)).to(DEVICE, dtype)[..., 16:]
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25, gate=gate)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, gate=gate, num_splits=splits)
+    assert got.shape == want.shape and rel_err(got, want) < TOL[dtype]
+    torch.testing.assert_close(k_cache, want_k, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+    counters = counters_module._buffers.get(("decode_attention", got.device))
+    assert counters is None or not counters.any()
+
+
+def test_verify_rows_past_the_tile_take_the_unfused_path():
+    """More (token, head) rows a KV head than a program holds: the kernel refuses, and
+    :func:`fits_rows` tells the KV cache so beforehand."""
+    assert t_decode_attention.fits_rows(8, 4) and t_decode_attention.fits_rows(64, 1)
+    assert not t_decode_attention.fits_rows(6, 6) and not t_decode_attention.fits_rows(1, 7)
+    args, k_cache, v_cache, batch = decode_case([9, 30], 16, 12, 1, 16, 16, torch.float32, seed=3, tokens=4)
+    with pytest.raises(ValueError, match="same number of rows"):
+        t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25)
+
+
 def test_decode_attention_padding_rows_store_nothing():
     args, k_cache, v_cache, batch = decode_case([9, 30, 2], 4, 4, 2, 16, 16, torch.float32, seed=5, pad=1)
     want_k, want_v = k_cache.clone(), v_cache.clone()
@@ -95,6 +135,27 @@ def test_decode_attention_real_shapes(contexts):
     gate = torch.randn(*got.shape[:2], 2 * got.shape[2], device="cuda", dtype=got.dtype)[..., got.shape[2]:]
     gated = ops.decode_attention(*args, k_cache, v_cache, batch, 128**-0.5, gate)
     torch.testing.assert_close(gated, attention.output_gate(got, gate), atol=0, rtol=2**-7)
+    torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", [(24, 4, 256, 64), (4, 2, 128, 128), (32, 8, 128, 128)],
+                         ids=["27b", "train-gpu-deep", "8b"])
+@pytest.mark.parametrize("contexts", [[640], [5, 3000, 17, 64]], ids=["batch1", "mixed"])
+def test_verify_rows_real_shapes(shape, contexts):
+    """k = 3 verify rows (four tokens a sequence) at the real models' head shapes, with
+    their launch shapes (more warps, a narrower merge), gated as gated attention passes it."""
+    heads, kv_heads, head_dim, rotary = shape
+    args, k_cache, v_cache, batch = decode_case(contexts, 16, heads, kv_heads, head_dim, rotary, torch.bfloat16,
+                                                seed=3, device="cuda", tokens=4)
+    gate = torch.randn(len(contexts) * 4, heads, 2 * head_dim, device="cuda", dtype=torch.bfloat16)[..., head_dim:]
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, head_dim**-0.5, gate=gate)
+    for _ in range(3):  # the split counters must come back to zero between calls
+        got = ops.decode_attention(*args, k_cache, v_cache, batch, head_dim**-0.5, gate)
+        assert rel_err(got, want) < 1e-2
     torch.testing.assert_close(k_cache, want_k, atol=2e-2, rtol=2e-2, equal_nan=True)
     assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
 

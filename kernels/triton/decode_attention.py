@@ -18,6 +18,14 @@ last merges the partials and zeroes the counter for the next call (splits past a
 sequence's end exit at once). That replaces the second kernel a split needs otherwise.
 Counters come from :mod:`.counters`, allocated before any CUDA graph captures the kernel
 (the warm-up passes run it first).
+
+Speculative verify rows (``k + 1`` tokens a sequence) and the MTP head's extend take the
+same launch (``ROWS`` tokens a sequence, :func:`ninfer_kernels.decode_attention.fits_rows`):
+a program's rows are then (token, head-in-group) pairs, each query turned by its own
+position; the cached keys before the first new token are shared by every row, and the
+split holding the last new key stores all ``ROWS`` of them and folds each in from
+registers into the rows of its token and the later ones. The unfused path took four
+launches a layer for these rows (norm and RoPE, the KV write, attention, its merge).
 """
 
 from __future__ import annotations
@@ -29,9 +37,13 @@ import triton
 import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
+from ninfer_kernels.decode_attention import MAX_GROUP_ROWS, MAX_ROWS, fits_rows
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_launch import tuned_launch
+from ninfer_kernels.triton.decode_rows import (
+    _fold_new_key, _new_keys_rows, _norm_rope_factors, _norm_rope_rows, _query_rows,
+)
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits, gate_tile
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
@@ -55,53 +67,6 @@ MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 MERGE_SPLITS = 16
 
 
-@triton.jit
-def _rotation_partner(HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Each dim's RoPE partner (itself past the rotary part) and whether it is in the first half."""
-    d = tl.arange(0, BLOCK_D)
-    first = d < HALF
-    return tl.where(first, d + HALF, tl.where(d < ROT, d - HALF, d)), first
-
-
-@triton.jit
-def _norm_rope_factors(w_ptr, cs_row, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
-    """The norm weight (per dim and per partner dim), cos, and sin negated in the first half,
-    for one position: [BLOCK_D] each, float32. None of it comes from the kernel before, so
-    callers read it before the wait."""
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_D
-    rotated = d < ROT
-    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
-    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
-    j = tl.where(first, d, d - HALF)
-    cos = tl.load(cs_row + j, mask=rotated, other=1.0).to(tl.float32)
-    sin = tl.load(cs_row + HALF + j, mask=rotated, other=0.0).to(tl.float32)
-    return w, wp, cos, tl.where(first, -sin, sin)
-
-
-@triton.jit
-def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
-                    HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D], with the
-    factors from :func:`_norm_rope_factors`.
-
-    Each dim is paired with its rotation partner by a second (cached) load instead of
-    splitting the row into halves, so the result is a whole row ready for a dot product.
-    Rounding follows the unfused ops: normalised values in the input dtype, then rotated.
-    """
-    dtype = x_ptr.dtype.element_ty
-    d = tl.arange(0, BLOCK_D)
-    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
-    m = row_ok[:, None] & (d < HEAD_D)[None, :]
-    x = tl.load(x_ptr + row_offs[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
-    xp = tl.load(x_ptr + row_offs[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_D + eps)
-    n = (x * inv[:, None] * w[None, :]).to(dtype).to(tl.float32)
-    n_partner = (xp * inv[:, None] * wp[None, :]).to(dtype).to(tl.float32)
-    return (n * cos[None, :] + n_partner * signed_sin[None, :]).to(dtype)
-
 
 @triton.jit
 def _decode_kernel(
@@ -117,6 +82,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
+    ROWS: tl.constexpr = 1,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -129,7 +95,7 @@ def _decode_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N)
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N, ROWS)
     table = block_tables_ptr + seq * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kch
     v_base = v_cache_ptr + kv_head * stride_vch
@@ -147,24 +113,32 @@ def _decode_kernel(
     if split >= active:
         return
 
+    # rows are (token, head-in-group) pairs, token-major: one token a sequence at decode,
+    # ROWS of them for speculative verify rows
     rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < GROUP
-    head = kv_head * GROUP + rows
-    q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw, qwp, cos, signed_sin, eps,
-                        HEAD_D, HALF, ROT, BLOCK_D)
-    # The new key and value, in every program: a 256-byte read is cheaper than waiting
-    # to learn which program needs them.
-    one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
-    k_new = _norm_rope_rows(k_ptr, seq * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
-                            kw, kwp, cos, signed_sin, eps, HEAD_D, HALF, ROT, BLOCK_D)
-    k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
-    v_new = tl.load(v_ptr + seq * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
-    v_new = v_new.to(v_cache_ptr.dtype.element_ty)
+    row_ok = rows < GROUP * ROWS
+    t = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    tok = seq * ROWS + t
+    if ROWS == 1:
+        q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw, qwp, cos, signed_sin,
+                            eps, HEAD_D, HALF, ROT, BLOCK_D)
+        # The new key and value, in every program: a 256-byte read is cheaper than waiting
+        # to learn which program needs them.
+        one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
+        k_new = _norm_rope_rows(k_ptr, seq * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
+                                kw, kwp, cos, signed_sin, eps, HEAD_D, HALF, ROT, BLOCK_D)
+        k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
+        v_new = tl.load(v_ptr + seq * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
+        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
+    else:
+        q = _query_rows(q_ptr, pos_ptr, cos_sin_ptr, qw_ptr, seq, tok, head, t, row_ok, stride_qt, stride_qh,
+                        stride_cs, eps, ROWS, HEAD_D, HALF, ROT, BLOCK_M, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    pos = tl.zeros([BLOCK_M], dtype=tl.int32) + new
+    pos = seq_len - ROWS + t  # each row sees the keys up to its own token
     q_dot = q.to(tl.float32) if UPCAST else q
     acc, m_i, l_i = _fold_kv_tile(acc, m_i, l_i, q_dot, k0, v0, qk_scale, 1.0, lo, cached_hi, pos,
                                   BLOCK_N, True, IEEE, UPCAST)
@@ -176,85 +150,83 @@ def _decode_kernel(
     )
     holds_new = (lo <= new) & (new < hi)
     if holds_new:
-        if slot >= 0:  # padding rows (slot -1) store nothing
-            page, offset = slot // PAGE, slot % PAGE
-            tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
-                     k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
-            tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
-                     v_new, mask=dv_ok)
-        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, v_cache_ptr.dtype.element_ty)
-    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
-                 num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV,
-                 SPLIT, True, GATED)
+        if ROWS == 1:
+            if slot >= 0:  # padding rows (slot -1) store nothing
+                page, offset = slot // PAGE, slot % PAGE
+                tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
+                         k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
+                tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
+                         v_new, mask=dv_ok)
+            acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, row_ok,
+                                          v_cache_ptr.dtype.element_ty)
+        else:
+            acc, m_i, l_i = _new_keys_rows(
+                acc, m_i, l_i, q, t, k_ptr, v_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                seq, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, offs_d, offs_dv, d_ok, dv_ok,
+                ROWS, PAGE, HEAD_D, HALF, ROT, BLOCK_D)
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
+                 active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
+                 stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S,
+                 BLOCK_DV, SPLIT, True, GATED, ROWS)
 
 
 @triton.jit
-def _split_keys(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
+def _split_keys(seq_len, split, num_splits, BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 1):
     """A decode program's share of its sequence's keys: ``lo..hi`` (the same ranges as the
-    prefill/decode kernel's), the new key's position ``new``, ``cached_hi`` (its share
-    without the new key, which is never read back from the page: the split holding it
-    folds it in from registers, so no load waits for its store), and how many splits
-    hold keys at all (``active``: the rest store nothing and the merge does not count them)."""
+    prefill/decode kernel's), the last new key's position ``new``, ``cached_hi`` (its share
+    without the ``ROWS`` new keys, which are never read back from the page: the split
+    holding the last folds them all in from registers, so no load waits for their store),
+    and how many splits hold keys at all (``active``: the rest store nothing and the merge
+    does not count them)."""
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(seq_len, lo + chunk)
     new = seq_len - 1
-    return lo, hi, new, tl.minimum(hi, new), tl.cdiv(seq_len, chunk)
+    return lo, hi, new, tl.minimum(hi, seq_len - ROWS), tl.cdiv(seq_len, chunk)
 
 
 @triton.jit
-def _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, DT: tl.constexpr):
-    """Fold the new key and value (rows of the program's one KV head) in from registers,
-    exactly as a tile would fold them: the key, the value and the probabilities rounded to
-    ``DT`` (the products' operand dtype), scores in log2 units."""
-    s_new = tl.sum(q.to(tl.float32) * k_new.to(DT).to(tl.float32)[None, :], 1) * qk_scale
-    m_new = tl.maximum(m_i, s_new)
-    alpha = tl.exp2(m_i - m_new)
-    p_new = tl.exp2(s_new - m_new)
-    l_i = l_i * alpha + p_new
-    p_new = p_new.to(DT).to(tl.float32)
-    acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(DT).to(tl.float32)[None, :]
-    return acc, m_new, l_i
+def _gate_rows(o, gate_ptr, toks, heads, offs_dv, mask, stride_gt, stride_gh, DT: tl.constexpr):
+    """Output rows ``o`` (fp32; token ``toks``, head ``heads`` each) times ``sigmoid(gate)``,
+    both rounded to the output dtype first, as the unfused ops
+    (:func:`ninfer_kernels.attention.output_gate`) round them."""
+    return gate_tile(o, gate_ptr, toks.to(tl.int64) * stride_gt + heads.to(tl.int64) * stride_gh, offs_dv, mask, DT)
 
 
 @triton.jit
-def _gate_rows(o, gate_ptr, seq, heads, offs_dv, mask, stride_gt, stride_gh, DT: tl.constexpr):
-    """Output rows ``o`` (fp32) times ``sigmoid(gate)``, both rounded to the output dtype
-    first, as the unfused ops (:func:`ninfer_kernels.attention.output_gate`) round them."""
-    return gate_tile(o, gate_ptr, seq * stride_gt + heads.to(tl.int64) * stride_gh, offs_dv, mask, DT)
-
-
-@triton.jit
-def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
-                 num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP: tl.constexpr, HEAD_DV: tl.constexpr,
+def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
+                 active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
+                 stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP: tl.constexpr, HEAD_DV: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 SPLIT: tl.constexpr, MERGE: tl.constexpr, GATED: tl.constexpr):
-    """A decode program's normalised rows: the output itself without splits; else its partial
-    and log-sum-exp, and with ``MERGE`` the last of the ``active`` splits of its (sequence,
-    KV head) to arrive merges them and zeroes the counter for the next call. ``GATED``: the
-    output (not the partials) is multiplied by ``sigmoid(gate)``."""
+                 SPLIT: tl.constexpr, MERGE: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1):
+    """A decode program's normalised rows (row ``r``: token ``tok[r]``, query head
+    ``head[r]``): the output itself without splits; else its partial and log-sum-exp, and
+    with ``MERGE`` the last of the ``active`` splits of its (sequence, KV head) to arrive
+    merges them and zeroes the counter for the next call. ``GATED``: the output (not the
+    partials) is multiplied by ``sigmoid(gate)``. ``ROWS``: tokens a sequence brings."""
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    toks = tok.to(tl.int64)
     if not SPLIT:
-        dest = seq * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
+        dest = toks[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :]
         mask = row_ok[:, None] & dv_ok[None, :]
         if GATED:
-            o = _gate_rows(o, gate_ptr, seq, head, offs_dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
+            o = _gate_rows(o, gate_ptr, toks, head, offs_dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
         tl.store(out_ptr + dest, o.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        part = split * stride_ps + seq * stride_pt + head[:, None] * stride_ph + offs_dv[None, :]
+        part = split * stride_ps + toks[:, None] * stride_pt + head[:, None] * stride_ph + offs_dv[None, :]
         tl.store(part_o_ptr + part, o, mask=row_ok[:, None] & dv_ok[None, :])
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + split * stride_ls + seq * stride_lt + head, lse, mask=row_ok)
+        tl.store(part_lse_ptr + split * stride_ls + toks * stride_lt + head, lse, mask=row_ok)
         if MERGE:
             tl.debug_barrier()  # every thread's partial is stored before the counter moves
             counter = count_ptr + seq * num_kv_heads + kv_head
             if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:
                 _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, active,
                                 stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
-                                stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, GATED)
+                                stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, GATED,
+                                ROWS)
                 tl.store(counter, 0)
 
 
@@ -262,20 +234,22 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, ga
 def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, num_parts,
                     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_gt, stride_gh,
                     GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr):
+                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1):
     """Weight each of the first ``num_parts`` partials by its share of the row's softmax
     mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
-    heads. Up to ``MERGE_S`` splits, the log-sum-exps and the partial outputs are read
-    together; past that, the outputs are read ``MERGE_S`` splits at a time after the
-    log-sum-exps (all at once would not fit a 2-warp program's registers)."""
+    heads (of each of the sequence's ``ROWS`` tokens). Up to ``MERGE_S`` splits, the
+    log-sum-exps and the partial outputs are read together; past that, the outputs are
+    read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
+    2-warp program's registers)."""
     g = tl.arange(0, BLOCK_G)
-    g_ok = g < GROUP
-    heads = kv_head * GROUP + g
+    g_ok = g < GROUP * ROWS
+    heads = kv_head * GROUP + g % GROUP
+    toks = seq * ROWS + g // GROUP
     dv = tl.arange(0, BLOCK_DV)
     dv_ok = dv < HEAD_DV
     s = tl.arange(0, BLOCK_S)
-    lse_rows = part_lse_ptr + seq * stride_lt + heads[None, :]
-    part_rows = part_o_ptr + seq * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
+    lse_rows = part_lse_ptr + toks[None, :] * stride_lt + heads[None, :]
+    part_rows = part_o_ptr + toks[None, :, None] * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
     sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
     # .cg: read through L2, where the other programs' partials are, never a stale L1 line
     lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
@@ -298,10 +272,10 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, n
             parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
                             other=0.0, cache_modifier=".cg")
             merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
-    dest = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dv[None, :]
+    dest = out_ptr + toks[:, None] * stride_ot + heads[:, None] * stride_oh + dv[None, :]
     mask = g_ok[:, None] & dv_ok[None, :]
     if GATED:
-        merged = _gate_rows(merged, gate_ptr, seq, heads, dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
+        merged = _gate_rows(merged, gate_ptr, toks, heads, dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
     tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -322,12 +296,17 @@ def decode_attention(
     gate: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as the reference. ``num_splits`` overrides the key-split heuristic."""
-    num_seqs, num_heads, head_dim = q.shape
+    """Same contract as the reference (batches :func:`fits_rows` admits). ``num_splits``
+    overrides the key-split heuristic."""
+    num_tokens, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
-    if batch.max_query_len != 1 or batch.seq_lens.shape[0] != num_seqs:
-        raise ValueError("decode_attention takes decode batches only (one new token per sequence)")
+    num_seqs = batch.seq_lens.shape[0]
+    rows = batch.max_query_len
+    if num_seqs * rows != num_tokens or not fits_rows(num_heads // max(num_kv_heads, 1), rows):
+        raise ValueError(f"decode_attention takes {num_seqs} sequences of the same number of rows (1 to "
+                         f"{MAX_ROWS}, at most {MAX_GROUP_ROWS} rows a KV head), got {num_tokens} rows of up to "
+                         f"{rows} a sequence")
     if num_heads % num_kv_heads or k.shape[1] != num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
     if page_size & (page_size - 1):
@@ -335,7 +314,7 @@ def decode_attention(
     check_rotary_dim(rotary_dim, head_dim, cos_sin)
     if any(t.stride(-1) != 1 for t in (q, k, v, k_cache, v_cache, cos_sin)):
         raise ValueError("q, k, v, the caches and the cos/sin table must be contiguous in their last dimension")
-    out = torch.empty(num_seqs, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    out = torch.empty(num_tokens, num_heads, head_dim_v, dtype=q.dtype, device=q.device)
     gate_arg, gate_strides = gate_args(gate, out)
     if num_seqs == 0:
         return out
@@ -350,11 +329,20 @@ def decode_attention(
         num_warps, num_stages, block_n, small_block_n, small_tile_splits = launch_shape(head_dim)
         block_n = small_block_n if splits >= small_tile_splits else block_n
     if splits > 1:
-        part_o = torch.empty(splits, num_seqs, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(splits, num_seqs, num_heads, dtype=torch.float32, device=q.device)
+        part_o = torch.empty(splits, num_tokens, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused when SPLIT is off
     counters = counter_buffer("decode_attention", q.device, num_seqs * num_kv_heads, minimum=1 << 16)
+    row_tile = triton.next_power_of_2(group * rows)  # (token, head-in-group) rows of a program
+    # the merge holds MERGE_S partials of every row at once: as many values with more rows
+    merge_s = max(1, min(MERGE_SPLITS, triton.next_power_of_2(splits)) // triton.next_power_of_2(rows))
+    if rows > 1:
+        # verify rows hold several tokens' rows a program: at decode's warps the registers
+        # spill (ptxas, triton 3.6, sm_90: 192 bytes at the 8B's head dim 128 on 2 warps,
+        # 2.5 KB at 256 on 4 warps; none with 4 and 8 warps, one partial a merge pass at 256)
+        num_warps = max(num_warps, 8 if head_dim > 128 else 4)
+        merge_s = 1 if head_dim > 128 else merge_s
     use_pdl = pdl.enabled(q.device)
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,
@@ -367,16 +355,17 @@ def decode_attention(
         out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), batch.block_tables.stride(0), *gate_strides,
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HEAD_DV=head_dim_v, HALF=rotary_dim // 2, ROT=rotary_dim,
-        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        BLOCK_M=max(16, row_tile), BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
-        MERGE_S=min(MERGE_SPLITS, triton.next_power_of_2(splits)),
+        BLOCK_G=row_tile, BLOCK_S=triton.next_power_of_2(splits),
+        MERGE_S=merge_s,
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gate is not None, USE_PDL=use_pdl,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
+        ROWS=rows, num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     return out
+
 
 
 def gate_args(gate: torch.Tensor | None, out: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:

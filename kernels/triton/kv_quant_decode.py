@@ -34,9 +34,8 @@ from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.attention import output_gate
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.decode_attention import (
-    MERGE_SPLITS, _finish_rows, _fold_new_key, _norm_rope_factors, _norm_rope_rows, _split_keys, gate_args,
-)
+from ninfer_kernels.triton.decode_attention import MERGE_SPLITS, _finish_rows, _split_keys, gate_args
+from ninfer_kernels.triton.decode_rows import _fold_new_key, _norm_rope_factors, _norm_rope_rows
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import _format_id, _half_products, _store_kv_head, kv_format_name, part_strides
 from ninfer_kernels.triton.kv_quant_tiles import _attend_pages
@@ -124,11 +123,11 @@ def _decode_quant_kernel(
             k_new, v_new = _store_kv_head(k_new, v_new, offs_d, d_ok, slot, kv_head, kd, ks, vd, vs, k_inv_gscale,
                                           v_inv_gscale, all_strides, KFMT, VFMT, HEAD_D, BLOCK_D, KGROUP, VGROUP,
                                           PAGE)
-        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, dt)
-    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, kv_head, split, active,
-                 num_kv_heads, head, row_ok, offs_d, d_ok, stride_ot, stride_oh, stride_ps, stride_pt, stride_ph,
-                 stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_D, SPLIT,
-                 MERGE, GATED)
+        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, row_ok, dt)
+    _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, seq + 0 * rows, kv_head,
+                 split, active, num_kv_heads, head, row_ok, offs_d, d_ok, stride_ot, stride_oh, stride_ps, stride_pt,
+                 stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_D, BLOCK_G, BLOCK_S, MERGE_S,
+                 BLOCK_D, SPLIT, MERGE, GATED)
 
 
 def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope,

@@ -159,6 +159,12 @@ class ModelRunner:
             batch.state_slots = torch.tensor(state_slots, dtype=torch.int64, device=dev)
             if width:
                 batch.verify = verify_rows_for(batch, sched.num_verify, width, state_slots, self.scratch)
+        # all verify rows: their attention may take the one-launch path, at the captured
+        # width only (the warm-up compiled that one; a narrower step near the end of a
+        # request's output would compile a kernel variant inside it)
+        if width and sched.num_verify == len(chunks) and (self.verify_graphs is None
+                                                          or width == self.verify_graphs.width):
+            batch.rows_per_seq = width
         if self.loras:
             batch.lora = LoraBatch.build([c.seq.lora_slot for c in chunks], q_lens, dev)
         ids = ahead_ids if ahead_ids is not None else torch.tensor(input_ids, dtype=torch.int64).to(dev)

@@ -65,6 +65,10 @@ class ForwardBatch:
     state_slots: Optional[torch.Tensor] = None
     #: speculative verify rows, laid out for recurrent layers (None: no such rows, or no state)
     verify: Optional[VerifyRows] = None
+    #: every sequence brings exactly this many rows (0: not said): verify steps and the MTP
+    #: head's drafting say so, and their attention may then take the one-launch decode path
+    #: (prefill chunks never do, so short prompts compile no variants of it inside requests)
+    rows_per_seq: int = 0
 
     @property
     def num_seqs(self) -> int:

@@ -37,10 +37,11 @@ class KVCache(abc.ABC):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
         batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """Optional fast path for decode batches: take q/k/v straight from the projection,
-        apply ``norm_rope``, store k/v and attend, all at once; the attention output, or
-        None when this format has no such path for ``batch`` (the caller then does the
-        steps one by one). A format that fuses must give what the steps give. With a
+        """Optional fast path for decode batches (and others whose sequences each bring the
+        same few rows, such as speculative verify rows: the format decides): take q/k/v
+        straight from the projection, apply ``norm_rope``, store k/v and attend, all at
+        once; the attention output, or None when this format has no such path for
+        ``batch`` (the caller then does the steps one by one). A format that fuses must give what the steps give. With a
         ``gate`` (gated attention: [T, heads, Dv], a view of the projection) the output
         is ``attention * sigmoid(gate)``
         (:func:`ninfer_kernels.attention.output_gate`)."""

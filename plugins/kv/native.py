@@ -16,6 +16,7 @@ from ninfer.hookspecs import hookimpl
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer.model.kv import HeadNormRope, KVCache, KVDtype
 from ninfer_kernels import ops
+from ninfer_kernels.decode_attention import fits_rows
 
 
 class NativeKVCache(KVCache):
@@ -51,7 +52,10 @@ class NativeKVCache(KVCache):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm_rope: HeadNormRope,
         batch: ForwardBatch, scale: float, gate: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        if not batch.is_decode_only:
+        # decode steps, and steps whose sequences each bring the same few rows (speculative
+        # verify rows, the MTP head's extend) when the one-launch kernel's tile holds them
+        rows = batch.max_query_len
+        if not (rows == 1 or batch.rows_per_seq == rows) or not fits_rows(q.shape[1] // self.k.shape[2], rows):
             return None
         n = norm_rope
         return ops.decode_attention(q, k, v, n.q_weight, n.k_weight, n.eps, n.positions, n.cos_sin, n.rotary_dim,

@@ -161,6 +161,7 @@ def chain_drafts(run_head: Callable, draft: Callable, k: int, block_size: int, m
         query_start=torch.arange(bs + 1, **i32) * w, seq_lens=seq_lens, block_tables=tables,
         slot_mapping=slots, logits_indices=last, block_size=block_size, max_query_len=w,
         max_seq_len=max_context, query_lens_host=[w] * bs, seq_lens_host=seq_lens_host or [w] * bs,
+        rows_per_seq=w,
     )
     out = run_head(ids, hidden, positions, extend)
     state = out.index_select(0, last)

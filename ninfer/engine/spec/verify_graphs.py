@@ -65,6 +65,7 @@ class VerifyGraphs:
             query_start=self.query_start[: bs + 1], seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
             slot_mapping=self.slot_mapping[: bs * w], logits_indices=self.rows[: bs * w], block_size=self.block_size,
             max_query_len=w, max_seq_len=self.max_context, query_lens_host=[w] * bs, seq_lens_host=lens,
+            rows_per_seq=w,
         )
         if self.scratch is not None:
             batch.state_slots = self.state_slots[:bs]

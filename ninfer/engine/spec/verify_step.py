@@ -71,6 +71,7 @@ def _rest(batch: ForwardBatch, num_seqs: int, width: int, slots: Sequence[int]) 
         batch, query_start=start.to(dev), seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
         max_query_len=max(q_lens), max_seq_len=max(lens), query_lens_host=q_lens, seq_lens_host=lens,
         state_slots=torch.tensor(list(slots[num_seqs:]), dtype=torch.int64, device=dev), verify=None, lora=None,
+        rows_per_seq=0,
     )
 
 

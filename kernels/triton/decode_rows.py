@@ -1,0 +1,127 @@
+"""The new rows of a decode or verify step inside the one-launch attention kernels.
+
+:mod:`.decode_attention` and :mod:`.kv_quant_decode` take q/k/v straight from the
+projection, so the per-head RMSNorm and RoPE run in the kernel: each dim is paired with its
+rotation partner by a second (cached) load, so a row comes out whole, ready for a dot
+product. The new keys are never read back from their page: the program holding them
+folds them in from registers, each into the rows that may see it. With several tokens a
+sequence (speculative verify rows) every query and key turns by its own position.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotation_partner(HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each dim's RoPE partner (itself past the rotary part) and whether it is in the first half."""
+    d = tl.arange(0, BLOCK_D)
+    first = d < HALF
+    return tl.where(first, d + HALF, tl.where(d < ROT, d - HALF, d)), first
+
+
+@triton.jit
+def _norm_rope_factors(w_ptr, cs_row, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """The norm weight (per dim and per partner dim), cos, and sin negated in the first half,
+    for one position: [BLOCK_D] each, float32. None of it comes from the kernel before, so
+    callers read it before the wait."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_D
+    rotated = d < ROT
+    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
+    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    j = tl.where(first, d, d - HALF)
+    cos = tl.load(cs_row + j, mask=rotated, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row + HALF + j, mask=rotated, other=0.0).to(tl.float32)
+    return w, wp, cos, tl.where(first, -sin, sin)
+
+
+@triton.jit
+def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
+                    HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D], with the
+    factors from :func:`_norm_rope_factors`.
+
+    Each dim is paired with its rotation partner by a second (cached) load instead of
+    splitting the row into halves, so the result is a whole row ready for a dot product.
+    Rounding follows the unfused ops: normalised values in the input dtype, then rotated.
+    """
+    dtype = x_ptr.dtype.element_ty
+    d = tl.arange(0, BLOCK_D)
+    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
+    m = row_ok[:, None] & (d < HEAD_D)[None, :]
+    x = tl.load(x_ptr + row_offs[:, None] + d[None, :], mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(x_ptr + row_offs[:, None] + partner[None, :], mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_D + eps)
+    n = (x * inv[:, None] * w[None, :]).to(dtype).to(tl.float32)
+    n_partner = (xp * inv[:, None] * wp[None, :]).to(dtype).to(tl.float32)
+    return (n * cos[None, :] + n_partner * signed_sin[None, :]).to(dtype)
+
+
+@triton.jit
+def _query_rows(q_ptr, pos_ptr, cos_sin_ptr, qw_ptr, seq, tok, head, t, row_ok, stride_qt, stride_qh, stride_cs, eps,
+                ROWS: tl.constexpr, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The normalised, rotated query rows of a sequence's ``ROWS`` tokens, each turned by its
+    own position: one masked pass per token (rows of the other tokens load nothing and come
+    out zero, so the passes add up to the tile)."""
+    offs = tok.to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # (exact: each row gets one pass and zeros)
+    for j in tl.static_range(ROWS):
+        cs_row = cos_sin_ptr + tl.load(pos_ptr + seq * ROWS + j).to(tl.int64) * stride_cs
+        w, wp, cos, signed_sin = _norm_rope_factors(qw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+        q += _norm_rope_rows(q_ptr, offs, row_ok & (t == j), w, wp, cos, signed_sin, eps, HEAD_D, HALF, ROT,
+                             BLOCK_D).to(tl.float32)
+    return q.to(q_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _new_keys_rows(acc, m_i, l_i, q, t, k_ptr, v_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                   seq, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, offs_d, offs_dv, d_ok, dv_ok,
+                   ROWS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HALF: tl.constexpr,
+                   ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A verify sequence's ``ROWS`` new keys and values: each normalised and turned at its own
+    position, stored at its slot (-1: nothing), and folded from registers into the rows of
+    its token and the later ones (row token ``t`` sees new key ``j`` when ``j <= t``)."""
+    one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
+    for j in tl.static_range(ROWS):
+        tok = seq * ROWS + j
+        cs_row = cos_sin_ptr + tl.load(pos_ptr + tok).to(tl.int64) * stride_cs
+        kw, kwp, cos, signed_sin = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+        k_new = _norm_rope_rows(k_ptr, tok * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
+                                kw, kwp, cos, signed_sin, eps, HEAD_D, HALF, ROT, BLOCK_D)
+        k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
+        v_new = tl.load(v_ptr + tok * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
+        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
+        if slot >= 0:
+            page, offset = slot // PAGE, slot % PAGE
+            tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
+                     k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
+            tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
+                     v_new, mask=dv_ok)
+        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, t >= j, v_cache_ptr.dtype.element_ty)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, visible, DT: tl.constexpr):
+    """Fold a new key and value (rows of the program's one KV head) into the ``visible``
+    rows from registers, exactly as a tile would fold them: the key, the value and the
+    probabilities rounded to ``DT`` (the products' operand dtype), scores in log2 units."""
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(DT).to(tl.float32)[None, :], 1) * qk_scale
+    s_new = tl.where(visible, s_new, float("-inf"))
+    m_new = tl.maximum(m_i, s_new)
+    # a row that has seen nothing yet (an empty cached range) keeps m = -inf: subtract 0 then
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p_new = tl.exp2(s_new - m_safe)
+    l_i = l_i * alpha + p_new
+    p_new = p_new.to(DT).to(tl.float32)
+    acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(DT).to(tl.float32)[None, :]
+    return acc, m_new, l_i
