@@ -9,6 +9,8 @@ this reference simply chains the reference ops, which fixes what "the same" mean
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ninfer.model.forward_batch import ForwardBatch
@@ -19,13 +21,17 @@ from ninfer_kernels.qk_norm_rope import qk_norm_rope
 #: verify rows take the one-launch path up to this many tokens a sequence (k = 5 drafts) and
 #: this many (token, query head) rows per KV head (the Triton program's tile)
 MAX_ROWS, MAX_GROUP_ROWS = 6, 32
+FUSED_VERIFY = os.environ.get("NINFER_FUSED_VERIFY", "1") != "0"
 
 
 def fits_rows(group: int, rows: int) -> bool:
     """Whether a batch whose sequences each bring ``rows`` new tokens takes the one-launch
     path, for ``group`` query heads per KV head. Wider steps (prefill chunks, verify rows
-    past the tile) take the steps one by one; a decode step always fits."""
-    return rows == 1 or (1 < rows <= MAX_ROWS and group * rows <= MAX_GROUP_ROWS)
+    past the tile) take the steps one by one; a decode step always fits.
+    ``NINFER_FUSED_VERIFY=0`` sends every multi-row step the unfused way (for comparisons)."""
+    if rows == 1:
+        return True
+    return FUSED_VERIFY and rows <= MAX_ROWS and group * rows <= MAX_GROUP_ROWS
 
 
 def decode_attention(

@@ -29,8 +29,9 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
-#   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
-#                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768)
+#   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, again with
+#                                   verify attention unfused (NINFER_FUSED_VERIFY=0), then over the --lm-head-draft
+#                                   shortlist of each HEAD_SIZES (32768)
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first), the engine's acceptance against the trainer's chain
@@ -65,7 +66,8 @@
 #   scripts/gpu_session.sh spec-profile  the round kernels' and device rounds' GPU tests (SPEC_TESTS=0: none), then
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
-#                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first)
+#                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first), and the round
+#                                   again with verify attention unfused (NINFER_FUSED_VERIFY=0)
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -348,11 +350,13 @@ spec)
     ;;
 spec-head)
     # the spec's headline on the 27B shape: a k=3 round drafting over the full 248k-entry LM head,
-    # then over the --lm-head-draft shortlist (HEAD_SIZES); the head is most of a draft's bytes
-    for head in "" ${HEAD_SIZES:-32768}; do
-        bench 260 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
-            --spec-context 512,32768 --no-transformers ${head:+--lm-head-draft "$head"}
-    done
+    # the same with verify attention in four launches a layer (NINFER_FUSED_VERIFY=0, the peer of
+    # the decode kernel's verify rows), then drafting over the --lm-head-draft shortlist (HEAD_SIZES)
+    cost27() { bench 200 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
+        --spec-context 512,32768 --no-transformers "$@"; }
+    cost27
+    NINFER_FUSED_VERIFY=0 cost27
+    for head in ${HEAD_SIZES:-32768}; do cost27 --lm-head-draft "$head"; done
     ;;
 spec2)
     # the spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them here too): training the
@@ -677,11 +681,14 @@ spec-profile)
             --rows 1,4,8 --write --out-dir "$OUT" > "$OUT/spec_skinny_sweep.jsonl" 2>&1
         grep '"linear"' "$OUT/spec_skinny_sweep.jsonl" | cut -c1-260
     fi
-    for k in 0 "${SPEC_K:-3}"; do
+    # then the round again with verify attention in four launches a layer (the peer of the decode kernel's)
+    for run in 0 "${SPEC_K:-3}" "${SPEC_K:-3}u"; do
+        k=${run%u}
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
-        timeout "$limit" python3 scripts/gpu_step_profile.py "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency \
-            "${SPEC_C:-1}" --steps 30 --top 40 $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k") 2>&1 \
-            | tee "$OUT/profile_spec_k$k.jsonl" | grep "^{" | cut -c1-1200
+        env $([ "$run" != "$k" ] && echo NINFER_FUSED_VERIFY=0) timeout "$limit" python3 scripts/gpu_step_profile.py \
+            "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency "${SPEC_C:-1}" --steps 30 --top 40 \
+            $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k") 2>&1 \
+            | tee "$OUT/profile_spec_k$run.jsonl" | grep "^{" | cut -c1-1200
     done
     ;;
 serve27)

@@ -130,12 +130,13 @@ class Bench:
     def spec_cost(self, acceptance: list[float]) -> None:
         """The cost of one speculative round at each ``--spec-context`` (see :mod:`ninfer.bench.spec_cost`)."""
         from ninfer.bench.spec_cost import round_cost
+        from ninfer_kernels.decode_attention import FUSED_VERIFY
 
         a = self.args
         for context in a.spec_context:
             record = round_cost(self.llm.engine, context, acceptance, self.vocab)
             self.emit({"figure": "spec_round_cost", "engine": "ninfer", "spec": a.spec,
-                       "lm_head_draft": a.lm_head_draft, **self.common, **record})
+                       "lm_head_draft": a.lm_head_draft, "fused_verify": FUSED_VERIFY, **self.common, **record})
 
     def spec_decode(self, model: str, levels: list[int], ks: list[int]) -> None:
         """Decode at each concurrency without speculation, then with each draft count in
