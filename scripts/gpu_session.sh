@@ -63,7 +63,8 @@
 #                                   an 8k prompt's time to first token alone and beside 8 decoders, their token
 #                                   gaps, at chunks CHUNKS (1024..8192; scripts/gpu_chunk_latency.py), and the
 #                                   Triton compiles the warm-up missed
-#   scripts/gpu_session.sh spec-profile  the round kernels' and device rounds' GPU tests (SPEC_TESTS=0: none), then
+#   scripts/gpu_session.sh spec-profile  the round kernels', device rounds' and decode/verify attention GPU tests
+#                                   (SPEC_TESTS=0: none), then
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
 #                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first), and the round
@@ -401,8 +402,9 @@ spec-gap)
     gap=/tmp/trained-gap-${GAP_PRESET:-gpu-deep}
     [ -f $gap/config.json ] || timeout $(( ${GAP_TRAIN_S:-60} + 150 )) ninfer-train $gap --device cuda \
         --preset "${GAP_PRESET:-gpu-deep}" --train-seconds "${GAP_TRAIN_S:-60}" -q | tee "$OUT/train_gap.json"
-    for how in "--dtype fp32" "--dtype fp32 --no-cuda-graph" "--dtype bf16" "--dtype bf16 --no-cuda-graph" \
-               "--dtype bf16 --host-rounds"; do
+    # the bench's own setting first (bf16, graphs, device rounds), then one switch at a time
+    for how in "--dtype bf16" "--dtype bf16 --no-cuda-graph" "--dtype fp32" "--dtype bf16 --host-rounds" \
+               "--dtype fp32 --no-cuda-graph"; do
         [ "$(left)" -lt 40 ] && { echo "skipped: acceptance check $how (deadline)"; continue; }
         flags=${how/--host-rounds/}
         env $([ "$flags" != "$how" ] && echo NINFER_DEVICE_ROUNDS=0) timeout 150 python3 \
@@ -668,8 +670,9 @@ spec-profile)
     # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
     # first the round's bookkeeping kernels and the device rounds on CUDA (SPEC_TESTS=0: not)
     if [ "${SPEC_TESTS:-1}" = 1 ]; then
-        timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
-            > "$OUT/pytest_rounds.txt" 2>&1; echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
+        timeout 240 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
+            tests/test_decode_attention_kernel.py > "$OUT/pytest_rounds.txt" 2>&1
+        echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
     fi
     # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
