@@ -410,7 +410,7 @@ spec-gap)
         env $([ "$flags" != "$how" ] && echo NINFER_DEVICE_ROUNDS=0) timeout 150 python3 \
             scripts/spec_acceptance_check.py $gap --preset "${GAP_PRESET:-gpu-deep}" --device cuda --trainer-device cuda \
             --prompts 16 --prompt-len 128 --new-tokens 128 $flags 2>>"$OUT/acceptance_gap.err" \
-            | sed "s|^|$how: |" | tee -a "$OUT/acceptance_gap.jsonl" | cut -c1-400
+            | sed "s|^|$how: |" | tee -a "$OUT/acceptance_gap.jsonl" | cut -c1-700
     done
     # the bench's sample (now spread over the held-out text) on the same model
     python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
