@@ -4,7 +4,8 @@
 For the linear-attention shapes of Qwen3.6-27B (16 key heads, 48 value heads) and
 Qwen3.6-35B-A3B (16 / 32), head dims 128, and of ``ninfer-train``'s ``gpu-deep`` preset
 (4 / 8, head dims 64; ``--shapes`` picks), conv kernel 4, bf16, at decode batch 1 and 8,
-batch 8 with a graph padding row (negative slot), and one sequence verifying 4 tokens:
+batch 8 with a graph padding row (negative slot), one sequence of 4 tokens as a chunk,
+and the verify op itself (``gated_delta_verify``: 4 tokens, each state to its own row):
 
 * relative error ||out - ref|| / ||ref|| of :func:`ninfer_kernels.triton.gated_delta_decode`
   against the torch reference (same dtype, the chain it is defined by), of the float32
@@ -49,7 +50,7 @@ CASES = {
     "decode b=1": [((4095, 1), 0)],
     "decode b=8": [((4095, 1), i) for i in range(8)],
     "decode b=8 pad": [((4095, 1), i) for i in range(7)] + [((0, 1), -1)],
-    "verify b=1 x4": [((4095, 4), 0)],
+    "chunk b=1 x4": [((4095, 4), 0)],
 }
 #: (warps, programs per value head) timed beside the default launch shape (8 programs a
 #: head only for heads narrower than 128: launch_shape keeps 32 columns a program)
@@ -204,6 +205,41 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
             report.add({**base, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
 
 
+def check_verify(report: Report, shape: str, gen: torch.Generator, width: int = 4) -> None:
+    """``gated_delta_verify`` (speculative verify rows: each token's state to its own row) for
+    one sequence of ``width`` tokens after 4,095: against the reference, then timed at the
+    default launch shape and every variant."""
+    hk, hv, D = SHAPES[shape]
+    case = [((4095, width), 0)]
+    batch = make_batch(case)
+    x = make_inputs(hk, hv, D, width, 1 + width, gen)
+    rows = torch.arange(1, 1 + width, dtype=torch.int64, device="cuda").view(1, width)
+    base = {"shape": shape, "case": f"verify rows x{width}"}
+
+    def op(module, y, **launch):
+        return lambda: module.gated_delta_verify(y["proj"], y["conv_weight"], y["conv_states"], y["ssm_states"],
+                                                 y["a_log"], y["dt_bias"], y["norm_weight"], EPS, hk, D, batch, rows,
+                                                 **launch)
+
+    want_x, got_x = with_fresh_states(x), with_fresh_states(x)
+    want, got = op(ref, want_x)(), op(t_fused, got_x)()
+    report.add({**base, "impl": "verify", "rel_err": rel_err(got, want),
+                "state_rel_err": rel_err(got_x["ssm_states"][1:], want_x["ssm_states"][1:]),
+                "conv_exact": torch.equal(got_x["conv_states"], want_x["conv_states"])})
+    # the bytes it must move: the slot's state read, each position's state and history written
+    nbytes = (1 + width) * hv * D * D * 4 + got.numel() * got.element_size() * 2
+    warps, splits = t_fused.launch_shape(1, hv, D, torch.device("cuda"))
+    timed = {f"default s{splits}": op(t_fused, with_fresh_states(x))}
+    timed.update({f"verify w{w} s{n}": op(t_fused, with_fresh_states(x), num_warps=w, value_splits=n)
+                  for w, n in VARIANTS if n < 8 or D < 128})
+    for name, fn in timed.items():
+        try:
+            ms = bench(graphed(fn))
+            report.add({**base, "impl": name, "us": ms * 1e3, "bytes": nbytes, "gb_per_s": nbytes / ms / 1e6})
+        except Exception as exc:  # noqa: BLE001  (a launch shape that does not compile is a result too)
+            report.add({**base, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+
+
 def table(report: Report) -> None:
     print(f"\n{'shape':17} {'case':15} {'impl':16} {'rel_err':>9} {'us':>8} {'GB/s':>7}")
     for r in report.rows:
@@ -238,6 +274,11 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001  (report and go on to the next case)
                     traceback.print_exc()
                     report.add({"shape": shape, "case": case_name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            try:
+                check_verify(report, shape, gen)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                report.add({"shape": shape, "case": "verify rows", "error": f"{type(exc).__name__}: {exc}"[:300]})
     table(report)
     replays_bad = sum(1 for r in report.rows if r.get("replay_equals_eager") is False)
     print(f"{report.failed + replays_bad} failed; {time.perf_counter() - started:.0f} s", flush=True)

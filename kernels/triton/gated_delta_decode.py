@@ -43,7 +43,8 @@ Speculative verify rows (:func:`gated_delta_verify`) run the same program with
 program stores its part of the state and the conv history to that token's own row (so
 rejecting drafts costs a copy of one row, see :mod:`ninfer.engine.spec.scratch`). The
 rows differ from the slot it reads, so nothing waits on a counter before writing the
-history: the first program of each key head writes its q/k part.
+history: the first program of each key head writes its q/k part. Their token loop is
+:mod:`.gated_delta_verify`'s, which reads every token's inputs before the first update.
 
 Nothing here reads a device value on the host, so the launch can be captured in a CUDA
 graph once the counter buffer exists (the warm-up passes allocate it).
@@ -59,7 +60,8 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.rounding import nearest_bf16
+from ninfer_kernels.triton.gated_delta_parts import _conv_row, _gated_norm, _new_history, _round, _store_history
+from ninfer_kernels.triton.gated_delta_verify import _verify_tokens
 
 #: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
 #: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
@@ -90,72 +92,6 @@ def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch
 
 
 @triton.jit
-def _round(x, dtype: tl.constexpr, BF16: tl.constexpr):
-    """float32 ``x`` rounded to the model dtype (to nearest even), kept in float32.
-
-    bf16 is rounded on the bits (:mod:`.rounding`), so the interpreter's tests see every
-    rounding point too."""
-    if BF16:
-        return nearest_bf16(x)
-    else:
-        return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _conv_row(x_ptr, hist_ptr, w, t, start, stride_x, stride_hist, cols, col_ok, has_history,
-              K: tl.constexpr, KP: tl.constexpr):
-    """silu(conv) of token ``t`` for channels ``cols`` with taps ``w`` [B, KP]: [B] float32.
-
-    Taps at rows before ``start`` come from the history (zero without one)."""
-    taps = tl.arange(0, KP)
-    tap_ok = taps < K
-    pos = t - (K - 1) + taps
-    in_x = pos >= start
-    hist = K - 1 + pos - start
-    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
-                 mask=col_ok[:, None] & (tap_ok & in_x)[None, :], other=0.0)
-    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
-                 mask=col_ok[:, None] & (tap_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
-    acc = tl.sum((xv.to(tl.float32) + sv.to(tl.float32)) * w, axis=1)
-    return acc / (1.0 + tl.exp(-acc))
-
-
-@triton.jit
-def _new_history(x_ptr, hist_ptr, start, end, stride_x, stride_hist, cols, col_ok, has_history,
-                 K: tl.constexpr, KP: tl.constexpr):
-    """The last K - 1 inputs after the chunk [B, KP] (rows past K - 2 unused), some still
-    from the old history when the chunk is shorter than that."""
-    rows = tl.arange(0, KP)
-    row_ok = rows < K - 1
-    pos = end - (K - 1) + rows
-    in_x = pos >= start
-    hist = K - 1 + pos - start
-    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
-                 mask=col_ok[:, None] & (row_ok & in_x)[None, :], other=0.0)
-    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
-                 mask=col_ok[:, None] & (row_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
-    return tl.where(in_x[None, :], xv.to(hist_ptr.dtype.element_ty), sv)
-
-
-@triton.jit
-def _store_history(hist_ptr, new, stride_hist, cols, col_ok, K: tl.constexpr, KP: tl.constexpr):
-    rows = tl.arange(0, KP)
-    tl.store(hist_ptr + rows[None, :] * stride_hist + cols[:, None], new,
-             mask=col_ok[:, None] & (rows < K - 1)[None, :])
-
-
-@triton.jit
-def _gated_norm(o, sumsq, z, nw, eps, DV: tl.constexpr, dtype: tl.constexpr, ROUND_SCALE: tl.constexpr,
-                BF16: tl.constexpr):
-    """The gated RMSNorm of one head's output row ``o`` (float32, rounded) given its sum of squares."""
-    normed = _round(o / tl.sqrt(sumsq / DV + eps), dtype, BF16)
-    scaled = nw * normed
-    if ROUND_SCALE:
-        scaled = _round(scaled, dtype, BF16)
-    return _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)
-
-
-@triton.jit
 def _gdn_decode_kernel(
     proj_ptr, cw_ptr, conv_ptr, ssm_ptr, a_log_ptr, dt_bias_ptr, nw_ptr, out_ptr,
     starts_ptr, seq_lens_ptr, slots_ptr, count_ptr, sumsq_ptr, rows_ptr,
@@ -164,7 +100,7 @@ def _gdn_decode_kernel(
     HK: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     K: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
     BH: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr, USE_PDL: tl.constexpr,
-    PER_POSITION: tl.constexpr,
+    PER_POSITION: tl.constexpr, W: tl.constexpr = 1, WP: tl.constexpr = 2,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1) // NV
@@ -212,47 +148,40 @@ def _gdn_decode_kernel(
     if USE_PDL:  # all of the above was written before the projection; its rows come next
         pdl.wait()
 
-    for t in range(start, end):
-        q = _conv_row(proj_ptr, hist_ptr, w_q, t, start, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
-        k = _conv_row(proj_ptr, hist_ptr, w_k, t, start, stride_p, stride_ch, k_cols, dk_ok, has_history, K, KP)
-        v = _conv_row(proj_ptr, hist_ptr, w_v, t, start, stride_p, stride_ch, v_cols, dv_ok, has_history, K, KP)
-        q = _round(q, dtype, BF16)
-        k = _round(k, dtype, BF16)
-        v = _round(v, dtype, BF16)
-        row = proj_ptr + t * stride_p
-        z = tl.load(row + CONV + head * DV + dv, mask=dv_ok, other=0.0).to(tl.float32)
-        b = tl.load(row + CONV + HV * DV + head).to(tl.float32)
-        a = tl.load(row + CONV + HV * DV + HV + head).to(tl.float32) + dt_bias
-        beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
-        g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
-        q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
-        k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
-        # the delta rule
-        s = s * tl.exp(g)
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s = s + k[:, None] * delta[None, :]
-        o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
-        if NV == 1:  # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
-            y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
-            tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
-        else:  # the head's last program to finish normalises (below): o and its share of the sum
-            tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
-            tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))
-        if PER_POSITION:  # the state after this token goes to its own row (speculative verify)
-            row = tl.load(rows_ptr + seq * stride_rows + (t - start)).to(tl.int64)
-            tl.store(ssm_ptr + row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :],
-                     s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
-            row_hist = conv_ptr + row * stride_cs
-            new_v = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, v_cols, dv_ok, has_history,
-                                 K, KP)
-            _store_history(row_hist, new_v, stride_ch, v_cols, dv_ok, K, KP)
-            if (head % GROUP == 0) & (part == 0):  # one program per key head writes its q/k history
-                new_q = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, q_cols, dk_ok,
-                                     has_history, K, KP)
-                new_k = _new_history(proj_ptr, hist_ptr, start, t + 1, stride_p, stride_ch, k_cols, dk_ok,
-                                     has_history, K, KP)
-                _store_history(row_hist, new_q, stride_ch, q_cols, dk_ok, K, KP)
-                _store_history(row_hist, new_k, stride_ch, k_cols, dk_ok, K, KP)
+    if PER_POSITION:  # verify rows: W tokens a sequence, each state to its own row
+        _verify_tokens(
+            proj_ptr, hist_ptr, conv_ptr, ssm_ptr, out_ptr, sumsq_ptr, rows_ptr, s, w_q, w_k, w_v, neg_a, dt_bias,
+            seq, head, part, start, has_history, q_cols, k_cols, v_cols, dk, dv, dk_ok, dv_ok, s_mask, nw, eps,
+            l2_eps, scale, stride_p, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o, stride_rows,
+            HV, GROUP, DV, CONV, K, KP, W, WP, NV, ROUND_SCALE, BF16,
+        )
+    else:
+        for t in range(start, end):
+            q = _conv_row(proj_ptr, hist_ptr, w_q, t, start, stride_p, stride_ch, q_cols, dk_ok, has_history, K, KP)
+            k = _conv_row(proj_ptr, hist_ptr, w_k, t, start, stride_p, stride_ch, k_cols, dk_ok, has_history, K, KP)
+            v = _conv_row(proj_ptr, hist_ptr, w_v, t, start, stride_p, stride_ch, v_cols, dv_ok, has_history, K, KP)
+            q = _round(q, dtype, BF16)
+            k = _round(k, dtype, BF16)
+            v = _round(v, dtype, BF16)
+            row = proj_ptr + t * stride_p
+            z = tl.load(row + CONV + head * DV + dv, mask=dv_ok, other=0.0).to(tl.float32)
+            b = tl.load(row + CONV + HV * DV + head).to(tl.float32)
+            a = tl.load(row + CONV + HV * DV + HV + head).to(tl.float32) + dt_bias
+            beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
+            g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
+            q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
+            k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
+            # the delta rule
+            s = s * tl.exp(g)
+            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+            s = s + k[:, None] * delta[None, :]
+            o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
+            if NV == 1:  # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
+                y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
+                tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+            else:  # the head's last program to finish normalises (below): o and its share of the sum
+                tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
+                tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))
 
     if seq == num_seqs - 1:  # rows past the last sequence are zeros, as the chained ops give
         for t in range(end, num_rows):
@@ -366,6 +295,10 @@ def _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_wei
     if num_seqs == 0:
         return out.zero_()
     warps, splits = launch_shape(num_seqs, num_v_heads, head_v_dim, proj.device)
+    if position_rows is not None and proj.device.type == "cuda":
+        # verify rows hold every token's inputs at once: at the 27B's 128-wide heads 4 warps
+        # spilled (ptxas, triton 3.6, sm_90: 12 bytes at batch 1, 332 at batch 8's 2 warps), 8 none
+        warps = max(warps, 8 if head_k_dim >= 128 else 4)
     warps, splits = num_warps or warps, value_splits or splits
     if splits & (splits - 1) or splits > triton.next_power_of_2(head_v_dim):
         raise ValueError(f"value_splits must be a power of two no larger than the value head dim {head_v_dim}")
@@ -392,6 +325,7 @@ def _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_wei
         K=weight.shape[1], KP=triton.next_power_of_2(weight.shape[1]),
         BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim) // splits, NV=splits,
         BH=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale, BF16=proj.dtype == torch.bfloat16,
-        USE_PDL=use_pdl, PER_POSITION=position_rows is not None, num_warps=warps, **pdl.launch_options(use_pdl),
+        USE_PDL=use_pdl, PER_POSITION=position_rows is not None, W=rows.shape[1],
+        WP=max(2, triton.next_power_of_2(rows.shape[1])), num_warps=warps, **pdl.launch_options(use_pdl),
     )
     return out

@@ -1,0 +1,77 @@
+"""Per-token pieces of the fused Gated DeltaNet mixer (:mod:`.gated_delta_decode`) that its
+decode loop and its verify rows (:mod:`.gated_delta_verify`) share: rounding to the model
+dtype, one token's conv from the projection rows and the slot's history, the history a
+chunk leaves, and the gated RMSNorm of a head's output row."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.rounding import nearest_bf16
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, BF16: tl.constexpr):
+    """float32 ``x`` rounded to the model dtype (to nearest even), kept in float32.
+
+    bf16 is rounded on the bits (:mod:`.rounding`), so the interpreter's tests see every
+    rounding point too."""
+    if BF16:
+        return nearest_bf16(x)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _conv_row(x_ptr, hist_ptr, w, t, start, stride_x, stride_hist, cols, col_ok, has_history,
+              K: tl.constexpr, KP: tl.constexpr):
+    """silu(conv) of token ``t`` for channels ``cols`` with taps ``w`` [B, KP]: [B] float32.
+
+    Taps at rows before ``start`` come from the history (zero without one)."""
+    taps = tl.arange(0, KP)
+    tap_ok = taps < K
+    pos = t - (K - 1) + taps
+    in_x = pos >= start
+    hist = K - 1 + pos - start
+    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
+                 mask=col_ok[:, None] & (tap_ok & in_x)[None, :], other=0.0)
+    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
+                 mask=col_ok[:, None] & (tap_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    acc = tl.sum((xv.to(tl.float32) + sv.to(tl.float32)) * w, axis=1)
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def _new_history(x_ptr, hist_ptr, start, end, stride_x, stride_hist, cols, col_ok, has_history,
+                 K: tl.constexpr, KP: tl.constexpr):
+    """The last K - 1 inputs after the chunk [B, KP] (rows past K - 2 unused), some still
+    from the old history when the chunk is shorter than that."""
+    rows = tl.arange(0, KP)
+    row_ok = rows < K - 1
+    pos = end - (K - 1) + rows
+    in_x = pos >= start
+    hist = K - 1 + pos - start
+    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
+                 mask=col_ok[:, None] & (row_ok & in_x)[None, :], other=0.0)
+    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
+                 mask=col_ok[:, None] & (row_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    return tl.where(in_x[None, :], xv.to(hist_ptr.dtype.element_ty), sv)
+
+
+@triton.jit
+def _store_history(hist_ptr, new, stride_hist, cols, col_ok, K: tl.constexpr, KP: tl.constexpr):
+    rows = tl.arange(0, KP)
+    tl.store(hist_ptr + rows[None, :] * stride_hist + cols[:, None], new,
+             mask=col_ok[:, None] & (rows < K - 1)[None, :])
+
+
+@triton.jit
+def _gated_norm(o, sumsq, z, nw, eps, DV: tl.constexpr, dtype: tl.constexpr, ROUND_SCALE: tl.constexpr,
+                BF16: tl.constexpr):
+    """The gated RMSNorm of one head's output row ``o`` (float32, rounded) given its sum of squares."""
+    normed = _round(o / tl.sqrt(sumsq / DV + eps), dtype, BF16)
+    scaled = nw * normed
+    if ROUND_SCALE:
+        scaled = _round(scaled, dtype, BF16)
+    return _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)

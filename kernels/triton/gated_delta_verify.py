@@ -1,0 +1,128 @@
+"""Speculative verify rows inside the fused Gated DeltaNet mixer (:mod:`.gated_delta_decode`).
+
+A verify row is ``W`` tokens of one sequence (its last committed token and ``W - 1``
+drafts), and the program must leave the state and the conv history after each of them
+in that token's own row. Everything a token needs besides the running state depends
+only on what the projection and the slot held before the launch: the conv inputs of
+every token, its gates, its output gate, and the history each token leaves. So all of it
+is read up front, as ``[W, ...]`` tiles in a few loads whose latencies overlap, and the
+token loop keeps only the delta rule and stores. Token by token, the decode loop's
+structure paid a round trip to memory for each token's inputs and another for its
+history, after the previous token's stores (which may alias the history pool's rows).
+
+The arithmetic is the decode loop's, term for term (see :mod:`.gated_delta_decode`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ninfer_kernels.triton.gated_delta_parts import _gated_norm, _round
+
+
+@triton.jit
+def _inputs_at(x_ptr, hist_ptr, start, rel, ok, stride_x, stride_hist, cols, col_ok, hist_ok, K: tl.constexpr):
+    """The inputs at positions ``start + rel`` ([WP] relative positions, ``ok`` where wanted)
+    for channels ``cols``: [WP, B], from the projection rows at or after ``start`` and from
+    the slot's history before it (zeros without one), in the history's dtype."""
+    in_x = rel >= 0
+    hist = K - 1 + rel
+    m = ok[:, None] & col_ok[None, :]
+    xv = tl.load(x_ptr + (start + rel)[:, None] * stride_x + cols[None, :], mask=m & in_x[:, None], other=0.0)
+    sv = tl.load(hist_ptr + hist[:, None] * stride_hist + cols[None, :],
+                 mask=m & ((~in_x) & (hist >= 0) & hist_ok)[:, None], other=0.0)
+    return tl.where(in_x[:, None], xv.to(hist_ptr.dtype.element_ty), sv)
+
+
+@triton.jit
+def _conv_tokens(x_ptr, hist_ptr, w, start, stride_x, stride_hist, cols, col_ok, hist_ok,
+                 W: tl.constexpr, WP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr):
+    """silu(conv) of each of the ``W`` tokens for channels ``cols`` with taps ``w`` [B, KP]:
+    [WP, B] float32 (the decode loop's ``_conv_row`` for all of them, a tap at a time)."""
+    i = tl.arange(0, WP)
+    taps = tl.arange(0, KP)
+    acc = tl.zeros([WP, w.shape[0]], dtype=tl.float32)
+    for j in tl.static_range(K):
+        x = _inputs_at(x_ptr, hist_ptr, start, i - (K - 1) + j, i < W, stride_x, stride_hist, cols, col_ok,
+                       hist_ok, K)
+        w_j = tl.sum(tl.where(taps[None, :] == j, w, 0.0), 1)
+        acc += x.to(tl.float32) * w_j[None, :]
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def _pick(tile, i, t):
+    """Row ``t`` of a [WP, B] register tile (``i``: its row indices)."""
+    return tl.sum(tl.where((i == t)[:, None], tile, 0.0), 0)
+
+
+@triton.jit
+def _verify_tokens(
+    proj_ptr, hist_ptr, conv_ptr, ssm_ptr, out_ptr, sumsq_ptr, rows_ptr,
+    s, w_q, w_k, w_v, neg_a, dt_bias, seq, head, part, start, hist_ok,
+    q_cols, k_cols, v_cols, dk, dv, dk_ok, dv_ok, s_mask, nw, eps, l2_eps, scale,
+    stride_p, stride_cs, stride_ch, stride_ss, stride_sh, stride_sk, stride_o, stride_rows,
+    HV: tl.constexpr, GROUP: tl.constexpr, DV: tl.constexpr, CONV: tl.constexpr,
+    K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, NV: tl.constexpr,
+    ROUND_SCALE: tl.constexpr, BF16: tl.constexpr,
+):
+    """The ``W`` tokens of one verify row from state ``s`` (the slot's, only read): each
+    token's output row, and the state and the history after it stored to its own row
+    (``rows_ptr``); the history of the q/k channels by the first program of each key head."""
+    dtype = out_ptr.dtype.element_ty
+    i = tl.arange(0, WP)
+    i_ok = i < W
+    hist_ok = (i * 0 + tl.max(hist_ok.to(tl.int32), 0)) > 0  # the taps' flag, as a [WP] vector
+    # everything that does not depend on the running state, for every token at once
+    q_all = _round(_conv_tokens(proj_ptr, hist_ptr, w_q, start, stride_p, stride_ch, q_cols, dk_ok, hist_ok,
+                                W, WP, K, KP), dtype, BF16)
+    k_all = _round(_conv_tokens(proj_ptr, hist_ptr, w_k, start, stride_p, stride_ch, k_cols, dk_ok, hist_ok,
+                                W, WP, K, KP), dtype, BF16)
+    v_all = _round(_conv_tokens(proj_ptr, hist_ptr, w_v, start, stride_p, stride_ch, v_cols, dv_ok, hist_ok,
+                                W, WP, K, KP), dtype, BF16)
+    token_rows = proj_ptr + (start + i) * stride_p
+    z_all = tl.load(token_rows[:, None] + CONV + head * DV + dv[None, :], mask=i_ok[:, None] & dv_ok[None, :],
+                    other=0.0).to(tl.float32)
+    b_all = tl.load(token_rows + CONV + HV * DV + head, mask=i_ok, other=0.0).to(tl.float32)
+    a_all = tl.load(token_rows + CONV + HV * DV + HV + head, mask=i_ok, other=0.0).to(tl.float32) + dt_bias
+    dest_rows = tl.load(rows_ptr + seq * stride_rows + i, mask=i_ok, other=0).to(tl.int64)
+
+    for t in tl.static_range(W):
+        q = _pick(q_all, i, t)
+        k = _pick(k_all, i, t)
+        v = _pick(v_all, i, t)
+        z = _pick(z_all, i, t)
+        b = tl.sum(tl.where(i == t, b_all, 0.0))
+        a = tl.sum(tl.where(i == t, a_all, 0.0))
+        beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
+        g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
+        q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
+        k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
+        s = s * tl.exp(g)
+        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
+        if NV == 1:
+            y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
+            tl.store(out_ptr + (start + t) * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+        else:  # the head's last program normalises (the caller, after this)
+            tl.store(out_ptr + (start + t) * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
+            tl.store(sumsq_ptr + ((start + t) * HV + head) * NV + part, tl.sum(o * o))
+        row = tl.sum(tl.where(i == t, dest_rows, 0))
+        tl.store(ssm_ptr + row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :],
+                 s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
+
+    # the history each token leaves, its last K - 1 inputs: row r of token i's is the input
+    # at i - (K - 2) + r (read from before the launch, like everything above)
+    first_of_key_head = (head % GROUP == 0) & (part == 0)  # writes its key head's q/k history
+    for r in tl.static_range(K - 1):
+        rel = i - (K - 2) + r
+        dest = conv_ptr + dest_rows[:, None] * stride_cs + r * stride_ch
+        x = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, v_cols, dv_ok, hist_ok, K)
+        tl.store(dest + v_cols[None, :], x, mask=i_ok[:, None] & dv_ok[None, :])
+        if first_of_key_head:
+            xq = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, q_cols, dk_ok, hist_ok, K)
+            tl.store(dest + q_cols[None, :], xq, mask=i_ok[:, None] & dk_ok[None, :])
+            xk = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, k_cols, dk_ok, hist_ok, K)
+            tl.store(dest + k_cols[None, :], xk, mask=i_ok[:, None] & dk_ok[None, :])
