@@ -63,7 +63,7 @@
 #                                   an 8k prompt's time to first token alone and beside 8 decoders, their token
 #                                   gaps, at chunks CHUNKS (1024..8192; scripts/gpu_chunk_latency.py), and the
 #                                   Triton compiles the warm-up missed
-#   scripts/gpu_session.sh spec-profile  the round kernels', device rounds' and decode/verify attention GPU tests
+#   scripts/gpu_session.sh spec-profile  the round kernels', device rounds', decode/verify attention and GDN GPU tests
 #                                   (SPEC_TESTS=0: none), then
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
@@ -670,8 +670,8 @@ spec-profile)
     # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
     # first the round's bookkeeping kernels and the device rounds on CUDA (SPEC_TESTS=0: not)
     if [ "${SPEC_TESTS:-1}" = 1 ]; then
-        timeout 240 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
-            tests/test_decode_attention_kernel.py > "$OUT/pytest_rounds.txt" 2>&1
+        timeout 270 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
+            tests/test_decode_attention_kernel.py tests/test_gated_delta_decode.py > "$OUT/pytest_rounds.txt" 2>&1
         echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
     fi
