@@ -676,7 +676,7 @@ spec-profile)
         grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
     fi
     # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
-    timeout 90 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24
+    timeout 150 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24
     # SPEC_SKINNY=1: the shape's projections on the few-row kernel where it beats cuBLAS (rows of a
     # decode step and of a verify step; table written in place, a copy in $OUT), before the profiles
     if [ "${SPEC_SKINNY:-0}" = 1 ]; then
