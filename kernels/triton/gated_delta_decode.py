@@ -296,9 +296,10 @@ def _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_wei
         return out.zero_()
     warps, splits = launch_shape(num_seqs, num_v_heads, head_v_dim, proj.device)
     if position_rows is not None and proj.device.type == "cuda":
-        # verify rows hold every token's inputs at once: at the 27B's 128-wide heads 4 warps
-        # spilled (ptxas, triton 3.6, sm_90: 12 bytes at batch 1, 332 at batch 8's 2 warps), 8 none
-        warps = max(warps, 8 if head_k_dim >= 128 else 4)
+        # verify rows hold every token's inputs and histories at once: with fewer warps the
+        # registers spilled (ptxas, triton 3.6, sm_90: at the 27B's heads 28 bytes on 4 warps,
+        # 820 on batch 8's 2; 4 bytes at gpu-deep's on 4), with 8 none (128 and 94 registers)
+        warps = max(warps, 8)
     warps, splits = num_warps or warps, value_splits or splits
     if splits & (splits - 1) or splits > triton.next_power_of_2(head_v_dim):
         raise ValueError(f"value_splits must be a power of two no larger than the value head dim {head_v_dim}")

@@ -36,6 +36,25 @@ def _inputs_at(x_ptr, hist_ptr, start, rel, ok, stride_x, stride_hist, cols, col
 
 
 @triton.jit
+def _histories(x_ptr, hist_ptr, start, ok, stride_x, stride_hist, cols, col_ok, hist_ok,
+               WP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr):
+    """The history each token leaves for channels ``cols``: [WP, KP, B], row ``r`` of token
+    ``i``'s being the input at ``i - (K - 2) + r`` (rows past ``K - 2`` unused), in the
+    history's dtype; ``ok`` [WP]: the tokens (and programs) that want it."""
+    i = tl.arange(0, WP)
+    r = tl.arange(0, KP)
+    rel = i[:, None] - (K - 2) + r[None, :]
+    in_x = rel >= 0
+    hist = K - 1 + rel
+    m = (ok[:, None] & (r < K - 1)[None, :])[:, :, None] & col_ok[None, None, :]
+    xv = tl.load(x_ptr + (start + rel)[:, :, None] * stride_x + cols[None, None, :],
+                 mask=m & in_x[:, :, None], other=0.0)
+    sv = tl.load(hist_ptr + hist[:, :, None] * stride_hist + cols[None, None, :],
+                 mask=m & ((~in_x) & (hist >= 0) & hist_ok[:, None])[:, :, None], other=0.0)
+    return tl.where(in_x[:, :, None], xv.to(hist_ptr.dtype.element_ty), sv)
+
+
+@triton.jit
 def _conv_tokens(x_ptr, hist_ptr, w, start, stride_x, stride_hist, cols, col_ok, hist_ok,
                  W: tl.constexpr, WP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr):
     """silu(conv) of each of the ``W`` tokens for channels ``cols`` with taps ``w`` [B, KP]:
@@ -87,6 +106,12 @@ def _verify_tokens(
     b_all = tl.load(token_rows + CONV + HV * DV + head, mask=i_ok, other=0.0).to(tl.float32)
     a_all = tl.load(token_rows + CONV + HV * DV + HV + head, mask=i_ok, other=0.0).to(tl.float32) + dt_bias
     dest_rows = tl.load(rows_ptr + seq * stride_rows + i, mask=i_ok, other=0).to(tl.int64)
+    # the history each token leaves (its last K - 1 inputs); the q/k channels' only from the
+    # first program of each key head, the one that writes them (the others load nothing)
+    qk_writer = i_ok & ((i * 0 + head % GROUP + part) == 0)
+    hist_v = _histories(proj_ptr, hist_ptr, start, i_ok, stride_p, stride_ch, v_cols, dv_ok, hist_ok, WP, K, KP)
+    hist_q = _histories(proj_ptr, hist_ptr, start, qk_writer, stride_p, stride_ch, q_cols, dk_ok, hist_ok, WP, K, KP)
+    hist_k = _histories(proj_ptr, hist_ptr, start, qk_writer, stride_p, stride_ch, k_cols, dk_ok, hist_ok, WP, K, KP)
 
     for t in tl.static_range(W):
         q = _pick(q_all, i, t)
@@ -113,16 +138,10 @@ def _verify_tokens(
         tl.store(ssm_ptr + row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :],
                  s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
 
-    # the history each token leaves, its last K - 1 inputs: row r of token i's is the input
-    # at i - (K - 2) + r (read from before the launch, like everything above)
-    first_of_key_head = (head % GROUP == 0) & (part == 0)  # writes its key head's q/k history
-    for r in tl.static_range(K - 1):
-        rel = i - (K - 2) + r
-        dest = conv_ptr + dest_rows[:, None] * stride_cs + r * stride_ch
-        x = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, v_cols, dv_ok, hist_ok, K)
-        tl.store(dest + v_cols[None, :], x, mask=i_ok[:, None] & dv_ok[None, :])
-        if first_of_key_head:
-            xq = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, q_cols, dk_ok, hist_ok, K)
-            tl.store(dest + q_cols[None, :], xq, mask=i_ok[:, None] & dk_ok[None, :])
-            xk = _inputs_at(proj_ptr, hist_ptr, start, rel, i_ok, stride_p, stride_ch, k_cols, dk_ok, hist_ok, K)
-            tl.store(dest + k_cols[None, :], xk, mask=i_ok[:, None] & dk_ok[None, :])
+    r = tl.arange(0, KP)
+    dest = conv_ptr + dest_rows[:, None, None] * stride_cs + r[None, :, None] * stride_ch
+    rows_ok = (r < K - 1)[None, :, None]
+    tl.store(dest + v_cols[None, None, :], hist_v, mask=i_ok[:, None, None] & rows_ok & dv_ok[None, None, :])
+    qk_mask = qk_writer[:, None, None] & rows_ok & dk_ok[None, None, :]
+    tl.store(dest + q_cols[None, None, :], hist_q, mask=qk_mask)
+    tl.store(dest + k_cols[None, None, :], hist_k, mask=qk_mask)
