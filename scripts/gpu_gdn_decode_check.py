@@ -147,6 +147,16 @@ def judge(row: dict) -> bool | None:
     return max(row["rel_err"], row.get("state_rel_err", 0.0)) <= MAX_REL_ERR and row.get("conv_exact", True)
 
 
+def time_each(report: Report, base: dict, timed: dict, nbytes: int) -> None:
+    """Replay each of ``timed`` from a CUDA graph; a launch shape that does not compile is a result too."""
+    for name, fn in timed.items():
+        try:
+            ms = bench(graphed(fn))
+            report.add({**base, "impl": name, "us": ms * 1e3, "bytes": nbytes, "gb_per_s": nbytes / ms / 1e6})
+        except Exception as exc:  # noqa: BLE001
+            report.add({**base, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+
+
 def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator) -> None:
     hk, hv, D = SHAPES[shape]
     case = CASES[case_name]
@@ -197,12 +207,7 @@ def check_case(report: Report, shape: str, case_name: str, gen: torch.Generator)
     timed.update({f"fused w{w} s{n}": fused(with_fresh_states(x), batch, w, n) for w, n in VARIANTS if n < 8 or D < 128})
     if not padded:
         timed["old_chain"] = old_chain(with_fresh_states(x), batch)
-    for name, fn in timed.items():
-        try:
-            ms = bench(graphed(fn))
-            report.add({**base, "impl": name, "us": ms * 1e3, "bytes": nbytes, "gb_per_s": nbytes / ms / 1e6})
-        except Exception as exc:  # noqa: BLE001  (a launch shape that does not compile is a result too)
-            report.add({**base, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    time_each(report, base, timed, nbytes)
 
 
 def check_verify(report: Report, shape: str, gen: torch.Generator, width: int = 4) -> None:
@@ -232,12 +237,7 @@ def check_verify(report: Report, shape: str, gen: torch.Generator, width: int = 
     timed = {f"default s{splits}": op(t_fused, with_fresh_states(x))}
     timed.update({f"verify w{w} s{n}": op(t_fused, with_fresh_states(x), num_warps=w, value_splits=n)
                   for w, n in VARIANTS if n < 8 or D < 128})
-    for name, fn in timed.items():
-        try:
-            ms = bench(graphed(fn))
-            report.add({**base, "impl": name, "us": ms * 1e3, "bytes": nbytes, "gb_per_s": nbytes / ms / 1e6})
-        except Exception as exc:  # noqa: BLE001  (a launch shape that does not compile is a result too)
-            report.add({**base, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    time_each(report, base, timed, nbytes)
 
 
 def table(report: Report) -> None:

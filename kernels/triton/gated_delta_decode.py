@@ -60,7 +60,9 @@ from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.gated_delta_parts import _conv_row, _gated_norm, _new_history, _round, _store_history
+from ninfer_kernels.triton.gated_delta_parts import (
+    _conv_row, _delta_step, _gated_norm, _new_history, _round, _store_history, _store_output,
+)
 from ninfer_kernels.triton.gated_delta_verify import _verify_tokens
 
 #: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
@@ -167,21 +169,9 @@ def _gdn_decode_kernel(
             z = tl.load(row + CONV + head * DV + dv, mask=dv_ok, other=0.0).to(tl.float32)
             b = tl.load(row + CONV + HV * DV + head).to(tl.float32)
             a = tl.load(row + CONV + HV * DV + HV + head).to(tl.float32) + dt_bias
-            beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
-            g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
-            q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
-            k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
-            # the delta rule
-            s = s * tl.exp(g)
-            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-            s = s + k[:, None] * delta[None, :]
-            o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
-            if NV == 1:  # the gated RMSNorm (masked columns are zeros, so the sum is the head's)
-                y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
-                tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
-            else:  # the head's last program to finish normalises (below): o and its share of the sum
-                tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
-                tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))
+            s, o = _delta_step(s, q, k, v, b, a, neg_a, l2_eps, scale, dtype, BF16)
+            _store_output(o, z, nw, eps, out_ptr, sumsq_ptr, t, head, part, dv, dv_ok, stride_o, HV, DV, NV,
+                          ROUND_SCALE, BF16)
 
     if seq == num_seqs - 1:  # rows past the last sequence are zeros, as the chained ops give
         for t in range(end, num_rows):

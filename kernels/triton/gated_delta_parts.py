@@ -1,7 +1,7 @@
 """Per-token pieces of the fused Gated DeltaNet mixer (:mod:`.gated_delta_decode`) that its
 decode loop and its verify rows (:mod:`.gated_delta_verify`) share: rounding to the model
 dtype, one token's conv from the projection rows and the slot's history, the history a
-chunk leaves, and the gated RMSNorm of a head's output row."""
+chunk leaves, one token's delta-rule step, and the gated RMSNorm of a head's output row."""
 
 from __future__ import annotations
 
@@ -75,3 +75,33 @@ def _gated_norm(o, sumsq, z, nw, eps, DV: tl.constexpr, dtype: tl.constexpr, ROU
     if ROUND_SCALE:
         scaled = _round(scaled, dtype, BF16)
     return _round(scaled * (z / (1.0 + tl.exp(-z))), dtype, BF16)
+
+
+@triton.jit
+def _delta_step(s, q, k, v, b, a, neg_a, l2_eps, scale, dtype: tl.constexpr, BF16: tl.constexpr):
+    """One token through the delta rule: the state ``s`` [Dk, BV] after it and the token's
+    output row (rounded), from its conv outputs ``q``/``k``/``v``, its gate inputs ``b`` and
+    ``a`` (``a`` with the head's dt bias added)."""
+    beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
+    g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
+    q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
+    k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
+    s = s * tl.exp(g)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    return s, _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
+
+
+@triton.jit
+def _store_output(o, z, nw, eps, out_ptr, sumsq_ptr, t, head, part, dv, dv_ok, stride_o, HV: tl.constexpr,
+                  DV: tl.constexpr, NV: tl.constexpr, ROUND_SCALE: tl.constexpr, BF16: tl.constexpr):
+    """Token ``t``'s output row of the program's value columns: gated-normed when the program
+    holds the whole head; else ``o`` and its share of the sum of squares, for the head's last
+    program to normalise."""
+    dtype = out_ptr.dtype.element_ty
+    if NV == 1:  # masked columns are zeros, so the sum is the head's
+        y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
+        tl.store(out_ptr + t * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
+    else:
+        tl.store(out_ptr + t * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
+        tl.store(sumsq_ptr + (t * HV + head) * NV + part, tl.sum(o * o))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ninfer_kernels.triton.gated_delta_parts import _gated_norm, _round
+from ninfer_kernels.triton.gated_delta_parts import _delta_step, _round, _store_output
 
 
 @triton.jit
@@ -120,20 +120,9 @@ def _verify_tokens(
         z = _pick(z_all, i, t)
         b = tl.sum(tl.where(i == t, b_all, 0.0))
         a = tl.sum(tl.where(i == t, a_all, 0.0))
-        beta = _round(1.0 / (1.0 + tl.exp(-b)), dtype, BF16)
-        g = neg_a * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus, torch's threshold
-        q = q / tl.sqrt(tl.sum(q * q) + l2_eps) * scale
-        k = k / tl.sqrt(tl.sum(k * k) + l2_eps)
-        s = s * tl.exp(g)
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s = s + k[:, None] * delta[None, :]
-        o = _round(tl.sum(s * q[:, None], axis=0), dtype, BF16)
-        if NV == 1:
-            y = _gated_norm(o, tl.sum(o * o), z, nw, eps, DV, dtype, ROUND_SCALE, BF16)
-            tl.store(out_ptr + (start + t) * stride_o + head * DV + dv, y.to(dtype), mask=dv_ok)
-        else:  # the head's last program normalises (the caller, after this)
-            tl.store(out_ptr + (start + t) * stride_o + head * DV + dv, o.to(dtype), mask=dv_ok)
-            tl.store(sumsq_ptr + ((start + t) * HV + head) * NV + part, tl.sum(o * o))
+        s, o = _delta_step(s, q, k, v, b, a, neg_a, l2_eps, scale, dtype, BF16)
+        _store_output(o, z, nw, eps, out_ptr, sumsq_ptr, start + t, head, part, dv, dv_ok, stride_o, HV, DV, NV,
+                      ROUND_SCALE, BF16)
         row = tl.sum(tl.where(i == t, dest_rows, 0))
         tl.store(ssm_ptr + row * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :],
                  s.to(ssm_ptr.dtype.element_ty), mask=s_mask)
