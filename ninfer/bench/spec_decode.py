@@ -4,9 +4,9 @@ Acceptance depends on the text, so one prompt is a poor sample: at every concurr
 figure decodes the same :data:`SAMPLE_PROMPTS` prompts, ``SAMPLE_PROMPTS / c`` batches of
 ``c`` one after another (sixteen single requests at c=1, two batches of eight at c=8), and
 reports their pooled rate and acceptance. With ``--spec-prompts`` the prompts are windows
-spread evenly over the whole text, as ``ninfer-train``'s report picks its own: the first
-stretches of a held-out file are one file's header and docstring, prose a model trained on
-code predicts worse than the code after it. Each concurrency first decodes a short untimed
+spread evenly over the whole text, as ``ninfer-train``'s report picks its own (its first
+stretches alone are one file's header and docstrings, not a sample of the text). Each
+concurrency first decodes a short untimed
 batch, so kernels that compile on first use (the verify and draft shapes of this batch
 size) do it there; session 21's first timed runs had them inside the clock.
 """

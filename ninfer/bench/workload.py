@@ -26,4 +26,3 @@ def random_workload(num: int, input_range: tuple[int, int], output_range: tuple[
 
 def fixed_workload(num: int, input_len: int, output_len: int, vocab: int, seed: int = 0) -> Workload:
     return random_workload(num, (input_len, input_len), (output_len, output_len), vocab, seed)
-
