@@ -6,9 +6,9 @@ figure decodes the same :data:`SAMPLE_PROMPTS` prompts, ``SAMPLE_PROMPTS / c`` b
 reports their pooled rate and acceptance. With ``--spec-prompts`` the prompts are windows
 spread evenly over the whole text, as ``ninfer-train``'s report picks its own (its first
 stretches alone are one file's header and docstrings, not a sample of the text). Each
-concurrency first decodes a short untimed
-batch, so kernels that compile on first use (the verify and draft shapes of this batch
-size) do it there; session 21's first timed runs had them inside the clock.
+concurrency first decodes a short untimed batch, so kernels that compile on first use
+(the verify and draft shapes of this batch size) do it there; session 21's first timed
+runs had them inside the clock.
 """
 
 from __future__ import annotations
