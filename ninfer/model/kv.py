@@ -41,9 +41,9 @@ class KVCache(abc.ABC):
         same few rows, such as speculative verify rows: the format decides): take q/k/v
         straight from the projection, apply ``norm_rope``, store k/v and attend, all at
         once; the attention output, or None when this format has no such path for
-        ``batch`` (the caller then does the steps one by one). A format that fuses must give what the steps give. With a
-        ``gate`` (gated attention: [T, heads, Dv], a view of the projection) the output
-        is ``attention * sigmoid(gate)``
+        ``batch`` (the caller then does the steps one by one). A format that fuses must
+        give what the steps give. With a ``gate`` (gated attention: [T, heads, Dv], a view
+        of the projection) the output is ``attention * sigmoid(gate)``
         (:func:`ninfer_kernels.attention.output_gate`)."""
         return None
 
