@@ -157,7 +157,7 @@ def main() -> None:
     from ninfer.train.corpus import load_corpus
     from ninfer.train.pipeline import load_trained
     from ninfer.train.presets import PRESETS
-    from ninfer.train.report import _windows
+    from ninfer.train.report import windows
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path, help="a checkpoint directory ninfer-train wrote")
@@ -180,7 +180,7 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     corpus = load_corpus(1, preset.heldout_bytes, preset.include_tests)
     stream = torch.tensor(tokenizer.encode("\n".join(corpus.heldout_texts)).ids)
-    prompts = _windows(stream, args.prompt_len, args.prompts)
+    prompts = windows(stream, args.prompt_len, args.prompts)
     device = torch.device(args.trainer_device)
     model = load_trained(args.model, preset, device, positions=args.prompt_len + args.new_tokens + 8)
     expected = None

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ninfer.bench import ninfer_runs
 from ninfer.bench.workload import Workload, fixed_workload
+from ninfer.train.report import windows
 
 #: prompts every concurrency decodes (in batches of c)
 SAMPLE_PROMPTS = 16
@@ -29,13 +32,12 @@ def prompt_ids(tokenizer, spec_prompts: str | None) -> list[int] | None:
     return tokenizer.encode(Path(spec_prompts).read_text(encoding="utf-8", errors="replace"))
 
 
-def spread_windows(ids: list[int], count: int, length: int) -> list[list[int]]:
-    """``count`` non-overlapping windows of ``length`` tokens spread evenly over ``ids``."""
-    total = len(ids) // length
-    if total < count:
+def text_windows(ids: list[int], count: int, length: int) -> list[list[int]]:
+    """``count`` non-overlapping windows of ``length`` tokens spread evenly over ``ids``, as
+    ``ninfer-train``'s report picks its prompts (:func:`ninfer.train.report.windows`)."""
+    if len(ids) // length < count:
         raise ValueError(f"the text has {len(ids)} tokens; {count} prompts of {length} need more")
-    picks = [round(i * (total - 1) / max(count - 1, 1)) for i in range(count)]
-    return [ids[p * length:(p + 1) * length] for p in picks]
+    return windows(torch.tensor(ids), length, count).tolist()
 
 
 def batch_work(ids: list[int] | None, c: int, batch: int, prompt_len: int, output_len: int, vocab: int,
@@ -44,7 +46,7 @@ def batch_work(ids: list[int] | None, c: int, batch: int, prompt_len: int, outpu
     random ids when there is no text)."""
     if ids is None:
         return fixed_workload(c, prompt_len, output_len, vocab, seed + 1000 * batch + c)
-    windows = spread_windows(ids, max(SAMPLE_PROMPTS, c), prompt_len)
+    windows = text_windows(ids, max(SAMPLE_PROMPTS, c), prompt_len)
     return Workload(windows[batch * c:(batch + 1) * c], [output_len] * c)
 
 

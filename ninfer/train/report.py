@@ -25,7 +25,7 @@ from ninfer.train.model import TrainModel
 from ninfer.train.presets import Preset
 
 
-def _windows(stream: torch.Tensor, length: int, count: int | None = None) -> torch.Tensor:
+def windows(stream: torch.Tensor, length: int, count: int | None = None) -> torch.Tensor:
     """Non-overlapping windows [count, length] of ``stream``, evenly spread when ``count`` is given."""
     total = len(stream) // length
     if count is None or count >= total:
@@ -86,7 +86,7 @@ def heldout_figures(model: TrainModel, stream: torch.Tensor, preset: Preset, dev
     depth, nll, count = preset.mtp_depth, 0.0, 0
     matches = [0.0] * depth
     rows = 0
-    for batch in _windows(stream, preset.seq_len).to(device).split(preset.batch_size):
+    for batch in windows(stream, preset.seq_len).to(device).split(preset.batch_size):
         hidden = model.hidden(batch)
         logits = model.logits(hidden)
         nll += F.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
@@ -111,7 +111,7 @@ def heldout_figures(model: TrainModel, stream: torch.Tensor, preset: Preset, dev
 def evaluate(model: TrainModel, stream: torch.Tensor, preset: Preset, device: torch.device) -> dict:
     model.eval()
     figures = heldout_figures(model, stream, preset, device)
-    prompts = _windows(stream, preset.eval_prompt_len, preset.eval_prompts).to(device)
+    prompts = windows(stream, preset.eval_prompt_len, preset.eval_prompts).to(device)
     rates = [0.0] * preset.mtp_depth
     for chunk in prompts.split(preset.eval_batch):
         seq = greedy_continue(model, chunk, preset.eval_new_tokens)
