@@ -22,17 +22,19 @@ from ninfer_kernels.triton.gated_delta_parts import _delta_step, _round, _store_
 
 
 @triton.jit
-def _inputs_at(x_ptr, hist_ptr, start, rel, ok, stride_x, stride_hist, cols, col_ok, hist_ok, K: tl.constexpr):
-    """The inputs at positions ``start + rel`` ([WP] relative positions, ``ok`` where wanted)
-    for channels ``cols``: [WP, B], from the projection rows at or after ``start`` and from
-    the slot's history before it (zeros without one), in the history's dtype."""
+def _window(x_ptr, hist_ptr, start, rel, ok, stride_x, stride_hist, cols, col_ok, hist_ok, K: tl.constexpr):
+    """The inputs at positions ``start + rel`` (a 2-D tile of relative positions, ``ok`` and
+    ``hist_ok`` broadcast to it: where wanted, and whether the slot has a history) for
+    channels ``cols``: [*rel's shape, B], from the projection rows at or after ``start`` and
+    from the slot's history before it (zeros without one), in the history's dtype."""
     in_x = rel >= 0
     hist = K - 1 + rel
-    m = ok[:, None] & col_ok[None, :]
-    xv = tl.load(x_ptr + (start + rel)[:, None] * stride_x + cols[None, :], mask=m & in_x[:, None], other=0.0)
-    sv = tl.load(hist_ptr + hist[:, None] * stride_hist + cols[None, :],
-                 mask=m & ((~in_x) & (hist >= 0) & hist_ok)[:, None], other=0.0)
-    return tl.where(in_x[:, None], xv.to(hist_ptr.dtype.element_ty), sv)
+    m = ok[:, :, None] & col_ok[None, None, :]
+    xv = tl.load(x_ptr + (start + rel)[:, :, None] * stride_x + cols[None, None, :],
+                 mask=m & in_x[:, :, None], other=0.0)
+    sv = tl.load(hist_ptr + hist[:, :, None] * stride_hist + cols[None, None, :],
+                 mask=m & ((~in_x) & (hist >= 0) & hist_ok)[:, :, None], other=0.0)
+    return tl.where(in_x[:, :, None], xv.to(hist_ptr.dtype.element_ty), sv)
 
 
 @triton.jit
@@ -43,15 +45,8 @@ def _histories(x_ptr, hist_ptr, start, ok, stride_x, stride_hist, cols, col_ok, 
     history's dtype; ``ok`` [WP]: the tokens (and programs) that want it."""
     i = tl.arange(0, WP)
     r = tl.arange(0, KP)
-    rel = i[:, None] - (K - 2) + r[None, :]
-    in_x = rel >= 0
-    hist = K - 1 + rel
-    m = (ok[:, None] & (r < K - 1)[None, :])[:, :, None] & col_ok[None, None, :]
-    xv = tl.load(x_ptr + (start + rel)[:, :, None] * stride_x + cols[None, None, :],
-                 mask=m & in_x[:, :, None], other=0.0)
-    sv = tl.load(hist_ptr + hist[:, :, None] * stride_hist + cols[None, None, :],
-                 mask=m & ((~in_x) & (hist >= 0) & hist_ok[:, None])[:, :, None], other=0.0)
-    return tl.where(in_x[:, :, None], xv.to(hist_ptr.dtype.element_ty), sv)
+    return _window(x_ptr, hist_ptr, start, i[:, None] - (K - 2) + r[None, :], ok[:, None] & (r < K - 1)[None, :],
+                   stride_x, stride_hist, cols, col_ok, hist_ok[:, None], K)
 
 
 @triton.jit
@@ -63,10 +58,10 @@ def _conv_tokens(x_ptr, hist_ptr, w, start, stride_x, stride_hist, cols, col_ok,
     taps = tl.arange(0, KP)
     acc = tl.zeros([WP, w.shape[0]], dtype=tl.float32)
     for j in tl.static_range(K):
-        x = _inputs_at(x_ptr, hist_ptr, start, i - (K - 1) + j, i < W, stride_x, stride_hist, cols, col_ok,
-                       hist_ok, K)
+        x = _window(x_ptr, hist_ptr, start, (i - (K - 1) + j)[:, None], (i < W)[:, None], stride_x, stride_hist,
+                    cols, col_ok, hist_ok[:, None], K)
         w_j = tl.sum(tl.where(taps[None, :] == j, w, 0.0), 1)
-        acc += x.to(tl.float32) * w_j[None, :]
+        acc += tl.sum(x.to(tl.float32), axis=1) * w_j[None, :]  # (the [WP, 1, B] window as [WP, B]: exact)
     return acc / (1.0 + tl.exp(-acc))
 
 
