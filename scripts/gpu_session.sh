@@ -122,30 +122,32 @@
 # (DEADLINE_S=560 keeps them inside one call's ten minutes: later stages and benches are cut short)
 #
 # Triton's compiled kernels travel between calls: a call unpacks .tcache/triton.tar.gz (carry
-# .tcache beside .whl) and leaves the cache it ended with in $OUT/triton.tar.gz; copy that
-# back to .tcache/ (git ignores it) before the next call. Every call starts on a fresh
-# machine, so without it each one compiles every kernel it touches again (most of a test
-# stage's minutes). Entries are keyed by source and Triton version, so stale ones only
-# take space; past 15 MiB the archive keeps this call's entries alone (then merge it into the
-# old one rather than replace it), and a call that compiled nothing leaves none.
+# .tcache beside .whl) and leaves the binaries it compiled itself in $OUT/triton.tar.gz (split
+# into triton.tar.gz.part-aa, -ab, ... past 15 MiB: one file comes back only up to 16 MiB).
+# scripts/gpu_cache_merge.sh DIR merges that into .tcache/ here before the next call. Every
+# call starts on a fresh machine, so without it each one compiles every kernel it touches
+# again (most of a test stage's minutes: session 34's spec-profile lost its profiles to them).
+# Entries are keyed by source and Triton version, so stale ones only take space.
 #
 # Tables a stage tunes are written in place on the device and copied to $OUT (quant_configs/,
 # linear_configs_*.json, ...): copy them into the tree here before the next call, or that
 # call runs the old entries (session 24's counters ran the stale int4 shapes that way).
 set -uo pipefail
+# DEADLINE_S counts from here: the wheels' install and the cache's unpacking take part of the call too
+started=$(date +%s)
 export PYTHONUNBUFFERED=1 NINFER_CACHE_DIR=/tmp/ninfer-cache TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 [ -f .tcache/triton.tar.gz ] && tar -xzf .tcache/triton.tar.gz -C "$TRITON_CACHE_DIR"
 touch /tmp/triton-cache.start
 save_triton_cache() {
-    # nothing compiled in this call: no archive, so the one carried in stays the one to carry
-    [ -z "$(find "$TRITON_CACHE_DIR" -mindepth 1 -maxdepth 1 -newer /tmp/triton-cache.start -print -quit)" ] && return
-    tar -czf "$OUT/triton.tar.gz" -C "$TRITON_CACHE_DIR" .
+    # what this call compiled (the rest is in .tcache already), the binaries and their metadata
+    # alone: a cache hit reads nothing else, and the IR beside them is two thirds of the bytes
+    (cd "$TRITON_CACHE_DIR" && find . -mindepth 2 -maxdepth 2 -newer /tmp/triton-cache.start \
+        \( -name '*.json' -o -name '*.cubin' \) -print0 | tar -czf "$OUT/triton.tar.gz" --null -T -)
+    [ "$(tar -tzf "$OUT/triton.tar.gz" | head -1)" ] || { rm -f "$OUT/triton.tar.gz"; return; }  # none
     if [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
-        (cd "$TRITON_CACHE_DIR" && find . -mindepth 1 -maxdepth 1 -newer /tmp/triton-cache.start -print0 \
-            | tar -czf "$OUT/triton.tar.gz" --null -T -)
+        split -b 15M "$OUT/triton.tar.gz" "$OUT/triton.tar.gz.part-" && rm -f "$OUT/triton.tar.gz"
     fi
-    [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((16 * 1024 * 1024)) ] && rm -f "$OUT/triton.tar.gz"  # cannot travel
     true
 }
 trap save_triton_cache EXIT
@@ -157,8 +159,8 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
     | tee -a "$OUT/gpu.txt"
 # DEADLINE_S (seconds from the start of this script): no bench runs past it, and a stage
 # that would start with under a minute left is skipped, so what ran comes back whole
-started=$(date +%s)
-left() { echo $(( ${DEADLINE_S:-100000} - ($(date +%s) - started) )); }
+# (never below 1: `timeout 0` would run unbounded and a negative limit is a usage error)
+left() { local r=$(( ${DEADLINE_S:-100000} - ($(date +%s) - started) )); echo $(( r < 1 ? 1 : r )); }
 bench() {
     local limit=$1 rest
     rest=$(left); [ "$rest" -lt "$limit" ] && limit=$rest
@@ -393,12 +395,12 @@ open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
         --no-transformers
     ;;
 spec-gap)
-    # why session 32's bench accepted 0.33 at the first draft where the report said 0.55:
-    # the engine against the trainer's own greedy rounds on the same held-out prompts, one
-    # switch at a time. mean_common_prefix low: the target's forward differs (a kernel at
-    # this shape); drafts_equal_to_trainer low with it high: the drafting path; both high:
-    # the bench's text. A short-trained GAP_PRESET model is enough (its logits are no longer
-    # flat); a warm machine's is reused
+    # the engine against the trainer's own greedy rounds on the same held-out prompts, one switch
+    # at a time. mean_common_prefix low: the target's forward differs (a kernel at this shape);
+    # drafts_equal_to_trainer low with it high: the drafting path. Session 34 (H100): bf16 with
+    # graphs and device rounds, and eager with host rounds, both within 0.004 of the trainer, so
+    # session 32's low bench figure was not the engine. A short-trained GAP_PRESET model is
+    # enough (its logits are no longer flat); a warm machine's is reused
     gap=/tmp/trained-gap-${GAP_PRESET:-gpu-deep}
     [ -f $gap/config.json ] || timeout $(( ${GAP_TRAIN_S:-60} + 150 )) ninfer-train $gap --device cuda \
         --preset "${GAP_PRESET:-gpu-deep}" --train-seconds "${GAP_TRAIN_S:-60}" -q | tee "$OUT/train_gap.json"
@@ -670,10 +672,16 @@ spec-profile)
     # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
     # first the round's bookkeeping kernels and the device rounds on CUDA (SPEC_TESTS=0: not)
     if [ "${SPEC_TESTS:-1}" = 1 ]; then
-        timeout 270 python3 -m pytest -q -rf --tb=short -m gpu tests/test_spec_rounds_kernels.py tests/test_spec_gpu.py \
-            tests/test_decode_attention_kernel.py tests/test_gated_delta_decode.py > "$OUT/pytest_rounds.txt" 2>&1
-        echo "pytest_rounds: $(tail -1 "$OUT/pytest_rounds.txt")"
-        grep -E "^(FAILED|ERROR)" "$OUT/pytest_rounds.txt" | head -8
+        # a process a file, side by side: compiling is most of their time and it is CPU-bound (one
+        # process for all four ran past 270 s in session 34 without a summary)
+        for t in spec_rounds_kernels spec_gpu decode_attention_kernel gated_delta_decode; do
+            timeout 240 python3 -m pytest -q -rf --tb=short -m gpu "tests/test_$t.py" > "/tmp/pytest_$t.txt" 2>&1 &
+        done
+        wait
+        for t in spec_rounds_kernels spec_gpu decode_attention_kernel gated_delta_decode; do
+            echo "pytest $t: $(tail -1 "/tmp/pytest_$t.txt")"
+            grep -E "^(FAILED|ERROR)" "/tmp/pytest_$t.txt" | head -4
+        done | tee "$OUT/pytest_rounds.txt"
     fi
     # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
     timeout 150 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24

@@ -24,9 +24,10 @@ rounds on the host, so a gap can be pinned on one path (``gpu_session.sh spec-ga
 
 On the CPU they agree within a few thousandths (session 32, ``default`` preset: trainer
 0.714 / 0.444 / 0.311, engine 0.715 / 0.444 / 0.312 in float32 and 0.737 / 0.474 / 0.304
-in bf16). On a GPU in bf16 they should stay as close; a gap of tenths means the device's
-drafting path is wrong somewhere (session 32's GPU bench saw 0.33 at the first position
-where the report said 0.55). One JSON line each, then the gap.
+in bf16), and so they do on an H100 in bf16 (session 34, ``gpu-deep``: trainer 0.395 /
+0.202 / 0.091, engine 0.399 / 0.200 / 0.091 with graphs and device rounds, 97-99% of its
+drafts the trainer's). A gap of tenths would mean the device's drafting path is wrong
+somewhere. One JSON line each, then the gap.
 
     python3 scripts/spec_acceptance_check.py /tmp/trained --preset gpu-deep --device cuda --dtype bf16 \
         --trainer-device cuda
@@ -45,25 +46,11 @@ import torch
 def trainer_rounds(model, prompts: torch.Tensor, new_tokens: int, k: int) -> tuple[dict, list[list[int]]]:
     """Per-position acceptance and tokens a round of the greedy rounds the chain implies,
     and the greedy continuations themselves."""
-    from ninfer.train.report import chain_drafts, greedy_continue
+    from ninfer.train.report import chain_drafts, greedy_continue, round_acceptance
 
     seqs = greedy_continue(model, prompts, new_tokens)
-    drafts = chain_drafts(model, seqs, k).tolist()  # [B, bases, k]
-    prompt_len, end = prompts.shape[1], seqs.shape[1]
-    kept, rounds, committed = [0] * k, 0, 0
-    for row, seq in zip(drafts, seqs.tolist()):
-        base = prompt_len - 1  # the first round drafts after the prefill's token
-        while base + k + 1 < end:
-            accepted = 0
-            while accepted < k and row[base][accepted] == seq[base + accepted + 2]:
-                accepted += 1
-            rounds += 1
-            committed += accepted + 1
-            for j in range(accepted):
-                kept[j] += 1
-            base += accepted + 1
-    return ({"position_acceptance": [n / rounds for n in kept], "tokens_per_round": committed / rounds,
-             "rounds": rounds}, seqs[:, prompt_len:].tolist())
+    replay = round_acceptance(chain_drafts(model, seqs, k), seqs, prompts.shape[1])
+    return replay, seqs[:, prompts.shape[1]:].tolist()
 
 
 def _agreement(outputs: list[list[int]], expected: list[list[int]]) -> dict:

@@ -155,6 +155,9 @@ def test_report_and_shortlist(trained):
     rates = report["acceptance_per_position"]
     assert len(rates) == PRESET.mtp_depth and all(0 <= b <= a <= 1 for a, b in zip([1.0] + rates, rates))
     assert report["mean_accepted_length"] == pytest.approx(sum(rates))
+    rounds = report["round_acceptance_per_position"]
+    assert len(rounds) == PRESET.mtp_depth and all(0 <= b <= a <= 1 for a, b in zip([1.0] + rounds, rounds))
+    assert report["tokens_per_round"] == pytest.approx(1 + sum(rounds))
 
     shortlist = json.loads((trained / "lm_head_shortlist.json").read_text())
     assert shortlist["format"] == "ninfer-lm-head-shortlist" and shortlist["version"] == 1
@@ -166,6 +169,24 @@ def test_report_and_shortlist(trained):
     assert {t["id"] for t in tokens["added_tokens"]} == set(special)
     counts = shortlist["counts"][len(special):]
     assert counts == sorted(counts, reverse=True) and counts[0] > 0
+
+
+def test_rounds_start_after_the_kept_drafts():
+    """The round replay drafts only at the bases an engine's rounds start from."""
+    from ninfer.train.report import every_base_acceptance, round_acceptance
+
+    seq = torch.arange(10)[None]  # prompt of 2: the first round's base is 1
+    drafts = torch.full((1, 7, 2), -1)  # [B, L - 1 - k, k]: entry [t, j] drafts token t + j + 2
+    drafts[0, 1] = torch.tensor([3, 4])  # base 1: both kept -> the next base is 4
+    drafts[0, 2] = torch.tensor([4, 5])  # base 2 is skipped by the rounds
+    drafts[0, 4] = torch.tensor([6, -1])  # base 4: one kept -> base 6
+    replay = round_acceptance(drafts, seq, prompt_len=2)
+    # rounds at bases 1, 4, 6 (base 7's drafts would reach past the sequence)
+    assert replay["rounds"] == 3
+    assert replay["position_acceptance"] == pytest.approx([2 / 3, 1 / 3])
+    assert replay["tokens_per_round"] == pytest.approx((3 + 2 + 1) / 3)
+    # at every base 1..6: bases 1, 2 and 4 keep the first draft, bases 1 and 2 the second
+    assert every_base_acceptance(drafts, seq, prompt_len=2) == pytest.approx([3 / 6, 2 / 6])
 
 
 def test_delta_rule_equals_the_inference_reference():

@@ -18,7 +18,8 @@ from ninfer.train.presets import PRESETS
 
 #: the report fields printed at the end
 SUMMARY = ("preset", "steps", "train_seconds", "total_seconds", "perplexity", "acceptance_per_position",
-           "mean_accepted_length", "acceptance_rate", "teacher_forced_agreement")
+           "mean_accepted_length", "acceptance_rate", "round_acceptance_per_position", "tokens_per_round",
+           "teacher_forced_agreement")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -106,7 +106,9 @@ def run_training(
         "total_seconds": time.perf_counter() - start,
     }
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    logger.info("held-out perplexity {:.2f}; MTP acceptance per position {} (mean accepted length {:.2f} of {})",
+    logger.info("held-out perplexity {:.2f}; MTP acceptance per position {} at every base (mean accepted "
+                "length {:.2f} of {}), {} over the rounds an engine runs ({:.2f} tokens a round)",
                 report["perplexity"], " ".join(f"{r:.3f}" for r in report["acceptance_per_position"]),
-                report["mean_accepted_length"], preset.mtp_depth)
+                report["mean_accepted_length"], preset.mtp_depth,
+                " ".join(f"{r:.3f}" for r in report["round_acceptance_per_position"]), report["tokens_per_round"])
     return report

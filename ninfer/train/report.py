@@ -9,6 +9,13 @@ it equal what greedy decoding produced. ``acceptance_per_position[j]`` is the sh
 rounds whose first ``j + 1`` drafts were accepted (vLLM's per-position rate); their sum is
 the mean accepted length, so a round commits that many tokens plus the verifier's bonus.
 
+``round_acceptance_per_position`` counts the same drafts only at the bases an engine's
+rounds start from: the first after the prompt, each next one after the previous round's
+kept drafts and bonus token. That is the figure ``ninfer-bench --spec mtp`` and the
+server's log report on the same prompts. It sits below the every-base figure where a
+rejection tends to be followed by another (a round starts right after each one), and
+``tokens_per_round`` (its sum plus one) is what a round commits.
+
 ``teacher_forced_agreement`` is the same count on held-out text itself, the chain fed the
 true tokens: how often draft ``j`` equals the main model's greedy choice after the true
 prefix. It does not depend on the model's own (often repetitive) continuations.
@@ -70,14 +77,36 @@ def chain_drafts(model: TrainModel, seq: torch.Tensor, depth: int) -> torch.Tens
     return torch.stack([model.logits(out).argmax(-1) for out in outs], dim=2)
 
 
-@torch.no_grad()
-def draft_acceptance(model: TrainModel, seq: torch.Tensor, prompt_len: int, depth: int) -> list[float]:
-    """Acceptance per position over the continuation of ``seq`` [B, L] past ``prompt_len``."""
+def every_base_acceptance(drafts: torch.Tensor, seq: torch.Tensor, prompt_len: int) -> list[float]:
+    """Acceptance per position at every base of the continuation of ``seq`` [B, L] past
+    ``prompt_len`` (``drafts`` [B, bases, k] from :func:`chain_drafts`)."""
+    depth = drafts.shape[2]
     first = prompt_len - 1  # base t = prompt_len - 1: token t + 1 is the first greedy one
-    drafts = chain_drafts(model, seq, depth)[:, first:]
+    drafts = drafts[:, first:]
     n = first + drafts.shape[1]
     targets = [seq[:, first + j + 1 : n + j + 1] for j in range(1, depth + 1)]
     return _accepted([drafts[..., j] for j in range(depth)], targets)
+
+
+def round_acceptance(drafts: torch.Tensor, seqs: torch.Tensor, prompt_len: int) -> dict:
+    """Replay the greedy rounds over continuations ``seqs`` [B, L] with the chain's drafts at
+    every base (``drafts`` [B, bases, k] from :func:`chain_drafts`): per-position acceptance
+    over the rounds an engine would run, tokens a round, and the round count."""
+    k = drafts.shape[2]
+    rows, seqs = drafts.tolist(), seqs.tolist()
+    kept, rounds, committed = [0] * k, 0, 0
+    for row, seq in zip(rows, seqs):
+        base = prompt_len - 1  # the first round drafts after the prefill's token
+        while base + k + 1 < len(seq):
+            accepted = 0
+            while accepted < k and row[base][accepted] == seq[base + accepted + 2]:
+                kept[accepted] += 1
+                accepted += 1
+            rounds += 1
+            committed += accepted + 1
+            base += accepted + 1
+    return {"position_acceptance": [n / max(rounds, 1) for n in kept],
+            "tokens_per_round": committed / max(rounds, 1), "rounds": rounds}
 
 
 @torch.no_grad()
@@ -112,11 +141,11 @@ def evaluate(model: TrainModel, stream: torch.Tensor, preset: Preset, device: to
     model.eval()
     figures = heldout_figures(model, stream, preset, device)
     prompts = windows(stream, preset.eval_prompt_len, preset.eval_prompts).to(device)
-    rates = [0.0] * preset.mtp_depth
-    for chunk in prompts.split(preset.eval_batch):
-        seq = greedy_continue(model, chunk, preset.eval_new_tokens)
-        for j, r in enumerate(draft_acceptance(model, seq, preset.eval_prompt_len, preset.mtp_depth)):
-            rates[j] += r * len(chunk) / len(prompts)
+    seqs = [greedy_continue(model, chunk, preset.eval_new_tokens) for chunk in prompts.split(preset.eval_batch)]
+    drafts = torch.cat([chain_drafts(model, seq, preset.mtp_depth) for seq in seqs])
+    seqs = torch.cat(seqs)
+    rates = every_base_acceptance(drafts, seqs, preset.eval_prompt_len)
+    rounds = round_acceptance(drafts, seqs, preset.eval_prompt_len)
     mean_len = sum(rates)
     return {
         **figures,
@@ -124,6 +153,8 @@ def evaluate(model: TrainModel, stream: torch.Tensor, preset: Preset, device: to
         "acceptance_per_position": rates,
         "mean_accepted_length": mean_len,
         "acceptance_rate": mean_len / preset.mtp_depth,
+        "round_acceptance_per_position": rounds["position_acceptance"],
+        "tokens_per_round": rounds["tokens_per_round"],
         "eval_prompts": len(prompts),
         "eval_prompt_tokens": preset.eval_prompt_len,
         "eval_new_tokens": preset.eval_new_tokens,
