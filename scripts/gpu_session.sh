@@ -68,7 +68,8 @@
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
 #                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first), and the round
-#                                   again with verify attention unfused (NINFER_FUSED_VERIFY=0)
+#                                   again with verify attention unfused (NINFER_FUSED_VERIFY=0); last, in what time is
+#                                   left, the Gated DeltaNet decode and verify launch shapes (gpu-deep's and the 27B's)
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -683,8 +684,6 @@ spec-profile)
             grep -E "^(FAILED|ERROR)" "/tmp/pytest_$t.txt" | head -4
         done | tee "$OUT/pytest_rounds.txt"
     fi
-    # the Gated DeltaNet decode and verify kernel's launch shapes at the preset's narrow heads
-    timeout 150 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" --shapes train-gpu-deep 2>&1 | tail -24
     # SPEC_SKINNY=1: the shape's projections on the few-row kernel where it beats cuBLAS (rows of a
     # decode step and of a verify step; table written in place, a copy in $OUT), before the profiles
     if [ "${SPEC_SKINNY:-0}" = 1 ]; then
@@ -692,7 +691,8 @@ spec-profile)
             --rows 1,4,8 --write --out-dir "$OUT" > "$OUT/spec_skinny_sweep.jsonl" 2>&1
         grep '"linear"' "$OUT/spec_skinny_sweep.jsonl" | cut -c1-260
     fi
-    # then the round again with verify attention in four launches a layer (the peer of the decode kernel's)
+    # plain steps, rounds, then rounds with verify attention in four launches a layer (the peer
+    # of the decode kernel's verify rows)
     for run in 0 "${SPEC_K:-3}" "${SPEC_K:-3}u"; do
         k=${run%u}
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
@@ -701,6 +701,12 @@ spec-profile)
             $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k") 2>&1 \
             | tee "$OUT/profile_spec_k$run.jsonl" | grep "^{" | cut -c1-1200
     done
+    # last, with what is left: the Gated DeltaNet verify op's launch shapes at the preset's narrow
+    # heads and at the 27B's, beside one token's decode (session 34's sweep of every case, run
+    # before the profiles, took them down with it)
+    limit=$(left); [ "$limit" -gt 200 ] && limit=200
+    timeout "$limit" python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" \
+        --shapes train-gpu-deep,qwen3.6-27b --cases "decode b=1,verify" 2>&1 | tail -40
     ;;
 serve27)
     # #18's startup goal: ninfer-serve on the 27B shape with a cold Triton cache (a fresh machine's),
