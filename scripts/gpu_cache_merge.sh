@@ -16,8 +16,8 @@ mkdir -p .tcache "$work/cache"
 [ -f .tcache/triton.tar.gz ] && tar -xzf .tcache/triton.tar.gz -C "$work/cache"
 before=$(find "$work/cache" -mindepth 1 -maxdepth 1 | wc -l)
 cat "${parts[@]}" | tar -xz -C "$work/cache"
-# the IR files older archives carried are never read on a cache hit: keep binaries and metadata
-find "$work/cache" -type f ! -name '*.json' ! -name '*.cubin' -delete
+# the IR files older archives carried are never read on a cache hit: keep binaries, metadata and launchers
+find "$work/cache" -type f ! -name '*.json' ! -name '*.cubin' ! -name '*.so' -delete
 tar -czf "$work/merged.tar.gz" -C "$work/cache" .
 chmod u+w .tcache/triton.tar.gz 2>/dev/null || true
 mv "$work/merged.tar.gz" .tcache/triton.tar.gz

@@ -141,10 +141,10 @@ mkdir -p "$TRITON_CACHE_DIR"
 [ -f .tcache/triton.tar.gz ] && tar -xzf .tcache/triton.tar.gz -C "$TRITON_CACHE_DIR"
 touch /tmp/triton-cache.start
 save_triton_cache() {
-    # what this call compiled (the rest is in .tcache already), the binaries and their metadata
-    # alone: a cache hit reads nothing else, and the IR beside them is two thirds of the bytes
+    # what this call compiled (the rest is in .tcache already): binaries, their metadata and any
+    # launcher modules; a cache hit reads nothing else, and the IR beside them is two thirds of the bytes
     (cd "$TRITON_CACHE_DIR" && find . -mindepth 2 -maxdepth 2 -newer /tmp/triton-cache.start \
-        \( -name '*.json' -o -name '*.cubin' \) -print0 | tar -czf "$OUT/triton.tar.gz" --null -T -)
+        \( -name '*.json' -o -name '*.cubin' -o -name '*.so' \) -print0 | tar -czf "$OUT/triton.tar.gz" --null -T -)
     [ "$(tar -tzf "$OUT/triton.tar.gz" | head -1)" ] || { rm -f "$OUT/triton.tar.gz"; return; }  # none
     if [ "$(stat -c %s "$OUT/triton.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
         split -b 15M "$OUT/triton.tar.gz" "$OUT/triton.tar.gz.part-" && rm -f "$OUT/triton.tar.gz"
