@@ -316,3 +316,22 @@ def test_the_spec_sample_spreads_its_text_prompts_over_the_whole_text():
     assert all(len(p) == 10 and p == list(range(p[0], p[0] + 10)) and p[0] % 10 == 0 for p in singles)
     with pytest.raises(ValueError, match="need more"):
         spec_decode.batch_work(ids[:100], 1, 0, 10, 5, 0, 0)
+
+
+def test_spec_acceptance_takes_rates_or_a_training_reports_round_replay(tmp_path, capsys):
+    from ninfer.bench.spec_cost import expected_tokens
+
+    assert bench.parse_args(["--spec-acceptance", "0.8,0.5"]).spec_acceptance == ([0.8, 0.5], "given")
+    # a report's shares of rounds keeping drafts 1..j become each draft's rate given the ones before
+    report = tmp_path / "train_report.json"
+    report.write_text(json.dumps({"acceptance_per_position": [0.7, 0.5, 0.3],
+                                  "round_acceptance_per_position": [0.6, 0.3, 0.0]}))
+    rates, source = bench.parse_args(["--spec-acceptance", str(report)]).spec_acceptance
+    assert rates == pytest.approx([0.6, 0.5, 0.0]) and "round_acceptance_per_position" in source
+    assert expected_tokens(rates) == pytest.approx(1 + 0.6 + 0.3)  # 1 + the shares' sum
+    # an older report (every base only), and a bad value named with the flag
+    report.write_text(json.dumps({"acceptance_per_position": [0.5, 0.25]}))
+    assert bench.parse_args(["--spec-acceptance", str(report)]).spec_acceptance[0] == pytest.approx([0.5, 0.5])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--spec-acceptance", "0.8,lots"])
+    assert "--spec-acceptance '0.8,lots'" in capsys.readouterr().err

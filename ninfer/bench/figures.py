@@ -127,8 +127,9 @@ class Bench:
             self.emit(record)
         engine.set_decode_ahead(modes[0] and engine.device.type == "cuda")
 
-    def spec_cost(self, acceptance: list[float]) -> None:
-        """The cost of one speculative round at each ``--spec-context`` (see :mod:`ninfer.bench.spec_cost`)."""
+    def spec_cost(self, acceptance: list[float], source: str = "given") -> None:
+        """The cost of one speculative round at each ``--spec-context`` (see :mod:`ninfer.bench.spec_cost`),
+        and the speedup it implies at ``acceptance`` (conditional rates; ``source``: where they came from)."""
         from ninfer.bench.spec_cost import round_cost
         from ninfer_kernels.decode_attention import FUSED_VERIFY
 
@@ -136,7 +137,8 @@ class Bench:
         for context in a.spec_context:
             record = round_cost(self.llm.engine, context, acceptance, self.vocab)
             self.emit({"figure": "spec_round_cost", "engine": "ninfer", "spec": a.spec,
-                       "lm_head_draft": a.lm_head_draft, "fused_verify": FUSED_VERIFY, **self.common, **record})
+                       "lm_head_draft": a.lm_head_draft, "fused_verify": FUSED_VERIFY, **self.common, **record,
+                       "acceptance_source": source})
 
     def spec_decode(self, model: str, levels: list[int], ks: list[int]) -> None:
         """Decode at each concurrency without speculation, then with each draft count in

@@ -13,7 +13,9 @@ combines with a trained model's acceptance.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -22,6 +24,23 @@ from ninfer.bench.bandwidth import cuda_ms
 from ninfer.engine.request import EngineRequest
 from ninfer.engine.spec.proposer import StepRecord
 from ninfer.sampling_params import SamplingParams
+
+
+def acceptance_arg(value: str) -> tuple[list[float], str]:
+    """``--spec-acceptance``: conditional rates ``a_1,a_2,...`` (draft ``j`` kept given drafts
+    ``1..j-1`` were), or the path of a ``ninfer-train`` report, whose round replay gives the
+    shares ``c_j`` of rounds that kept drafts ``1..j`` (so ``a_j = c_j / c_(j-1)``). Returns the
+    rates and where they came from."""
+    path = Path(value)
+    if not path.is_file():
+        return [float(a) for a in value.split(",")], "given"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    key = "round_acceptance_per_position" if "round_acceptance_per_position" in report else "acceptance_per_position"
+    shares, rates, before = report[key], [], 1.0
+    for share in shares:
+        rates.append(share / before if before > 0 else 0.0)
+        before = share
+    return rates, f"{path} ({key})"
 
 
 def expected_tokens(acceptance: Sequence[float]) -> float:

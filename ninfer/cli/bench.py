@@ -96,7 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spec-context", type=_ints, default=[32768], help="spec_cost: context lengths of the timed "
                    "sequence (comma-separated)")
     p.add_argument("--spec-acceptance", default="0.8,0.65,0.55,0.45,0.4",
-                   help="spec_cost: per-position acceptance the implied speedup assumes (a trained model's)")
+                   help="spec_cost: the acceptance the implied speedup assumes: each draft's rate given the ones "
+                        "before it were kept (comma-separated), or a ninfer-train train_report.json (its replay "
+                        "of an engine's rounds)")
     p.add_argument("--spec-prompts", help="spec_decode: a text file whose tokens make the prompts (random ids "
                    "otherwise, which a trained model drafts badly)")
     p.add_argument("--lm-head-draft", type=int, metavar="N", default=None,
@@ -122,6 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if p.parse_known_args(argv)[0].suite == "gpu":
         p.set_defaults(**GPU_SUITE)  # explicit flags still win
     args = p.parse_args(argv)
+    from ninfer.bench.spec_cost import acceptance_arg
+
+    try:  # (rates, where they came from)
+        args.spec_acceptance = acceptance_arg(args.spec_acceptance)
+    except (ValueError, KeyError, TypeError) as exc:
+        p.error(f"--spec-acceptance {args.spec_acceptance!r}: {exc!r}")
     if args.hf_dynamic is None:
         args.hf_dynamic = args.concurrency
     args.decode_prompt_lens, args.decode_prompt_len = args.decode_prompt_len, max(args.decode_prompt_len)
@@ -173,7 +181,7 @@ def main(argv=None) -> int:
                            lens if "prefill" in only else [], hf_offline)
     if args.spec and "spec_cost" in only:
         bench.load(args.model, [1], [], offline=False, draft_tokens=_ints(args.draft_tokens)[0])
-        bench.spec_cost([float(a) for a in args.spec_acceptance.split(",")])
+        bench.spec_cost(*args.spec_acceptance)
     if args.spec and "decode" in only:
         bench.spec_decode(args.model, levels, _ints(args.draft_tokens))
     if "offline" in only and args.offline_model:
