@@ -29,9 +29,9 @@
 #   scripts/gpu_session.sh prefill27  the 27B 8k prefill against transformers alone
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
-#   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, again with
-#                                   verify attention unfused (NINFER_FUSED_VERIFY=0), then over the --lm-head-draft
-#                                   shortlist of each HEAD_SIZES (32768); SPEC_REPORT: a train_report.json whose round
+#   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
+#                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768), then with verify attention
+#                                   unfused (NINFER_FUSED_VERIFY=0); SPEC_REPORT: a train_report.json whose round
 #                                   acceptance the implied speedups assume
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
@@ -355,15 +355,15 @@ spec)
     ;;
 spec-head)
     # the spec's headline on the 27B shape: a k=3 round drafting over the full 248k-entry LM head,
-    # the same with verify attention in four launches a layer (NINFER_FUSED_VERIFY=0, the peer of
-    # the decode kernel's verify rows), then drafting over the --lm-head-draft shortlist (HEAD_SIZES)
-    # SPEC_REPORT (a ninfer-train train_report.json, e.g. spec2's, carried in): the implied speedup at
-    # that model's round acceptance instead of the default rates
+    # then over the --lm-head-draft shortlist (HEAD_SIZES: what #19's 2x hangs on, so second), then
+    # with verify attention in four launches a layer (NINFER_FUSED_VERIFY=0, the peer of the decode
+    # kernel's verify rows). SPEC_REPORT (a ninfer-train train_report.json, e.g. spec2's, carried
+    # in): the implied speedups at that model's round acceptance instead of the default rates
     cost27() { bench 200 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 ${SPEC_REPORT:+--spec-acceptance "$SPEC_REPORT"} --no-transformers "$@"; }
     cost27
-    NINFER_FUSED_VERIFY=0 cost27
     for head in ${HEAD_SIZES:-32768}; do cost27 --lm-head-draft "$head"; done
+    NINFER_FUSED_VERIFY=0 cost27
     ;;
 spec2)
     # the spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them here too): training the
