@@ -6,15 +6,15 @@ every base position ``t`` of the continuation, the MTP chained ``k`` times draft
 ``t + 2 .. t + k + 1`` (step 1 from the main hidden state at ``t`` and token ``t + 1``, later
 steps from their own drafts) and a draft counts as accepted when it and all drafts before
 it equal what greedy decoding produced. ``acceptance_per_position[j]`` is the share of
-rounds whose first ``j + 1`` drafts were accepted (vLLM's per-position rate); their sum is
-the mean accepted length, so a round commits that many tokens plus the verifier's bonus.
+bases whose first ``j + 1`` drafts were accepted (vLLM's per-position rate, were a round
+to start at every base); their sum is the mean accepted length.
 
 ``round_acceptance_per_position`` counts the same drafts only at the bases an engine's
 rounds start from: the first after the prompt, each next one after the previous round's
 kept drafts and bonus token. That is the figure ``ninfer-bench --spec mtp`` and the
-server's log report on the same prompts. It sits below the every-base figure where a
-rejection tends to be followed by another (a round starts right after each one), and
-``tokens_per_round`` (its sum plus one) is what a round commits.
+server's log report on the same prompts, and ``tokens_per_round`` (its sum plus one) is
+what a round commits. The two differ by a few hundredths (rounds start right after
+rejections, which cluster), but only this one is what an engine sees.
 
 ``teacher_forced_agreement`` is the same count on held-out text itself, the chain fed the
 true tokens: how often draft ``j`` equals the main model's greedy choice after the true
