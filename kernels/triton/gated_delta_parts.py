@@ -24,20 +24,29 @@ def _round(x, dtype: tl.constexpr, BF16: tl.constexpr):
 
 
 @triton.jit
+def _inputs_at(x_ptr, hist_ptr, pos, ok, start, stride_x, stride_hist, cols, col_ok, has_history,
+               K: tl.constexpr):
+    """The inputs at positions ``pos`` [KP] (where ``ok``) for channels ``cols``, as two [B, KP]
+    tiles, each zero where the other holds the value: from the chunk's rows (at or after
+    ``start``) and from the slot's history before it (zeros without one); and which is which."""
+    in_x = pos >= start
+    hist = K - 1 + pos - start
+    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
+                 mask=col_ok[:, None] & (ok & in_x)[None, :], other=0.0)
+    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
+                 mask=col_ok[:, None] & (ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    return xv, sv, in_x
+
+
+@triton.jit
 def _conv_row(x_ptr, hist_ptr, w, t, start, stride_x, stride_hist, cols, col_ok, has_history,
               K: tl.constexpr, KP: tl.constexpr):
     """silu(conv) of token ``t`` for channels ``cols`` with taps ``w`` [B, KP]: [B] float32.
 
     Taps at rows before ``start`` come from the history (zero without one)."""
     taps = tl.arange(0, KP)
-    tap_ok = taps < K
-    pos = t - (K - 1) + taps
-    in_x = pos >= start
-    hist = K - 1 + pos - start
-    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
-                 mask=col_ok[:, None] & (tap_ok & in_x)[None, :], other=0.0)
-    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
-                 mask=col_ok[:, None] & (tap_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    xv, sv, _ = _inputs_at(x_ptr, hist_ptr, t - (K - 1) + taps, taps < K, start, stride_x, stride_hist, cols,
+                           col_ok, has_history, K)
     acc = tl.sum((xv.to(tl.float32) + sv.to(tl.float32)) * w, axis=1)
     return acc / (1.0 + tl.exp(-acc))
 
@@ -48,14 +57,8 @@ def _new_history(x_ptr, hist_ptr, start, end, stride_x, stride_hist, cols, col_o
     """The last K - 1 inputs after the chunk [B, KP] (rows past K - 2 unused), some still
     from the old history when the chunk is shorter than that."""
     rows = tl.arange(0, KP)
-    row_ok = rows < K - 1
-    pos = end - (K - 1) + rows
-    in_x = pos >= start
-    hist = K - 1 + pos - start
-    xv = tl.load(x_ptr + pos[None, :] * stride_x + cols[:, None],
-                 mask=col_ok[:, None] & (row_ok & in_x)[None, :], other=0.0)
-    sv = tl.load(hist_ptr + hist[None, :] * stride_hist + cols[:, None],
-                 mask=col_ok[:, None] & (row_ok & ~in_x & (hist >= 0) & has_history)[None, :], other=0.0)
+    xv, sv, in_x = _inputs_at(x_ptr, hist_ptr, end - (K - 1) + rows, rows < K - 1, start, stride_x, stride_hist,
+                              cols, col_ok, has_history, K)
     return tl.where(in_x[None, :], xv.to(hist_ptr.dtype.element_ty), sv)
 
 
