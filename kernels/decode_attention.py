@@ -18,20 +18,27 @@ from ninfer_kernels.attention import output_gate, paged_attention, write_kv
 from ninfer_kernels.qk_norm_rope import qk_norm_rope
 
 
-#: verify rows take the one-launch path up to this many tokens a sequence (k = 5 drafts) and
-#: this many (token, query head) rows per KV head (the Triton program's tile)
+#: with ``NINFER_FUSED_VERIFY=1``, verify rows take the one-launch path up to this many
+#: tokens a sequence (k = 5 drafts) and this many (token, query head) rows per KV head (the
+#: Triton program's tile)
 MAX_ROWS, MAX_GROUP_ROWS = 6, 32
-FUSED_VERIFY = os.environ.get("NINFER_FUSED_VERIFY", "1") != "0"
+#: Off by default: in whole speculative rounds on an H100 (session 35) the one-launch kernel
+#: with 4 rows a sequence took 33 us a layer on ``train-gpu-deep``'s shape where the four
+#: unfused launches took 14, and the 27B's verify step cost 1.073 decode steps with it
+#: against 1.033 without (512 keys). ``scripts/gpu_verify_attention_sweep.py`` times it alone.
+FUSED_VERIFY = os.environ.get("NINFER_FUSED_VERIFY", "0") == "1"
 
 
-def fits_rows(group: int, rows: int) -> bool:
+def fits_rows(group: int, rows: int, fused_verify: bool | None = None) -> bool:
     """Whether a batch whose sequences each bring ``rows`` new tokens takes the one-launch
-    path, for ``group`` query heads per KV head. Wider steps (prefill chunks, verify rows
-    past the tile) take the steps one by one; a decode step always fits.
-    ``NINFER_FUSED_VERIFY=0`` sends every multi-row step the unfused way (for comparisons)."""
+    path, for ``group`` query heads per KV head. A decode step always does; several rows a
+    sequence only when fused verify is on (``fused_verify``, by default
+    ``NINFER_FUSED_VERIFY=1``) and the rows fit the tile. Prefill chunks, and verify rows
+    otherwise, take the steps one by one."""
     if rows == 1:
         return True
-    return FUSED_VERIFY and rows <= MAX_ROWS and group * rows <= MAX_GROUP_ROWS
+    on = FUSED_VERIFY if fused_verify is None else fused_verify
+    return on and rows <= MAX_ROWS and group * rows <= MAX_GROUP_ROWS
 
 
 def decode_attention(

@@ -31,7 +31,7 @@
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
 #                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768), then with verify attention
-#                                   unfused (NINFER_FUSED_VERIFY=0); SPEC_REPORT: a train_report.json whose round
+#                                   in the decode kernel (NINFER_FUSED_VERIFY=1); SPEC_REPORT: a train_report.json whose round
 #                                   acceptance the implied speedups assume
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
@@ -69,8 +69,10 @@
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
 #                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first), and the round
-#                                   again with verify attention unfused (NINFER_FUSED_VERIFY=0); last, in what time is
-#                                   left, the Gated DeltaNet decode and verify launch shapes (gpu-deep's and the 27B's)
+#                                   again with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1); last, in
+#                                   what time is left, verify attention alone per launch shape (SPEC_SWEEP=attention,
+#                                   scripts/gpu_verify_attention_sweep.py) or the Gated DeltaNet decode and verify
+#                                   launch shapes (SPEC_SWEEP=gdn), at gpu-deep's and the 27B's heads
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -356,14 +358,14 @@ spec)
 spec-head)
     # the spec's headline on the 27B shape: a k=3 round drafting over the full 248k-entry LM head,
     # then over the --lm-head-draft shortlist (HEAD_SIZES: what #19's 2x hangs on, so second), then
-    # with verify attention in four launches a layer (NINFER_FUSED_VERIFY=0, the peer of the decode
-    # kernel's verify rows). SPEC_REPORT (a ninfer-train train_report.json, e.g. spec2's, carried
+    # with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1: one launch a layer, the peer
+    # of the default four; session 35 measured it slower). SPEC_REPORT (a ninfer-train train_report.json, e.g. spec2's, carried
     # in): the implied speedups at that model's round acceptance instead of the default rates
     cost27() { bench 200 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 ${SPEC_REPORT:+--spec-acceptance "$SPEC_REPORT"} --no-transformers "$@"; }
     cost27
     for head in ${HEAD_SIZES:-32768}; do cost27 --lm-head-draft "$head"; done
-    NINFER_FUSED_VERIFY=0 cost27
+    NINFER_FUSED_VERIFY=1 cost27
     ;;
 spec2)
     # SPEC_BENCH_S=0 skips the benches (a call that only trains: the next call on the warm machine
@@ -700,22 +702,28 @@ spec-profile)
             --rows 1,4,8 --write --out-dir "$OUT" > "$OUT/spec_skinny_sweep.jsonl" 2>&1
         grep '"linear"' "$OUT/spec_skinny_sweep.jsonl" | cut -c1-260
     fi
-    # plain steps, rounds, then rounds with verify attention in four launches a layer (the peer
-    # of the decode kernel's verify rows)
-    for run in 0 "${SPEC_K:-3}" "${SPEC_K:-3}u"; do
-        k=${run%u}
+    # plain steps, rounds, then rounds with verify attention in the decode kernel (the peer of the
+    # default four launches a layer)
+    for run in 0 "${SPEC_K:-3}" "${SPEC_K:-3}f"; do
+        k=${run%f}
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
-        env $([ "$run" != "$k" ] && echo NINFER_FUSED_VERIFY=0) timeout "$limit" python3 scripts/gpu_step_profile.py \
+        env $([ "$run" != "$k" ] && echo NINFER_FUSED_VERIFY=1) timeout "$limit" python3 scripts/gpu_step_profile.py \
             "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency "${SPEC_C:-1}" --steps 30 --top 40 \
             $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k") 2>&1 \
             | tee "$OUT/profile_spec_k$run.jsonl" | grep "^{" | cut -c1-1200
     done
-    # last, with what is left: the Gated DeltaNet verify op's launch shapes at the preset's narrow
-    # heads and at the 27B's, beside one token's decode (session 34's sweep of every case, run
-    # before the profiles, took them down with it)
+    # last, with what is left (session 34's sweep of every case, run before the profiles, took them
+    # down with it): verify attention alone, one row a sequence against four, per launch shape, at
+    # the bench's max context; or the Gated DeltaNet verify op's launch shapes beside one token's decode
     limit=$(left); [ "$limit" -gt 200 ] && limit=200
-    timeout "$limit" python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" \
-        --shapes train-gpu-deep,qwen3.6-27b --cases "decode b=1,verify" 2>&1 | tail -40
+    if [ "${SPEC_SWEEP:-attention}" = attention ]; then
+        timeout "$limit" python3 scripts/gpu_verify_attention_sweep.py --shapes train-gpu-deep,qwen3.6-27b \
+            --cases 1x400,4x400,4x4096 --max-context 3072 > "$OUT/verify_attention.jsonl" 2>&1
+        grep -v '"splits"' "$OUT/verify_attention.jsonl" | cut -c1-300
+    else
+        timeout "$limit" python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_small.jsonl" \
+            --shapes train-gpu-deep,qwen3.6-27b --cases "decode b=1,verify" 2>&1 | tail -40
+    fi
     ;;
 serve27)
     # #18's startup goal: ninfer-serve on the 27B shape with a cold Triton cache (a fresh machine's),

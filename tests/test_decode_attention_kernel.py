@@ -102,8 +102,12 @@ def test_verify_rows_take_the_one_launch_path(contexts, tokens, page, heads, dty
 def test_verify_rows_past_the_tile_take_the_unfused_path():
     """More (token, head) rows a KV head than a program holds: the kernel refuses, and
     :func:`fits_rows` tells the KV cache so beforehand."""
-    assert t_decode_attention.fits_rows(8, 4) and t_decode_attention.fits_rows(64, 1)
-    assert not t_decode_attention.fits_rows(6, 6) and not t_decode_attention.fits_rows(1, 7)
+    assert t_decode_attention.fits_rows(8, 4, fused_verify=True) and t_decode_attention.fits_rows(64, 1)
+    assert not t_decode_attention.fits_rows(6, 6, fused_verify=True)
+    assert not t_decode_attention.fits_rows(1, 7, fused_verify=True)
+    # off (the default since session 35's rounds): verify rows never take it, decode steps do
+    assert not t_decode_attention.fits_rows(8, 4, fused_verify=False)
+    assert t_decode_attention.fits_rows(64, 1, fused_verify=False)
     args, k_cache, v_cache, batch = decode_case([9, 30], 16, 12, 1, 16, 16, torch.float32, seed=3, tokens=4)
     with pytest.raises(ValueError, match="same number of rows"):
         t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25)

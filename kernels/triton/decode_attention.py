@@ -19,13 +19,16 @@ sequence's end exit at once). That replaces the second kernel a split needs othe
 Counters come from :mod:`.counters`, allocated before any CUDA graph captures the kernel
 (the warm-up passes run it first).
 
-Speculative verify rows (``k + 1`` tokens a sequence) and the MTP head's extend take the
-same launch (``ROWS`` tokens a sequence, :func:`ninfer_kernels.decode_attention.fits_rows`):
+With ``NINFER_FUSED_VERIFY=1``, speculative verify rows (``k + 1`` tokens a sequence) and
+the MTP head's extend take the same launch (``ROWS`` tokens a sequence,
+:func:`ninfer_kernels.decode_attention.fits_rows`):
 a program's rows are then (token, head-in-group) pairs, each query turned by its own
 position; the cached keys before the first new token are shared by every row, and the
 split holding the last new key stores all ``ROWS`` of them and folds each in from
-registers into the rows of its token and the later ones. The unfused path took four
-launches a layer for these rows (norm and RoPE, the KV write, attention, its merge).
+registers into the rows of its token and the later ones. The unfused path takes four
+launches a layer for these rows (norm and RoPE, the KV write, attention, its merge), and
+it is the default: in session 35's rounds it was faster on both shapes measured (see
+:data:`ninfer_kernels.decode_attention.FUSED_VERIFY`).
 """
 
 from __future__ import annotations
@@ -303,7 +306,7 @@ def decode_attention(
     head_dim_v = v_cache.shape[-1]
     num_seqs = batch.seq_lens.shape[0]
     rows = batch.max_query_len
-    if num_seqs * rows != num_tokens or not fits_rows(num_heads // max(num_kv_heads, 1), rows):
+    if num_seqs * rows != num_tokens or not fits_rows(num_heads // max(num_kv_heads, 1), rows, fused_verify=True):
         raise ValueError(f"decode_attention takes {num_seqs} sequences of the same number of rows (1 to "
                          f"{MAX_ROWS}, at most {MAX_GROUP_ROWS} rows a KV head), got {num_tokens} rows of up to "
                          f"{rows} a sequence")
