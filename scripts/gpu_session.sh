@@ -175,6 +175,19 @@ bench() {
     [ "${PIPESTATUS[0]}" = 124 ] && echo "bench timed out after $limit s: ninfer-bench ${*:2}" | tee -a "$OUT/bench.err"
     true
 }
+stdlib_arg() {
+    # `--stdlib DIR` when .corpus/stdlib.tar.gz was carried (scripts/stdlib_corpus.sh: a whole
+    # standard library, tests included, which this image's Python lacks), unpacked once a machine
+    [ -f .corpus/stdlib.tar.gz ] || return 0
+    if [ ! -d /tmp/stdlib ]; then mkdir -p /tmp/stdlib && tar -xzf .corpus/stdlib.tar.gz -C /tmp/stdlib; fi
+    echo --stdlib "$(find /tmp/stdlib -mindepth 1 -maxdepth 1 -type d | head -1)"
+}
+write_heldout() {
+    # DIR/heldout.txt: 100 KB of the held-out files of the corpus DIR's model was trained on (the
+    # bench's --spec-prompts and the accuracy scripts' --heldout)
+    python3 -c "import sys; from ninfer.train.corpus import trained_corpus
+open(sys.argv[1] + '/heldout.txt', 'w').write(chr(10).join(trained_corpus(sys.argv[1], 100_000).heldout_texts))" "$1"
+}
 quant_tests() {
     # three groups at once: Triton compiles most of the time away and compiling is CPU-bound
     # (session 17: the kernel tests took 222 s and the weight tests 204 s side by side)
@@ -374,7 +387,9 @@ spec2)
     if [ "${SPEC_TESTS:-0}" = 1 ]; then
         timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
     fi
-    # a warm machine keeps /tmp: a model trained by the previous call is reused. TRAIN_S caps the
+    # Carry .corpus too (scripts/stdlib_corpus.sh): it trains on a whole standard library, tests
+    # included, which this image's Python lacks (session 35: 2.1M tokens, ten passes in 440 s).
+    # A warm machine keeps /tmp: a model trained by the previous call is reused. TRAIN_S caps the
     # training loop (ninfer-train --train-seconds: the run takes the preset's steps that fit), so
     # the call always ends with a checkpoint; corpus, tokenizer and evaluation come on top
     trained=/tmp/trained-${TRAIN_PRESET:-gpu}
@@ -387,10 +402,10 @@ spec2)
     fi
     [ -f $trained/config.json ] \
         || timeout "$(( ${TRAIN_S:-300} + 150 ))" ninfer-train $trained --device cuda --preset "${TRAIN_PRESET:-gpu}" \
-            --train-seconds "${TRAIN_S:-300}" ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} -q | tee "$OUT/train.json"
+            --train-seconds "${TRAIN_S:-300}" ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} $(stdlib_arg) -q \
+            | tee "$OUT/train.json"
     cp $trained/train_report.json "$OUT/" 2>/dev/null
-    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
-open('$trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    write_heldout $trained
     bench "${SPEC_BENCH_S:-200}" $trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
@@ -415,7 +430,7 @@ spec-gap)
     # enough (its logits are no longer flat); a warm machine's is reused
     gap=/tmp/trained-gap-${GAP_PRESET:-gpu-deep}
     [ -f $gap/config.json ] || timeout $(( ${GAP_TRAIN_S:-60} + 150 )) ninfer-train $gap --device cuda \
-        --preset "${GAP_PRESET:-gpu-deep}" --train-seconds "${GAP_TRAIN_S:-60}" -q | tee "$OUT/train_gap.json"
+        --preset "${GAP_PRESET:-gpu-deep}" --train-seconds "${GAP_TRAIN_S:-60}" $(stdlib_arg) -q | tee "$OUT/train_gap.json"
     # the bench's own setting first (bf16, graphs, device rounds), then one switch at a time
     for how in "--dtype bf16" "--dtype bf16 --no-cuda-graph" "--dtype fp32" "--dtype bf16 --host-rounds" \
                "--dtype fp32 --no-cuda-graph"; do
@@ -427,8 +442,7 @@ spec-gap)
             | sed "s|^|$how: |" | tee -a "$OUT/acceptance_gap.jsonl" | cut -c1-700
     done
     # the bench's sample (now spread over the held-out text) on the same model
-    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
-open('$gap/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    write_heldout $gap
     bench 120 $gap --dtype bf16 --only decode --spec mtp --draft-tokens 3 --concurrency 1,8 --decode-prompt-len 128 \
         --decode-output-len 256 --spec-prompts $gap/heldout.txt --no-transformers
     ;;
@@ -814,8 +828,7 @@ acc)
     # the KV and weight formats' accuracy through the CUDA kernels, on a model trained here
     timeout 240 ninfer-train /tmp/trained --device cuda --preset "${TRAIN_PRESET:-default}" -q > "$OUT/train.json"
     tail -c 600 "$OUT/train.json"
-    python3 -c "from ninfer.train.corpus import load_corpus; c = load_corpus(1, 100_000)
-open('/tmp/trained/heldout.txt', 'w').write(chr(10).join(c.heldout_texts))"
+    write_heldout /tmp/trained
     timeout 150 python3 scripts/kv_accuracy.py /tmp/trained --heldout /tmp/trained/heldout.txt --device cuda \
         --dtype bf16 > "$OUT/kv_accuracy.jsonl" 2> "$OUT/kv_accuracy.err"; cut -c1-400 "$OUT/kv_accuracy.jsonl"
     if [ -n "${ACC_WEIGHTS:-}" ]; then

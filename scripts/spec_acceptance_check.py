@@ -141,7 +141,7 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
 def main() -> None:
     from tokenizers import Tokenizer
 
-    from ninfer.train.corpus import load_corpus
+    from ninfer.train.corpus import trained_corpus
     from ninfer.train.pipeline import load_trained
     from ninfer.train.presets import PRESETS
     from ninfer.train.report import windows
@@ -165,7 +165,7 @@ def main() -> None:
     args = ap.parse_args()
     preset = PRESETS[args.preset]
     tokenizer = Tokenizer.from_file(str(args.model / "tokenizer.json"))
-    corpus = load_corpus(1, preset.heldout_bytes, preset.include_tests)
+    corpus = trained_corpus(args.model, preset.heldout_bytes)
     stream = torch.tensor(tokenizer.encode("\n".join(corpus.heldout_texts)).ids)
     prompts = windows(stream, args.prompt_len, args.prompts)
     device = torch.device(args.trainer_device)

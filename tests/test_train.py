@@ -270,6 +270,31 @@ def test_steps_option_overrides_the_preset(tmp_path):
     assert report["steps"] == 6 and report["tokens_seen"] == 6 * PRESET.batch_size * PRESET.seq_len
 
 
+def test_another_stdlib_tree_is_read_and_named_for_the_held_out_side(tmp_path):
+    """``--stdlib`` trains on another standard-library tree (the GPU image's Python lacks the
+    test suites), and scripts sampling a model's held-out prompts find the same tree again."""
+    from ninfer.cli.train import main
+    from ninfer.train.corpus import HELDOUT_EVERY, _crc, trained_corpus
+
+    tree = tmp_path / "python3.99"
+    names = [f"mod{i}.py" for i in range(40)] + [f"test/test_mod{i}.py" for i in range(10)]
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(f"def f_{abs(hash(name))}(x):\n    return x + 1\n" * 200)
+    (tree / "site-packages" / "pkg").mkdir(parents=True)
+    (tree / "site-packages" / "pkg" / "skipped.py").write_text("x = 1\n")
+    out = tmp_path / "model"
+    main([str(out), "--preset", "test", "--steps", "1", "--stdlib", str(tree), "-q"])
+    report = json.loads((out / "train_report.json").read_text())
+    assert report["stdlib"] == str(tree)
+    held = trained_corpus(out, 1_000_000)
+    assert held.root == str(tree)
+    # the test preset leaves the test suites out, on both sides
+    assert sorted(held.heldout_files) == sorted(n for n in names[:40] if _crc(n) % HELDOUT_EVERY == 0)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "other"), "--stdlib", str(tmp_path / "missing")])
+
+
 @pytest.mark.parametrize("device_rounds", [False, True])
 def test_engine_drafts_are_the_trainers_chain(monkeypatch, device_rounds):
     """Lossless verification hides a drafter that drafts the wrong thing; acceptance shows it.

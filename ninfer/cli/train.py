@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-seconds", type=float, metavar="S",
                         help="cap the training loop at about S seconds: the run times its first steps and takes "
                              "as many of the preset's steps as fit (the result then depends on the machine)")
+    parser.add_argument("--stdlib", type=Path, metavar="DIR",
+                        help="the standard-library tree to train on (default: this Python's). A distribution "
+                             "may strip the test suites the gpu presets count on; scripts/stdlib_corpus.sh packs "
+                             "a whole one to carry there")
     parser.add_argument("--threads", type=int, help="torch CPU threads (results depend on it)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors in the log")
     return parser
@@ -49,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.stdlib is not None and not args.stdlib.is_dir():
+        parser.error(f"--stdlib {args.stdlib}: not a directory")
     setup_logging("warning" if args.quiet else "info")
     import torch
 
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps is not None:
         preset = attrs.evolve(preset, steps=args.steps)
     report = run_training(args.out_dir, preset, seed=args.seed, device=args.device,
-                          train_seconds=args.train_seconds)
+                          train_seconds=args.train_seconds, stdlib=args.stdlib)
     print(json.dumps({key: report[key] for key in SUMMARY}))
 
 

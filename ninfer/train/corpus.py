@@ -1,6 +1,7 @@
 """The training corpus: the Python standard library's own source, which every machine has.
 
-Files are the ``.py`` files under ``sysconfig.get_paths()["stdlib"]``, without
+Files are the ``.py`` files under ``sysconfig.get_paths()["stdlib"]`` (or the tree
+``ninfer-train --stdlib`` names: some distributions ship Python without its test suites), without
 ``site-packages``, without files over ``MAX_FILE_BYTES`` (generated tables and documentation
 strings) and, unless asked for (the large preset needs the bytes), without the test suites,
 which hold deliberately odd code. Every choice
@@ -76,3 +77,20 @@ def load_corpus(train_bytes: int, heldout_bytes: int, tests: bool = False, root:
     if not train_texts or not held_texts:
         raise RuntimeError(f"no usable standard-library sources under {root}")
     return Corpus(str(root), tuple(train_names), tuple(held_names), tuple(train_texts), tuple(held_texts))
+
+
+def trained_corpus(model_dir: Path, heldout_bytes: int) -> Corpus:
+    """The held-out side of the corpus a ``ninfer-train`` checkpoint was trained on: the
+    standard-library tree its report names (``--stdlib``; this Python's when that is gone or
+    unnamed), test suites in or out as its preset had them. Scripts that sample held-out
+    prompts for a trained model read them here."""
+    import json
+
+    from ninfer.train.presets import PRESETS
+
+    report_file = Path(model_dir) / "train_report.json"
+    report = json.loads(report_file.read_text(encoding="utf-8")) if report_file.is_file() else {}
+    named = report.get("stdlib")
+    root = Path(named) if named and Path(named).is_dir() else None
+    preset = PRESETS.get(report.get("preset", ""))
+    return load_corpus(1, heldout_bytes, preset.include_tests if preset else False, root=root)

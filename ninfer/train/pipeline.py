@@ -56,16 +56,17 @@ def load_trained(path: Path, preset: Preset, device: str | torch.device = "cpu",
 
 def run_training(
     out_dir: Path, preset: Preset, seed: int = 0, device: str | torch.device = "cpu",
-    train_seconds: float | None = None,
+    train_seconds: float | None = None, stdlib: Path | None = None,
 ) -> dict[str, Any]:
     """Train ``preset`` and write the checkpoint, shortlist and report into ``out_dir``; returns the report.
 
-    ``train_seconds`` caps the optimisation loop's time (fewer steps, same schedule shape)."""
+    ``train_seconds`` caps the optimisation loop's time (fewer steps, same schedule shape);
+    ``stdlib`` reads another standard-library tree than this Python's (the report records it)."""
     start = time.perf_counter()
     device = torch.device(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpus = load_corpus(preset.train_bytes, preset.heldout_bytes, preset.include_tests)
+    corpus = load_corpus(preset.train_bytes, preset.heldout_bytes, preset.include_tests, root=stdlib)
     tok = fit_tokenizer(corpus.train_texts, preset.vocab_size)
     train_stream = torch.tensor(encode_documents(tok, corpus.train_texts))
     heldout_stream = torch.tensor(encode_documents(tok, corpus.heldout_texts))
