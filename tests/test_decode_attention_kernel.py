@@ -70,20 +70,21 @@ def test_decode_attention_applies_the_output_gate(dtype, splits):
 
 
 @pytest.mark.parametrize(
-    "contexts,tokens,page,heads,dtype,splits,gated",
+    "contexts,tokens,page,heads,dtype,splits,gated,rotary",
     [
-        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 1, False),
-        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 3, True),  # new keys split across two ranges
-        ([60, 1000], 2, 4, (6, 1), torch.float32, 8, True),  # 6-way group: 12 rows padded to 16
-        ([63, 129], 6, 16, (4, 2), torch.bfloat16, 4, False),  # k = 5 drafts
+        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 1, False, 16),
+        ([5, 17, 0, 150], 4, 16, (8, 2), torch.float32, 3, True, 16),  # new keys split across two ranges
+        ([60, 1000], 2, 4, (6, 1), torch.float32, 8, True, 16),  # 6-way group: 12 rows padded to 16
+        ([63, 129], 6, 16, (4, 2), torch.bfloat16, 4, False, 16),  # k = 5 drafts
+        ([40, 300], 3, 16, (4, 2), torch.float32, 4, False, 8),  # partial rotary; 3 keys in a 4-row tile
     ],
 )
-def test_verify_rows_take_the_one_launch_path(contexts, tokens, page, heads, dtype, splits, gated):
+def test_verify_rows_take_the_one_launch_path(contexts, tokens, page, heads, dtype, splits, gated, rotary):
     """Speculative verify rows (``tokens`` a sequence, each at its own position) through the
     decode kernel: each row sees the cached keys and the new ones up to its own (causal
     among the new), every new key and value is stored as the unfused ops store them, and
     the output gate and split merge cover every row."""
-    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, 16, 16, dtype, seed=page + tokens,
+    args, k_cache, v_cache, batch = decode_case(contexts, page, *heads, 16, rotary, dtype, seed=page + tokens,
                                                 tokens=tokens)
     gate = None
     if gated:

@@ -25,10 +25,14 @@ the MTP head's extend take the same launch (``ROWS`` tokens a sequence,
 a program's rows are then (token, head-in-group) pairs, each query turned by its own
 position; the cached keys before the first new token are shared by every row, and the
 split holding the last new key stores all ``ROWS`` of them and folds each in from
-registers into the rows of its token and the later ones. The unfused path takes four
+registers into the rows of its token and the later ones. Every row's position, rotary
+factors and the new keys' slots are gathered before the wait, and the queries and the
+new keys are each normalised and turned as one tile after it. The unfused path takes four
 launches a layer for these rows (norm and RoPE, the KV write, attention, its merge), and
 it is the default: in session 35's rounds it was faster on both shapes measured (see
-:data:`ninfer_kernels.decode_attention.FUSED_VERIFY`).
+:data:`ninfer_kernels.decode_attention.FUSED_VERIFY`), against this kernel's first form,
+which read a position and then its rotary row per token after the wait (81 loads at
+``gpu-deep``'s shape; 39 now).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_launch import tuned_launch
 from ninfer_kernels.triton.decode_rows import (
-    _fold_new_key, _new_keys_rows, _norm_rope_factors, _norm_rope_rows, _query_rows,
+    _fold_new_key, _new_keys_tile, _norm_rope_factors, _norm_rope_rows, _norm_rope_tile, _tile_factors,
 )
 from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits, gate_tile
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
@@ -85,7 +89,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
-    ROWS: tl.constexpr = 1,
+    ROWS: tl.constexpr = 1, KROWS: tl.constexpr = 2,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -93,7 +97,6 @@ def _decode_kernel(
     # Batch metadata and the cached pages are never what the kernel just before wrote
     # (that is the projection), so they are read before waiting on it.
     seq_len = tl.load(seq_lens_ptr + seq)
-    cs_row = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
@@ -106,16 +109,6 @@ def _decode_kernel(
     # that is all a split reads, and its memory latency overlaps the projection's end.
     k0, v0 = _load_kv_tile(lo, cached_hi, table, k_base, v_base, stride_kcb, stride_kcs, stride_vcb, stride_vcs,
                            offs_d, offs_dv, d_ok, dv_ok, PAGE, BLOCK_N, True)
-    # So are the norm weights, cos/sin and the KV slot: otherwise each is a memory round
-    # trip after the wait (the weights and the rotary table are rarely still in L2).
-    qw, qwp, cos, signed_sin = _norm_rope_factors(qw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
-    kw, kwp, _, _ = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
-    slot = tl.load(slot_ptr + seq).to(tl.int64)
-    if USE_PDL:
-        pdl.wait()
-    if split >= active:
-        return
-
     # rows are (token, head-in-group) pairs, token-major: one token a sequence at decode,
     # ROWS of them for speculative verify rows
     rows = tl.arange(0, BLOCK_M)
@@ -123,6 +116,26 @@ def _decode_kernel(
     t = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
     tok = seq * ROWS + t
+    # So are the norm weights, cos/sin and the KV slots: otherwise each is a memory round
+    # trip after the wait (the weights and the rotary table are rarely still in L2).
+    if ROWS == 1:
+        cs_row = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
+        qw, qwp, cos, signed_sin = _norm_rope_factors(qw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+        kw, kwp, _, _ = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
+        slot = tl.load(slot_ptr + seq).to(tl.int64)
+    else:  # every row's own position: its rotary factors, and the new keys' (KROWS tile rows)
+        qw, qwp, q_cos, q_sin = _tile_factors(qw_ptr, pos_ptr, cos_sin_ptr, tok, row_ok, stride_cs, HEAD_D, HALF,
+                                              ROT, BLOCK_D)
+        new_tok = seq * ROWS + tl.arange(0, KROWS)
+        new_ok = tl.arange(0, KROWS) < ROWS
+        kw, kwp, k_cos, k_sin = _tile_factors(kw_ptr, pos_ptr, cos_sin_ptr, new_tok, new_ok, stride_cs, HEAD_D,
+                                              HALF, ROT, BLOCK_D)
+        new_slots = tl.load(slot_ptr + new_tok, mask=new_ok, other=-1).to(tl.int64)
+    if USE_PDL:
+        pdl.wait()
+    if split >= active:
+        return
+
     if ROWS == 1:
         q = _norm_rope_rows(q_ptr, seq * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw, qwp, cos, signed_sin,
                             eps, HEAD_D, HALF, ROT, BLOCK_D)
@@ -135,8 +148,8 @@ def _decode_kernel(
         v_new = tl.load(v_ptr + seq * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
         v_new = v_new.to(v_cache_ptr.dtype.element_ty)
     else:
-        q = _query_rows(q_ptr, pos_ptr, cos_sin_ptr, qw_ptr, seq, tok, head, t, row_ok, stride_qt, stride_qh,
-                        stride_cs, eps, ROWS, HEAD_D, HALF, ROT, BLOCK_M, BLOCK_D)
+        q = _norm_rope_tile(q_ptr, tok * stride_qt + head.to(tl.int64) * stride_qh, row_ok, qw, qwp, q_cos, q_sin,
+                            eps, HEAD_D, HALF, ROT, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -163,11 +176,11 @@ def _decode_kernel(
             acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, row_ok,
                                           v_cache_ptr.dtype.element_ty)
         else:
-            acc, m_i, l_i = _new_keys_rows(
-                acc, m_i, l_i, q, t, k_ptr, v_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                seq, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+            acc, m_i, l_i = _new_keys_tile(
+                acc, m_i, l_i, q, t, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, new_tok, new_ok, new_slots, kw, kwp,
+                k_cos, k_sin, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh,
                 stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, offs_d, offs_dv, d_ok, dv_ok,
-                ROWS, PAGE, HEAD_D, HALF, ROT, BLOCK_D)
+                ROWS, KROWS, PAGE, HEAD_D, HALF, ROT, BLOCK_D)
     _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
                  active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
                  stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S,
@@ -365,7 +378,8 @@ def decode_attention(
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gate is not None, USE_PDL=use_pdl,
-        ROWS=rows, num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
+        ROWS=rows, KROWS=max(2, triton.next_power_of_2(rows)), num_warps=num_warps, num_stages=num_stages,
+        **pdl.launch_options(use_pdl),
     )
     return out
 

@@ -43,8 +43,40 @@ def _norm_rope_factors(w_ptr, cs_row, HEAD_D: tl.constexpr, HALF: tl.constexpr, 
 @triton.jit
 def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
                     HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D], with the
-    factors from :func:`_norm_rope_factors`.
+    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``, all at one position: [R,
+    BLOCK_D], with the factors from :func:`_norm_rope_factors` (see :func:`_norm_rope_tile`)."""
+    return _norm_rope_tile(x_ptr, row_offs, row_ok, w, wp, cos[None, :], signed_sin[None, :], eps, HEAD_D, HALF,
+                           ROT, BLOCK_D)
+
+
+@triton.jit
+def _tile_factors(w_ptr, pos_ptr, cos_sin_ptr, tok, tok_ok, stride_cs, HEAD_D: tl.constexpr, HALF: tl.constexpr,
+                  ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`_norm_rope_factors` for rows of several tokens (row ``r``: token ``tok[r]``,
+    each at its own position): the norm weights [BLOCK_D] as there, cos and the signed sin
+    [R, BLOCK_D]. Positions, the rotary table and the weights are never what the kernel
+    before wrote, so verify rows read all of them before the wait in a few gathers, instead
+    of a position, then its table row, per token after it."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_D
+    partner, first = _rotation_partner(HEAD_D, HALF, ROT, BLOCK_D)
+    w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    pos = tl.load(pos_ptr + tok, mask=tok_ok, other=0).to(tl.int64)
+    j = tl.where(first, d, d - HALF)
+    cs_rows = cos_sin_ptr + pos[:, None] * stride_cs + j[None, :]
+    m = tok_ok[:, None] & (d < ROT)[None, :]
+    cos = tl.load(cs_rows, mask=m, other=1.0).to(tl.float32)
+    sin = tl.load(cs_rows + HALF, mask=m, other=0.0).to(tl.float32)
+    return w, wp, cos, tl.where(first[None, :], -sin, sin)
+
+
+@triton.jit
+def _norm_rope_tile(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
+                    HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """RMSNorm then RoPE of rows starting at ``x_ptr + row_offs``: [R, BLOCK_D], with the norm
+    weights per dim and per partner dim [BLOCK_D] and each row's cos and signed sin
+    (``[R, BLOCK_D]`` from :func:`_tile_factors`, or one row broadcast to all).
 
     Each dim is paired with its rotation partner by a second (cached) load instead of
     splitting the row into halves, so the result is a whole row ready for a dot product.
@@ -59,53 +91,38 @@ def _norm_rope_rows(x_ptr, row_offs, row_ok, w, wp, cos, signed_sin, eps,
     inv = 1.0 / tl.sqrt(tl.sum(x * x, 1) / HEAD_D + eps)
     n = (x * inv[:, None] * w[None, :]).to(dtype).to(tl.float32)
     n_partner = (xp * inv[:, None] * wp[None, :]).to(dtype).to(tl.float32)
-    return (n * cos[None, :] + n_partner * signed_sin[None, :]).to(dtype)
+    return (n * cos + n_partner * signed_sin).to(dtype)
 
 
 @triton.jit
-def _query_rows(q_ptr, pos_ptr, cos_sin_ptr, qw_ptr, seq, tok, head, t, row_ok, stride_qt, stride_qh, stride_cs, eps,
-                ROWS: tl.constexpr, HEAD_D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The normalised, rotated query rows of a sequence's ``ROWS`` tokens, each turned by its
-    own position: one masked pass per token (rows of the other tokens load nothing and come
-    out zero, so the passes add up to the tile)."""
-    offs = tok.to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
-    q = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # (exact: each row gets one pass and zeros)
-    for j in tl.static_range(ROWS):
-        cs_row = cos_sin_ptr + tl.load(pos_ptr + seq * ROWS + j).to(tl.int64) * stride_cs
-        w, wp, cos, signed_sin = _norm_rope_factors(qw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
-        q += _norm_rope_rows(q_ptr, offs, row_ok & (t == j), w, wp, cos, signed_sin, eps, HEAD_D, HALF, ROT,
-                             BLOCK_D).to(tl.float32)
-    return q.to(q_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _new_keys_rows(acc, m_i, l_i, q, t, k_ptr, v_ptr, kw_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                   seq, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, offs_d, offs_dv, d_ok, dv_ok,
-                   ROWS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, HALF: tl.constexpr,
-                   ROT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A verify sequence's ``ROWS`` new keys and values: each normalised and turned at its own
-    position, stored at its slot (-1: nothing), and folded from registers into the rows of
-    its token and the later ones (row token ``t`` sees new key ``j`` when ``j <= t``)."""
-    one = tl.arange(0, 2) < 1  # a one-row tile (two rows, the second masked off)
-    for j in tl.static_range(ROWS):
-        tok = seq * ROWS + j
-        cs_row = cos_sin_ptr + tl.load(pos_ptr + tok).to(tl.int64) * stride_cs
-        kw, kwp, cos, signed_sin = _norm_rope_factors(kw_ptr, cs_row, HEAD_D, HALF, ROT, BLOCK_D)
-        k_new = _norm_rope_rows(k_ptr, tok * stride_kt + kv_head * stride_kh + tl.zeros([2], tl.int64), one,
-                                kw, kwp, cos, signed_sin, eps, HEAD_D, HALF, ROT, BLOCK_D)
-        k_new = tl.sum(tl.where(one[:, None], k_new.to(k_cache_ptr.dtype.element_ty).to(tl.float32), 0.0), 0)
-        v_new = tl.load(v_ptr + tok * stride_vt + kv_head * stride_vh + offs_dv, mask=dv_ok, other=0.0)
-        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
-        if slot >= 0:
-            page, offset = slot // PAGE, slot % PAGE
-            tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kcs + kv_head * stride_kch + offs_d,
-                     k_new.to(k_cache_ptr.dtype.element_ty), mask=d_ok)
-            tl.store(v_cache_ptr + page * stride_vcb + offset * stride_vcs + kv_head * stride_vch + offs_dv,
-                     v_new, mask=dv_ok)
-        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, t >= j, v_cache_ptr.dtype.element_ty)
+def _new_keys_tile(acc, m_i, l_i, q, t, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, new_tok, new_ok, slots,
+                   kw, kwp, k_cos, k_sin, kv_head, qk_scale, eps, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, offs_d, offs_dv, d_ok,
+                   dv_ok, ROWS: tl.constexpr, KROWS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+                   HALF: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A verify sequence's ``ROWS`` new keys and values (``KROWS`` tile rows ``new_tok``, KV slots
+    ``slots``, their rotary factors read before the wait): normalised and turned each at
+    its own position in one pass, stored at their slots (-1: nothing), then folded from
+    registers into the rows of its token and the later ones (row token ``t`` sees new key
+    ``j`` when ``j <= t``)."""
+    kdt = k_cache_ptr.dtype.element_ty
+    vdt = v_cache_ptr.dtype.element_ty
+    keys = _norm_rope_tile(k_ptr, new_tok * stride_kt + kv_head * stride_kh, new_ok, kw, kwp, k_cos, k_sin, eps,
+                           HEAD_D, HALF, ROT, BLOCK_D).to(kdt)
+    values = tl.load(v_ptr + new_tok[:, None] * stride_vt + kv_head * stride_vh + offs_dv[None, :],
+                     mask=new_ok[:, None] & dv_ok[None, :], other=0.0).to(vdt)
+    stored = new_ok & (slots >= 0)
+    page, offset = slots // PAGE, slots % PAGE
+    tl.store(k_cache_ptr + page[:, None] * stride_kcb + offset[:, None] * stride_kcs + kv_head * stride_kch
+             + offs_d[None, :], keys, mask=stored[:, None] & d_ok[None, :])
+    tl.store(v_cache_ptr + page[:, None] * stride_vcb + offset[:, None] * stride_vcs + kv_head * stride_vch
+             + offs_dv[None, :], values, mask=stored[:, None] & dv_ok[None, :])
+    keys32, values32 = keys.to(tl.float32), values.to(tl.float32)
+    r = tl.arange(0, KROWS)
+    for j in tl.static_range(ROWS):  # row j of each tile, exactly (one term of each sum is nonzero)
+        k_new = tl.sum(tl.where((r == j)[:, None], keys32, 0.0), 0)
+        v_new = tl.sum(tl.where((r == j)[:, None], values32, 0.0), 0)
+        acc, m_i, l_i = _fold_new_key(acc, m_i, l_i, q, k_new, v_new, qk_scale, t >= j, vdt)
     return acc, m_i, l_i
 
 
