@@ -28,6 +28,16 @@ from ninfer_kernels.triton import decode_attention as da
 SHAPES = {"qwen3-8b": (32, 8, 128, 128), "qwen3.6-27b": (24, 4, 256, 64), "qwen3.6-35b-a3b": (16, 2, 256, 64)}
 
 
+def qkv_views(rows: int, heads: int, kv_heads: int, head_d: int, dev) -> tuple[torch.Tensor, ...]:
+    """q, k and v as strided views of one random bf16 projection (as the attention layer
+    passes them), and a q/k norm weight."""
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_d, dtype=torch.bfloat16, device=dev)
+    q = qkv[:, : heads * head_d].view(rows, heads, head_d)
+    k = qkv[:, heads * head_d : (heads + kv_heads) * head_d].view(rows, kv_heads, head_d)
+    v = qkv[:, (heads + kv_heads) * head_d :].view(rows, kv_heads, head_d)
+    return q, k, v, torch.rand(head_d, dtype=torch.bfloat16, device=dev) + 0.5
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-8b", choices=list(SHAPES))
@@ -47,11 +57,7 @@ def main() -> None:
         blocks = int(batch.block_tables.max()) + 1
         k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_D, dtype=torch.bfloat16, device=dev)
         v_cache = torch.randn_like(k_cache)
-        qkv = torch.randn(c, (HEADS + 2 * KV_HEADS) * HEAD_D, dtype=torch.bfloat16, device=dev)
-        q = qkv[:, : HEADS * HEAD_D].view(c, HEADS, HEAD_D)
-        k = qkv[:, HEADS * HEAD_D : (HEADS + KV_HEADS) * HEAD_D].view(c, KV_HEADS, HEAD_D)
-        v = qkv[:, (HEADS + KV_HEADS) * HEAD_D :].view(c, KV_HEADS, HEAD_D)
-        w = torch.rand(HEAD_D, dtype=torch.bfloat16, device=dev) + 0.5
+        q, k, v, w = qkv_views(c, HEADS, KV_HEADS, HEAD_D, dev)
         pos = batch.seq_lens.long() - 1
         scale = HEAD_D**-0.5
 

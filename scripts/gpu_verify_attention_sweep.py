@@ -21,7 +21,8 @@ import json
 
 import torch
 
-from gpu_timing import bench, graphed  # noqa: E402 (scripts/ is on sys.path)
+from gpu_decode_attention_sweep import qkv_views  # noqa: E402 (scripts/ is on sys.path)
+from gpu_timing import bench, graphed  # noqa: E402
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import ops
 from ninfer_kernels.rope import rope_cos_sin
@@ -70,11 +71,7 @@ def main() -> None:
             batch, pos = verify_batch(rows, ctx, max_ctx, dev)
             k_cache = torch.randn(-(-max_ctx // PAGE), PAGE, kv_heads, head_d, dtype=torch.bfloat16, device=dev)
             v_cache = torch.randn_like(k_cache)
-            qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_d, dtype=torch.bfloat16, device=dev)
-            q = qkv[:, : heads * head_d].view(rows, heads, head_d)
-            k = qkv[:, heads * head_d : (heads + kv_heads) * head_d].view(rows, kv_heads, head_d)
-            v = qkv[:, (heads + kv_heads) * head_d :].view(rows, kv_heads, head_d)
-            w = torch.rand(head_d, dtype=torch.bfloat16, device=dev) + 0.5
+            q, k, v, w = qkv_views(rows, heads, kv_heads, head_d, dev)
             scale = head_d**-0.5
             common = {"shape": shape, "rows": rows, "context": ctx, "max_context": max_ctx}
 
