@@ -165,7 +165,7 @@ def main() -> None:
     args = ap.parse_args()
     preset = PRESETS[args.preset]
     tokenizer = Tokenizer.from_file(str(args.model / "tokenizer.json"))
-    corpus = trained_corpus(args.model, preset.heldout_bytes)
+    corpus = trained_corpus(args.model)
     stream = torch.tensor(tokenizer.encode("\n".join(corpus.heldout_texts)).ids)
     prompts = windows(stream, args.prompt_len, args.prompts)
     device = torch.device(args.trainer_device)

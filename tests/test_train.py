@@ -274,7 +274,7 @@ def test_another_stdlib_tree_is_read_and_named_for_the_held_out_side(tmp_path):
     """``--stdlib`` trains on another standard-library tree (the GPU image's Python lacks the
     test suites), and scripts sampling a model's held-out prompts find the same tree again."""
     from ninfer.cli.train import main
-    from ninfer.train.corpus import HELDOUT_EVERY, _crc, trained_corpus
+    from ninfer.train.corpus import HELDOUT_EVERY, _crc, load_corpus, trained_corpus
 
     tree = tmp_path / "python3.99"
     names = [f"mod{i}.py" for i in range(40)] + [f"test/test_mod{i}.py" for i in range(10)]
@@ -291,6 +291,8 @@ def test_another_stdlib_tree_is_read_and_named_for_the_held_out_side(tmp_path):
     assert held.root == str(tree)
     # the test preset leaves the test suites out, on both sides
     assert sorted(held.heldout_files) == sorted(n for n in names[:40] if _crc(n) % HELDOUT_EVERY == 0)
+    # by default as many held-out bytes as the report evaluated
+    assert trained_corpus(out).heldout_files == load_corpus(1, PRESET.heldout_bytes, root=tree).heldout_files
     with pytest.raises(SystemExit):
         main([str(tmp_path / "other"), "--stdlib", str(tmp_path / "missing")])
 

@@ -79,11 +79,12 @@ def load_corpus(train_bytes: int, heldout_bytes: int, tests: bool = False, root:
     return Corpus(str(root), tuple(train_names), tuple(held_names), tuple(train_texts), tuple(held_texts))
 
 
-def trained_corpus(model_dir: Path, heldout_bytes: int) -> Corpus:
+def trained_corpus(model_dir: Path, heldout_bytes: int | None = None) -> Corpus:
     """The held-out side of the corpus a ``ninfer-train`` checkpoint was trained on: the
     standard-library tree its report names (``--stdlib``; this Python's when that is gone or
-    unnamed), test suites in or out as its preset had them. Scripts that sample held-out
-    prompts for a trained model read them here."""
+    unnamed), test suites in or out and ``heldout_bytes`` (default: as many as its report
+    evaluated) as its preset had them. Scripts that sample held-out prompts for a trained
+    model read them here, so their windows spread over the report's text."""
     import json
 
     from ninfer.train.presets import PRESETS
@@ -93,4 +94,6 @@ def trained_corpus(model_dir: Path, heldout_bytes: int) -> Corpus:
     named = report.get("stdlib")
     root = Path(named) if named and Path(named).is_dir() else None
     preset = PRESETS.get(report.get("preset", ""))
+    if heldout_bytes is None:
+        heldout_bytes = preset.heldout_bytes if preset else 100_000
     return load_corpus(1, heldout_bytes, preset.include_tests if preset else False, root=root)
