@@ -35,11 +35,12 @@
 #                                   acceptance the implied speedups assume
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
-#                                   tests first), the engine's acceptance against the trainer's chain
-#                                   (scripts/spec_acceptance_check.py), then MTP
-#                                   k=DRAFTS (1..5) at c=1 and 8 on held-out stdlib prompts (device rounds),
-#                                   then k=3 with the host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0
-#                                   skips it); a warm machine's /tmp/trained is reused, not retrained
+#                                   tests first; TRAIN_TESTS=0: not the captured step's; .corpus carried: on the
+#                                   whole stdlib, scripts/stdlib_corpus.sh), then MTP k=DRAFTS (1..5) at c=1 and 8 on
+#                                   held-out stdlib prompts (device rounds; SPEC_BENCH_S=0: none), then k=3 with the
+#                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it), last
+#                                   the engine's acceptance against the trainer's chain (scripts/spec_acceptance_check.py;
+#                                   SPEC_CHECK=0 skips it); a warm machine's /tmp/trained-PRESET is reused, not retrained
 #   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
 #                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
 #                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
