@@ -374,9 +374,10 @@ spec)
 spec-head)
     # the spec's headline on the 27B shape: a k=3 round drafting over the full 248k-entry LM head,
     # then over the --lm-head-draft shortlist (HEAD_SIZES: what #19's 2x hangs on, so second), then
-    # with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1: one launch a layer, the peer
-    # of the default four; session 35 measured it slower). SPEC_REPORT (a ninfer-train train_report.json, e.g. spec2's, carried
-    # in): the implied speedups at that model's round acceptance instead of the default rates
+    # with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1: one launch a layer, the
+    # peer of the default four; session 35 measured it slower). SPEC_REPORT (a ninfer-train
+    # train_report.json, e.g. spec2's, carried in): the implied speedups at that model's round
+    # acceptance instead of the default rates
     cost27() { bench 200 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 ${SPEC_REPORT:+--spec-acceptance "$SPEC_REPORT"} --no-transformers "$@"; }
     cost27
@@ -385,8 +386,8 @@ spec-head)
     ;;
 spec2)
     # SPEC_BENCH_S=0 skips the benches (a call that only trains: the next call on the warm machine
-    # benches the same model). The spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them here too): training the
-    # gpu preset (about 4 minutes) and the benches fill this call
+    # benches the same model). The spec GPU tests run with quant-tests (SPEC_TESTS=1 runs them
+    # here too): training and the benches fill this call
     if [ "${SPEC_TESTS:-0}" = 1 ]; then
         timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verdict.py tests/test_spec_gpu.py 2>&1 | tail -3
     fi
@@ -416,7 +417,7 @@ spec2)
     [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 $trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
-    # last (a bench cut short prints nothing, so the headline goes first): the engine's acceptance
+    # last (a bench cut short keeps only the rows it printed, so the headline goes first): the engine's acceptance
     # on the GPU against the trainer's chain on the same prompts (SPEC_CHECK=0: not)
     limit=$(left); [ "$limit" -gt 150 ] && limit=150
     [ "${SPEC_CHECK:-1}" = 1 ] && timeout "$limit" python3 scripts/spec_acceptance_check.py $trained \
