@@ -30,17 +30,17 @@
 #   scripts/gpu_session.sh spec     speculative decoding: GPU tests, the 27B round cost at 512 and 32k
 #                                   context, then TRAINED (a checkpoint dir) with MTP k=1..5 at c=1 and 8
 #   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
-#                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768), then with verify attention
-#                                   in the decode kernel (NINFER_FUSED_VERIFY=1); SPEC_REPORT: a train_report.json whose round
-#                                   acceptance the implied speedups assume
+#                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768), then with verify
+#                                   attention in the decode kernel (NINFER_FUSED_VERIFY=1); SPEC_REPORT: a
+#                                   train_report.json whose round acceptance the implied speedups assume
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first; TRAIN_TESTS=0: not the captured step's; .corpus carried: on the
 #                                   whole stdlib, scripts/stdlib_corpus.sh), then MTP k=DRAFTS (1..5) at c=1 and 8 on
 #                                   held-out stdlib prompts (device rounds; SPEC_BENCH_S=0: none), then k=3 with the
-#                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it), last
-#                                   the engine's acceptance against the trainer's chain (scripts/spec_acceptance_check.py;
-#                                   SPEC_CHECK=0 skips it); a warm machine's /tmp/trained-PRESET is reused, not retrained
+#                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it),
+#                                   last the engine's acceptance against the trainer's chain (SPEC_CHECK=0 skips it;
+#                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
 #   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
 #                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
 #                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
