@@ -93,6 +93,11 @@ def trained_corpus(model_dir: Path, heldout_bytes: int | None = None) -> Corpus:
     report = json.loads(report_file.read_text(encoding="utf-8")) if report_file.is_file() else {}
     named = report.get("stdlib")
     root = Path(named) if named and Path(named).is_dir() else None
+    if named and root is None:
+        from loguru import logger
+
+        logger.warning("{} was trained on the standard library at {}, which is not here: held-out prompts come "
+                       "from this Python's instead (another split)", model_dir, named)
     preset = PRESETS.get(report.get("preset", ""))
     if heldout_bytes is None:
         heldout_bytes = preset.heldout_bytes if preset else 100_000
