@@ -13,11 +13,15 @@ therefore always yields the same texts; another Python version yields other ones
 
 from __future__ import annotations
 
+import json
 import sysconfig
 import zlib
 from pathlib import Path
 
 import attrs
+from loguru import logger
+
+from ninfer.train.presets import PRESETS
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 TEST_DIRS = frozenset({"test", "tests", "idle_test"})
@@ -85,17 +89,11 @@ def trained_corpus(model_dir: Path, heldout_bytes: int | None = None) -> Corpus:
     unnamed), test suites in or out and ``heldout_bytes`` (default: as many as its report
     evaluated) as its preset had them. Scripts that sample held-out prompts for a trained
     model read them here, so their windows spread over the report's text."""
-    import json
-
-    from ninfer.train.presets import PRESETS
-
     report_file = Path(model_dir) / "train_report.json"
     report = json.loads(report_file.read_text(encoding="utf-8")) if report_file.is_file() else {}
     named = report.get("stdlib")
     root = Path(named) if named and Path(named).is_dir() else None
     if named and root is None:
-        from loguru import logger
-
         logger.warning("{} was trained on the standard library at {}, which is not here: held-out prompts come "
                        "from this Python's instead (another split)", model_dir, named)
     preset = PRESETS.get(report.get("preset", ""))
