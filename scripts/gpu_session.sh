@@ -188,7 +188,7 @@ write_heldout() {
     # read (the bench's --spec-prompts and the accuracy scripts' --heldout; session 35's bench read
     # the first 100 KB of a 400 KB held-out split, a few files, and kept 1.82 tokens a round where
     # the report's 64 windows kept 2.09)
-    python3 -c "import sys; from ninfer.train.corpus import trained_corpus
+    python3 -c "import sys; from ninfer.train.pipeline import trained_corpus
 open(sys.argv[1] + '/heldout.txt', 'w').write(chr(10).join(trained_corpus(sys.argv[1]).heldout_texts))" "$1"
 }
 quant_tests() {

@@ -141,7 +141,7 @@ def engine_rounds(path: Path, prompts: list[list[int]], new_tokens: int, k: int,
 def main() -> None:
     from tokenizers import Tokenizer
 
-    from ninfer.train.corpus import trained_corpus
+    from ninfer.train.pipeline import trained_corpus
     from ninfer.train.pipeline import load_trained
     from ninfer.train.presets import PRESETS
     from ninfer.train.report import windows

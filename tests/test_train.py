@@ -274,7 +274,8 @@ def test_another_stdlib_tree_is_read_and_named_for_the_held_out_side(tmp_path):
     """``--stdlib`` trains on another standard-library tree (the GPU image's Python lacks the
     test suites), and scripts sampling a model's held-out prompts find the same tree again."""
     from ninfer.cli.train import main
-    from ninfer.train.corpus import HELDOUT_EVERY, _crc, load_corpus, trained_corpus
+    from ninfer.train.corpus import HELDOUT_EVERY, _crc, load_corpus
+    from ninfer.train.pipeline import trained_corpus
 
     tree = tmp_path / "python3.99"
     names = [f"mod{i}.py" for i in range(40)] + [f"test/test_mod{i}.py" for i in range(10)]

@@ -13,15 +13,11 @@ therefore always yields the same texts; another Python version yields other ones
 
 from __future__ import annotations
 
-import json
 import sysconfig
 import zlib
 from pathlib import Path
 
 import attrs
-from loguru import logger
-
-from ninfer.train.presets import PRESETS
 
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 TEST_DIRS = frozenset({"test", "tests", "idle_test"})
@@ -82,21 +78,3 @@ def load_corpus(train_bytes: int, heldout_bytes: int, tests: bool = False, root:
         raise RuntimeError(f"no usable standard-library sources under {root}")
     return Corpus(str(root), tuple(train_names), tuple(held_names), tuple(train_texts), tuple(held_texts))
 
-
-def trained_corpus(model_dir: Path, heldout_bytes: int | None = None) -> Corpus:
-    """The held-out side of the corpus a ``ninfer-train`` checkpoint was trained on: the
-    standard-library tree its report names (``--stdlib``; this Python's when that is gone or
-    unnamed), test suites in or out and ``heldout_bytes`` (default: as many as its report
-    evaluated) as its preset had them. Scripts that sample held-out prompts for a trained
-    model read them here, so their windows spread over the report's text."""
-    report_file = Path(model_dir) / "train_report.json"
-    report = json.loads(report_file.read_text(encoding="utf-8")) if report_file.is_file() else {}
-    named = report.get("stdlib")
-    root = Path(named) if named and Path(named).is_dir() else None
-    if named and root is None:
-        logger.warning("{} was trained on the standard library at {}, which is not here: held-out prompts come "
-                       "from this Python's instead (another split)", model_dir, named)
-    preset = PRESETS.get(report.get("preset", ""))
-    if heldout_bytes is None:
-        heldout_bytes = preset.heldout_bytes if preset else 100_000
-    return load_corpus(1, heldout_bytes, preset.include_tests if preset else False, root=root)

@@ -12,10 +12,10 @@ import torch
 from loguru import logger
 
 from ninfer.train.checkpoint import checkpoint_tensors, hf_config, write_checkpoint
-from ninfer.train.corpus import load_corpus
+from ninfer.train.corpus import Corpus, load_corpus
 from ninfer.train.loop import train
 from ninfer.train.model import TrainModel
-from ninfer.train.presets import Preset
+from ninfer.train.presets import PRESETS, Preset
 from ninfer.train.report import evaluate
 from ninfer.engine.spec.shortlist import build_shortlist, write_shortlist
 from ninfer.train.tokenizer import control_token_ids, encode_documents, fit_tokenizer, write_tokenizer
@@ -52,6 +52,25 @@ def load_trained(path: Path, preset: Preset, device: str | torch.device = "cpu",
         weights.update(load_file(str(file), device=str(device)))
     model.load_state_dict({n: t for n, t in weights.items() if not n.startswith(VISION_PREFIX)})
     return model.eval()
+
+
+def trained_corpus(model_dir: Path, heldout_bytes: int | None = None) -> Corpus:
+    """The held-out side of the corpus a ``ninfer-train`` checkpoint was trained on: the
+    standard-library tree its report names (``--stdlib``; this Python's when that is gone or
+    unnamed), test suites in or out and ``heldout_bytes`` (default: as many as its report
+    evaluated) as its preset had them. Scripts that sample held-out prompts for a trained
+    model read them here, so their windows spread over the report's text."""
+    report_file = Path(model_dir) / REPORT_FILE
+    report = json.loads(report_file.read_text(encoding="utf-8")) if report_file.is_file() else {}
+    named = report.get("stdlib")
+    root = Path(named) if named and Path(named).is_dir() else None
+    if named and root is None:
+        logger.warning("{} was trained on the standard library at {}, which is not here: held-out prompts come "
+                       "from this Python's instead (another split)", model_dir, named)
+    preset = PRESETS.get(report.get("preset", ""))
+    if heldout_bytes is None:
+        heldout_bytes = preset.heldout_bytes if preset else 100_000
+    return load_corpus(1, heldout_bytes, preset.include_tests if preset else False, root=root)
 
 
 def run_training(
