@@ -70,3 +70,15 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
         "full_batch": all(r["full_batch"] for r in runs),
         "prompts": len(runs) * c,
     }, stats
+
+
+def host_split(stats) -> dict:
+    """Where the engine thread's time went per decode step (or round) of the sample: host
+    work (scheduling, launching, committing) and the wait for the device. A wait near zero
+    means the host, not the device, set the pace: the next step was launched late."""
+    work = stats.host_work
+    if not work.decode_steps:
+        return {}
+    return {"host_ms": round(1000 * work.decode_host / work.decode_steps, 4),
+            "device_wait_ms": round(1000 * work.decode_device_wait / work.decode_steps, 4)}
+
