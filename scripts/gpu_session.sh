@@ -377,12 +377,13 @@ spec-head)
     # with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1: one launch a layer, the
     # peer of the default four; session 35 measured it slower). SPEC_REPORT (a ninfer-train
     # train_report.json, e.g. spec2's, carried in): the implied speedups at that model's round
-    # acceptance instead of the default rates
+    # acceptance instead of the default rates. HEAD_FULL=0 / HEAD_FUSED=0 leave out the first and
+    # the last run (a call with little device time left: the shortlist's run alone)
     cost27() { bench 200 random:qwen3.6-27b --dtype bf16 --only spec_cost --spec mtp --draft-tokens 3 \
         --spec-context 512,32768 ${SPEC_REPORT:+--spec-acceptance "$SPEC_REPORT"} --no-transformers "$@"; }
-    cost27
+    [ "${HEAD_FULL:-1}" = 1 ] && cost27
     for head in ${HEAD_SIZES:-32768}; do cost27 --lm-head-draft "$head"; done
-    NINFER_FUSED_VERIFY=1 cost27
+    [ "${HEAD_FUSED:-1}" = 1 ] && NINFER_FUSED_VERIFY=1 cost27
     ;;
 spec2)
     # SPEC_BENCH_S=0 skips the benches (a call that only trains: the next call on the warm machine
