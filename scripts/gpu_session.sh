@@ -703,7 +703,8 @@ chunk-latency)
     ;;
 spec-profile)
     # where a speculative round's device time goes (SPEC_MODEL: the gpu-deep preset's shape, random
-    # weights, so no training first): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
+    # weights, so no training first; SPEC_HEAD=N: drafts over the shortlist's N tokens, as spec-head's
+    # 27B runs): plain decode steps, then rounds of SPEC_K drafts, per kernel kind;
     # first the round's bookkeeping kernels and the device rounds on CUDA (SPEC_TESTS=0: not)
     if [ "${SPEC_TESTS:-1}" = 1 ]; then
         # a process a file, side by side: compiling is most of their time and it is CPU-bound (one
@@ -731,7 +732,7 @@ spec-profile)
         limit=$(left); [ "$limit" -gt 150 ] && limit=150
         env $([ "$run" != "$k" ] && echo NINFER_FUSED_VERIFY=1) timeout "$limit" python3 scripts/gpu_step_profile.py \
             "random:${SPEC_MODEL:-train-gpu-deep}" --concurrency "${SPEC_C:-1}" --steps 30 --top 40 \
-            $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k") 2>&1 \
+            $([ "$k" = 0 ] || echo --spec mtp --draft-tokens "$k" ${SPEC_HEAD:+--lm-head-draft "$SPEC_HEAD"}) 2>&1 \
             | tee "$OUT/profile_spec_k$run.jsonl" | grep "^{" | cut -c1-1200
     done
     # last, with what is left (session 34's sweep of every case, run before the profiles, took them

@@ -167,6 +167,8 @@ def main() -> None:
                     help="prompts count as computed without a prefill (ninfer-bench's option of that name)")
     ap.add_argument("--spec", help="a speculative backend (mtp): each step is then a round")
     ap.add_argument("--draft-tokens", type=int, default=3)
+    ap.add_argument("--lm-head-draft", type=int, default=0, metavar="N",
+                    help="with --spec: draft over the shortlist's N most frequent tokens")
     ap.add_argument("--prefill", type=int, default=0, metavar="LEN",
                     help="instead: profile one prefill of LEN tokens (one chunk), after an untimed one")
     args = ap.parse_args()
@@ -175,6 +177,8 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     path, weights = resolve_source(args.model, load_registry(), torch.bfloat16, torch.device("cuda", 0))
     spec = dict(spec=args.spec, draft_tokens=args.draft_tokens) if args.spec else {}
+    if args.spec and args.lm_head_draft:
+        spec.update(lm_head_draft=True, lm_head_draft_size=args.lm_head_draft)
     llm = LLM(str(path), device="cuda", dtype="bf16", max_num_seqs=max(levels), max_context=args.prompt_len + 1024,
               kv_capacity=(args.prompt_len + 1024) * max(levels), weights=weights, decode_ahead=True,
               kv_dtype=args.kv_dtype, **spec)
