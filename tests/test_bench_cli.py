@@ -271,8 +271,11 @@ def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, m
     assert [(r["draft_tokens"], r["concurrency"], r["prompts"]) for r in spec] == [(0, 1, 16), (0, 4, 16),
                                                                                    (2, 1, 16), (2, 4, 16)]
     assert spec[2]["speedup"] > 0 and len(spec[2]["position_acceptance"]) == 2
-    # the engine thread's split per step or round: on CPU the forward runs in the host's share
+    # the engine thread's split per step or round over the timed steps: on CPU the forward
+    # runs in the host's share
     assert all(r["host_ms"] > 0 and 0 <= r["device_wait_ms"] < r["host_ms"] for r in spec)
+    decode = [r for r in lines if r["figure"] == "decode"]
+    assert decode and all(r["host_ms"] > 0 for r in decode)
     # after the plain decode figure (c=1, then 4): per engine and concurrency the warm-up
     # (32 tokens), then the sample's batches of c
     assert [n for n, _, _ in calls[:2]] == [1, 4]

@@ -75,7 +75,9 @@ MERGE_SPLITS = 16
 
 
 
-@triton.jit
+# the split count varies with the batch and the longest context: one variant for all of them
+# (a count that is a multiple of 16 compiled its own while serving, 2-3 s, session 36)
+@triton.jit(do_not_specialize=["num_kv_heads", "num_splits"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,

@@ -93,7 +93,10 @@ def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch
     return (2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4), splits
 
 
-@triton.jit
+# one variant for every batch: the counts only bound loops and masks, and each value Triton
+# specialises (1, multiples of 16) compiled a variant of its own while serving (session 36:
+# 2-3 s each, the warm-up's batches and verify widths did not cover them all)
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def _gdn_decode_kernel(
     proj_ptr, cw_ptr, conv_ptr, ssm_ptr, a_log_ptr, dt_bias_ptr, nw_ptr, out_ptr,
     starts_ptr, seq_lens_ptr, slots_ptr, count_ptr, sumsq_ptr, rows_ptr,

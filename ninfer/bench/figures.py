@@ -157,7 +157,7 @@ class Bench:
                                               a.seed)
                 record = {"figure": "spec_decode", "engine": "ninfer", "spec": a.spec if k else None,
                           "draft_tokens": k, "lm_head_draft": a.lm_head_draft if k else None, "concurrency": c,
-                          **self.common, **ours, **spec_decode.host_split(s)}
+                          **self.common, **ours}
                 if k:
                     record.update(tokens_per_round=s.acceptance_length, position_acceptance=s.position_acceptance,
                                   speedup=ours["decode_tok_s"] / plain[c] if plain.get(c) else None)

@@ -81,6 +81,7 @@ def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -
             started.update([e.request_id] if e.token_ids else [])
             ended_early |= e.finished
     begin, tokens, steps = time.perf_counter(), 0, 0
+    work_before = engine.stats.host_work_so_far()
     while engine.has_unfinished():
         events = engine.step()
         tokens += sum(len(e.token_ids) for e in events)
@@ -88,6 +89,7 @@ def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -
         if any(e.finished for e in events) and not ended_early:
             break
     seconds = time.perf_counter() - begin
+    split = host_split(work_before, engine.stats.host_work_so_far())
     while engine.has_unfinished():  # the rest, untimed
         engine.step()
     return {
@@ -96,4 +98,16 @@ def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -
         "decode_tok_s": tokens / seconds if seconds else 0.0,
         "step_ms": 1000 * seconds / steps if steps else 0.0,
         "full_batch": not ended_early,
+        **split,
     }
+
+
+def host_split(before, after) -> dict:
+    """The engine thread's time per decode step between two :class:`HostWork` copies: its own
+    work (scheduling, launching, committing) and its wait for the device. A wait near zero
+    means the host set the pace: the device idled between steps."""
+    steps = after.decode_steps - before.decode_steps
+    if steps <= 0:
+        return {}
+    return {"host_ms": round(1000 * (after.decode_host - before.decode_host) / steps, 4),
+            "device_wait_ms": round(1000 * (after.decode_device_wait - before.decode_device_wait) / steps, 4)}

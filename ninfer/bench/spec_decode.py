@@ -62,6 +62,11 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
     tokens = sum(r["decode_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
     steps = sum(r["seconds"] * 1000 / r["step_ms"] for r in runs if r["step_ms"])
+    pooled = {}
+    for key in ("host_ms", "device_wait_ms"):  # weighted by each run's steps, as step_ms is
+        timed = [(r[key], r["seconds"] * 1000 / r["step_ms"]) for r in runs if key in r and r["step_ms"]]
+        if timed:
+            pooled[key] = round(sum(v * n for v, n in timed) / sum(n for _, n in timed), 4)
     return {
         "decode_tokens": tokens,
         "seconds": seconds,
@@ -69,16 +74,6 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
         "step_ms": 1000 * seconds / steps if steps else 0.0,
         "full_batch": all(r["full_batch"] for r in runs),
         "prompts": len(runs) * c,
+        **pooled,
     }, stats
-
-
-def host_split(stats) -> dict:
-    """Where the engine thread's time went per decode step (or round) of the sample: host
-    work (scheduling, launching, committing) and the wait for the device. A wait near zero
-    means the host, not the device, set the pace: the next step was launched late."""
-    work = stats.host_work
-    if not work.decode_steps:
-        return {}
-    return {"host_ms": round(1000 * work.decode_host / work.decode_steps, 4),
-            "device_wait_ms": round(1000 * work.decode_device_wait / work.decode_steps, 4)}
 

@@ -125,6 +125,10 @@ class EngineStats:
         """A finished step's wall-time segments (the engine thread's own)."""
         self._host_work.add_step(step)
 
+    def host_work_so_far(self) -> HostWork:
+        """A copy of the current interval's engine-thread segments (a benchmark diffs two)."""
+        return self._host_work.copy()
+
     def record_control(self, phase: str, seconds: float) -> None:
         """Engine-thread work outside steps: adding/aborting requests, publishing events."""
         self._host_work.add_control(phase, seconds)
