@@ -32,7 +32,8 @@
 #   scripts/gpu_session.sh spec-head  the 27B's k=3 round cost at 512 and 32k drafting over the full LM head, then over
 #                                   the --lm-head-draft shortlist of each HEAD_SIZES (32768), then with verify
 #                                   attention in the decode kernel (NINFER_FUSED_VERIFY=1); SPEC_REPORT: a
-#                                   train_report.json whose round acceptance the implied speedups assume
+#                                   train_report.json whose round acceptance the implied speedups assume;
+#                                   HEAD_FULL=0 / HEAD_FUSED=0: not the first / the last run
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first; TRAIN_TESTS=0: not the captured step's; .corpus carried: on the
@@ -69,11 +70,12 @@
 #                                   (SPEC_TESTS=0: none), then
 #                                   plain decode steps and speculative rounds (SPEC_K drafts, SPEC_C rows) of SPEC_MODEL
 #                                   (train-gpu-deep: the gpu-deep preset's shape, random weights) per kernel kind
-#                                   (SPEC_SKINNY=1: its projections swept for the few-row kernel first), and the round
+#                                   (SPEC_HEAD=N: drafting over the shortlist's N tokens; SPEC_SKINNY=1: its
+#                                   projections swept for the few-row kernel first), and the round
 #                                   again with verify attention in the decode kernel (NINFER_FUSED_VERIFY=1); last, in
 #                                   what time is left, verify attention alone per launch shape (SPEC_SWEEP=attention,
 #                                   scripts/gpu_verify_attention_sweep.py) or the Gated DeltaNet decode and verify
-#                                   launch shapes (SPEC_SWEEP=gdn), at gpu-deep's and the 27B's heads
+#                                   launch shapes (SPEC_SWEEP=gdn), at gpu-deep's and the 27B's heads (none: neither)
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
@@ -739,7 +741,9 @@ spec-profile)
     # down with it): verify attention alone, one row a sequence against four, per launch shape, at
     # the bench's max context; or the Gated DeltaNet verify op's launch shapes beside one token's decode
     limit=$(left); [ "$limit" -gt 200 ] && limit=200
-    if [ "${SPEC_SWEEP:-attention}" = attention ]; then
+    if [ "${SPEC_SWEEP:-attention}" = none ]; then
+        true  # the profiles alone
+    elif [ "${SPEC_SWEEP:-attention}" = attention ]; then
         timeout "$limit" python3 scripts/gpu_verify_attention_sweep.py --shapes train-gpu-deep,qwen3.6-27b \
             --cases 1x400,4x400,4x4096 --max-context 3072 > "$OUT/verify_attention.jsonl" 2>&1
         grep -v '"splits"' "$OUT/verify_attention.jsonl" | cut -c1-300
