@@ -76,4 +76,3 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
         "prompts": len(runs) * c,
         **pooled,
     }, stats
-
