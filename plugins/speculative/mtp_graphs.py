@@ -15,6 +15,7 @@ positions, sampled proposals need their q); everything else runs
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import numpy as np
@@ -144,6 +145,16 @@ class MtpGraphs:
         return self._forward(bucket, *self._staged)[:num]
 
 
+@functools.lru_cache(maxsize=None)
+def _row_offsets(bs: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The extend's query starts (``w`` rows a sequence), a chained step's (one row) and its
+    logit rows, for ``bs`` sequences. Made once per shape and only read: the eager runs
+    before a capture (:func:`~ninfer.engine.cuda_graph.capture_buckets`) make them, so a
+    replayed round launches no kernels for them (five of a k = 3 round's otherwise)."""
+    one = torch.arange(bs + 1, dtype=torch.int32, device=device)
+    return one * w, one, one[:bs].long()
+
+
 def chain_drafts(run_head: Callable, draft: Callable, k: int, block_size: int, max_context: int, ids: torch.Tensor,
                  hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor,
                  last: torch.Tensor, chain_pos: torch.Tensor, chain_lens: torch.Tensor, chain_slots: torch.Tensor,
@@ -156,9 +167,9 @@ def chain_drafts(run_head: Callable, draft: Callable, k: int, block_size: int, m
     a device tensor (CUDA-graph safe); the host lists serve the CPU reference kernels only."""
     bs = last.shape[0]
     w = ids.shape[0] // bs
-    i32 = dict(dtype=torch.int32, device=ids.device)
+    extend_starts, one, one_rows = _row_offsets(bs, w, ids.device)
     extend = ForwardBatch(
-        query_start=torch.arange(bs + 1, **i32) * w, seq_lens=seq_lens, block_tables=tables,
+        query_start=extend_starts, seq_lens=seq_lens, block_tables=tables,
         slot_mapping=slots, logits_indices=last, block_size=block_size, max_query_len=w,
         max_seq_len=max_context, query_lens_host=[w] * bs, seq_lens_host=seq_lens_host or [w] * bs,
         rows_per_seq=w,
@@ -167,11 +178,10 @@ def chain_drafts(run_head: Callable, draft: Callable, k: int, block_size: int, m
     state = out.index_select(0, last)
     tokens = draft(state)
     chain = [tokens]
-    one = torch.arange(bs + 1, **i32)
     for j in range(k - 1):
         step = ForwardBatch(
             query_start=one, seq_lens=chain_lens[j], block_tables=tables, slot_mapping=chain_slots[j],
-            logits_indices=one[:bs].long(), block_size=block_size, max_query_len=1, max_seq_len=max_context,
+            logits_indices=one_rows, block_size=block_size, max_query_len=1, max_seq_len=max_context,
             query_lens_host=[1] * bs, seq_lens_host=chain_lens_host[j] if chain_lens_host else [1] * bs,
         )
         state = run_head(tokens, state, chain_pos[j], step)
