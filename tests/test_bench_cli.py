@@ -288,6 +288,24 @@ def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, m
     assert spec_decode.SAMPLE_PROMPTS == 16
 
 
+def test_a_text_sample_has_a_random_token_plain_peer_too(capsys, monkeypatch, tmp_path):
+    """With --spec-prompts the plain engine decodes the text sample and then random-token
+    prompts pooled the same way (a record of its own, no speedup drawn from it); the
+    speculating engines decode the text only, and their speedup is over the text's peer."""
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe-mtp", {**TINY_HYBRID_MOE, "mtp_num_hidden_layers": 1})
+    text = tmp_path / "heldout.txt"
+    text.write_text("def add(a, b):\n    return a + b\n\n" * 80)
+    assert bench.main(["random:tiny-hybrid-moe-mtp", "--device", "cpu", "--dtype", "fp32", "--only", "decode",
+                       "--spec", "mtp", "--draft-tokens", "1", "--concurrency", "1", "--decode-prompt-len", "8",
+                       "--decode-output-len", "4", "--no-transformers", "--spec-prompts", str(text)]) == 0
+    spec = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"spec_decode"' in x]
+    assert [(r["draft_tokens"], r["sample"]) for r in spec] == [(0, "text"), (0, "random tokens"), (1, "text")]
+    assert spec[1]["prompts"] == 16 and "speedup" not in spec[1]
+    assert spec[2]["speedup"] == pytest.approx(spec[2]["decode_tok_s"] / spec[0]["decode_tok_s"])
+
+
 def test_lm_head_draft_reaches_the_engine_and_the_records(capsys, monkeypatch):
     """``--lm-head-draft N``: the speculating engines draft over the shortlist's first N
     entries (a random shape's own shortlist file), and each spec record says so."""
