@@ -97,6 +97,7 @@ def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -
         "seconds": seconds,
         "decode_tok_s": tokens / seconds if seconds else 0.0,
         "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "steps": steps,
         "full_batch": not ended_early,
         **split,
     }

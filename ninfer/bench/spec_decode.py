@@ -61,17 +61,18 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
     stats = engine.stats.take_interval()
     tokens = sum(r["decode_tokens"] for r in runs)
     seconds = sum(r["seconds"] for r in runs)
-    steps = sum(r["seconds"] * 1000 / r["step_ms"] for r in runs if r["step_ms"])
+    steps = sum(r["steps"] for r in runs)
     pooled = {}
     for key in ("host_ms", "device_wait_ms"):  # weighted by each run's steps, as step_ms is
-        timed = [(r[key], r["seconds"] * 1000 / r["step_ms"]) for r in runs if key in r and r["step_ms"]]
+        timed = [r for r in runs if key in r]
         if timed:
-            pooled[key] = round(sum(v * n for v, n in timed) / sum(n for _, n in timed), 4)
+            pooled[key] = round(sum(r[key] * r["steps"] for r in timed) / sum(r["steps"] for r in timed), 4)
     return {
         "decode_tokens": tokens,
         "seconds": seconds,
         "decode_tok_s": tokens / seconds if seconds else 0.0,
         "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "steps": steps,
         "full_batch": all(r["full_batch"] for r in runs),
         "prompts": len(runs) * c,
         **pooled,
