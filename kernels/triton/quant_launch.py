@@ -7,6 +7,7 @@ choice."""
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -138,6 +139,13 @@ def table_entries(table: dict[str, dict[int, QuantGemmConfig]], tag: str, n: int
     return table[min(near)[1]] if near else {}
 
 
+def table_name(device: torch.device) -> str:
+    """The card whose table serves: this one, or the one ``NINFER_QUANT_TABLE`` names (an
+    A/B of another card's entries without re-tuning: the H200's one-row entries predate
+    the packed and staged steps the H100's were tuned with)."""
+    return os.environ.get("NINFER_QUANT_TABLE") or device_name(device)
+
+
 @functools.lru_cache(maxsize=None)
 def tuned_entries(name: str, tag: str, n: int, k: int, dtype: torch.dtype) -> dict[int, QuantGemmConfig]:
     """:func:`table_entries` of device table ``name``, resolved once a shape (prefill calls
@@ -150,7 +158,7 @@ def choose_config(x: torch.Tensor, op) -> QuantGemmConfig:
     or the heuristic when this device, shape or row count has none (a decode entry never
     serves a prefill)."""
     rows = x.shape[0]
-    per_rows = tuned_entries(device_name(x.device), op.tag, op.n, op.k, x.dtype)
+    per_rows = tuned_entries(table_name(x.device), op.tag, op.n, op.k, x.dtype)
     decode = rows <= DECODE_ROWS
     at_or_above = [m for m in per_rows if m >= rows and (m <= DECODE_ROWS) == decode]
     if not at_or_above:
