@@ -42,8 +42,8 @@
 #                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it),
 #                                   last the engine's acceptance against the trainer's chain (SPEC_CHECK=0 skips it;
 #                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
-#   scripts/gpu_session.sh gap      the plain engine's figures on a random gpu-deep shape: one random prompt (decode-ahead on
-#                                   and off) beside spec_decode's plain peers pooled over 16 text windows and 16 random prompts
+#   scripts/gpu_session.sh gap      the plain engine at c=1 on a random gpu-deep shape: one random prompt, 16 random prompts
+#                                   and 16 text windows pooled, each on the process's first and on a second engine
 #   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
 #                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
 #                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
@@ -434,15 +434,15 @@ spec2)
     true
     ;;
 gap)
-    # #19's plain-peer question on a random-weight gpu-deep shape (speed only; acceptance
-    # means nothing): the single random prompt's decode figure, decode-ahead on and off,
-    # beside spec_decode's plain engine pooled over 16 text windows and over 16 random
-    # prompts (sessions 34 and 36: the single prompt stepped 11% faster than the text sample)
+    # #19's plain-peer question on a random-weight gpu-deep shape (speed only): one random
+    # prompt, 16 pooled random prompts and 16 pooled text windows, on the first engine of the
+    # process and on a second one (scripts/gpu_plain_gap.py; sessions 34 and 36: the bench's
+    # single prompt stepped 11% faster than its pooled text sample)
     mkdir -p /tmp/gap && src=$(stdlib_arg | cut -d' ' -f2)
     cat "$src"/typing.py "$src"/argparse.py "$src"/subprocess.py > /tmp/gap/text.txt
-    bench 200 random:train-gpu-deep --dtype bf16 --only decode --spec mtp --draft-tokens 1 --concurrency 1 \
-        --decode-prompt-len 128 --decode-output-len 256 --decode-ahead both --spec-prompts /tmp/gap/text.txt \
-        --no-transformers
+    limit=$(left); [ "$limit" -gt 200 ] && limit=200
+    timeout "$limit" python3 scripts/gpu_plain_gap.py random:train-gpu-deep --text /tmp/gap/text.txt \
+        2>>"$OUT/gap.err" | tee "$OUT/gap.jsonl"
     ;;
 spec-gap)
     # the engine against the trainer's own greedy rounds on the same held-out prompts, one switch
