@@ -27,7 +27,7 @@ import torch
 
 from ninfer import LLM
 from ninfer.bench import ninfer_runs, spec_decode
-from ninfer.bench.figures import _graph_replay_ms
+from ninfer.bench.figures import graph_replay_ms
 from ninfer.bench.workload import fixed_workload
 from ninfer.engine.builder import resolve_device, resolve_dtype
 from ninfer.model.sources import resolve_source
@@ -52,7 +52,7 @@ def figures(llm: LLM, name: str, args) -> list[dict]:
         pooled, _ = spec_decode.measure(engine, ids, 1, args.prompt_len, args.output_len, vocab, 0)
         out.append({"engine": name, "sample": sample, **pooled})
     # the forward alone, replayed back to back: whether the device's own step differs between engines
-    out.append({"engine": name, "sample": "batch-1 graph replayed", "step_ms": _graph_replay_ms(engine, 1)})
+    out.append({"engine": name, "sample": "batch-1 graph replayed", "step_ms": graph_replay_ms(engine, 1)})
     return out
 
 

@@ -234,7 +234,7 @@ def test_decode_heuristic_fills_the_sms_and_the_table_overrides_it(monkeypatch, 
         past = qg.choose_config(torch.zeros(9, 256, dtype=torch.bfloat16), op)
         assert past == qg.heuristic_config(qt.INT4, 9, 64, 256)  # past the table: the heuristic
         # NINFER_QUANT_TABLE: another card's table serves (here one that has no entries)
-        monkeypatch.setenv("NINFER_QUANT_TABLE", "other_card")
+        monkeypatch.setattr(quant_launch, "TABLE_FROM", "other_card")
         assert qg.choose_config(torch.zeros(3, 256, dtype=torch.bfloat16), op) == qg.heuristic_config(qt.INT4, 3, 64, 256)
     finally:
         qg.load_table.cache_clear()

@@ -139,11 +139,15 @@ def table_entries(table: dict[str, dict[int, QuantGemmConfig]], tag: str, n: int
     return table[min(near)[1]] if near else {}
 
 
+#: another card whose table serves instead of this one's (an A/B of its entries without
+#: re-tuning: the H200's one-row entries predate the packed and staged steps the H100's
+#: were tuned with); read once, as the other switches are
+TABLE_FROM = os.environ.get("NINFER_QUANT_TABLE") or None
+
+
 def table_name(device: torch.device) -> str:
-    """The card whose table serves: this one, or the one ``NINFER_QUANT_TABLE`` names (an
-    A/B of another card's entries without re-tuning: the H200's one-row entries predate
-    the packed and staged steps the H100's were tuned with)."""
-    return os.environ.get("NINFER_QUANT_TABLE") or device_name(device)
+    """The card whose table serves: :data:`TABLE_FROM`, else this one."""
+    return TABLE_FROM or device_name(device)
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,7 @@ from ninfer.bench.prefill import hf_prefill, ninfer_prefill
 from ninfer.bench.workload import fixed_workload, random_workload
 
 
-def _graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
+def graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
     """Milliseconds one replay of the decode graph for ``batch`` rows takes back to back,
     i.e. the forward pass without any host work between steps."""
     graphs = engine.runner.graphs
@@ -118,7 +118,7 @@ class Bench:
             record.update(weight_bytes_per_step=weights, state_bytes_per_step=state, bytes_per_step=step_bytes)
             if self.copy_bw and ours["step_ms"]:
                 record["bandwidth_utilisation"] = bw.utilisation(step_bytes, 1000 / ours["step_ms"], self.copy_bw)
-            replay = _graph_replay_ms(engine, c)
+            replay = graph_replay_ms(engine, c)
             if replay is not None:
                 # the forward alone, replayed on whatever the graph's inputs last held (the
                 # run's final step): a floor for models whose cost depends on the inputs
