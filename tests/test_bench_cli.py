@@ -274,6 +274,8 @@ def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, m
     # the engine thread's split per step or round over the timed steps: on CPU the forward
     # runs in the host's share
     assert all(r["host_ms"] > 0 and 0 <= r["device_wait_ms"] < r["host_ms"] for r in spec)
+    # every timed step the bench took is one the engine counted as a decode step
+    assert all(r["host_steps"] == round(1000 * r["seconds"] / r["step_ms"]) for r in spec)
     decode = [r for r in lines if r["figure"] == "decode"]
     assert decode and all(r["host_ms"] > 0 for r in decode)
     # after the plain decode figure (c=1, then 4): per engine and concurrency the warm-up

@@ -106,9 +106,11 @@ def _decode_throughput(engine, work: Workload, synthetic: bool, presets: bool) -
 def host_split(before, after) -> dict:
     """The engine thread's time per decode step between two :class:`HostWork` copies: its own
     work (scheduling, launching, committing) and its wait for the device. A wait near zero
-    means the host set the pace: the device idled between steps."""
+    means the host set the pace: the device idled between steps. ``host_steps``: the decode
+    steps the engine counted, which should equal the caller's own step count (a check)."""
     steps = after.decode_steps - before.decode_steps
     if steps <= 0:
         return {}
     return {"host_ms": round(1000 * (after.decode_host - before.decode_host) / steps, 4),
-            "device_wait_ms": round(1000 * (after.decode_device_wait - before.decode_device_wait) / steps, 4)}
+            "device_wait_ms": round(1000 * (after.decode_device_wait - before.decode_device_wait) / steps, 4),
+            "host_steps": steps}

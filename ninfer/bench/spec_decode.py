@@ -67,6 +67,8 @@ def measure(engine, ids: list[int] | None, c: int, prompt_len: int, output_len: 
         timed = [r for r in runs if key in r]
         if timed:
             pooled[key] = round(sum(r[key] * r["steps"] for r in timed) / sum(r["steps"] for r in timed), 4)
+    if any("host_steps" in r for r in runs):
+        pooled["host_steps"] = sum(r.get("host_steps", 0) for r in runs)
     return {
         "decode_tokens": tokens,
         "seconds": seconds,
