@@ -37,9 +37,12 @@ from ninfer.plugins import load_registry
 def build(model: str, args) -> LLM:
     device = resolve_device(args.device)
     path, weights = resolve_source(model, load_registry(), resolve_dtype(args.dtype, device), device, 0)
-    longest = args.prompt_len + max(args.output_len, 32)  # spec_decode.measure's untimed batch: 32 tokens
+    # the bench's engine for `--only decode --concurrency 1,8` as ninfer.bench.figures sizes it:
+    # its context reaches the offline defaults' longest request (1,024 + 1,024 tokens) and its
+    # KV holds eight of the decode requests
+    longest = max(2048, args.prompt_len + args.output_len)
     return LLM(str(path), device=args.device, dtype=args.dtype, max_num_seqs=8, max_context=longest,
-               kv_capacity=8 * longest, weights=weights)
+               kv_capacity=max(longest, 8 * (args.prompt_len + args.output_len)), weights=weights)
 
 
 def figures(llm: LLM, name: str, args) -> list[dict]:
@@ -68,7 +71,7 @@ def main() -> None:
     for name in ("A (first in the process)", "B (built after A was freed)"):
         llm = build(args.model, args)
         for record in figures(llm, name, args):
-            keep = ("engine", "sample", "decode_tok_s", "step_ms", "steps", "host_ms", "device_wait_ms")
+            keep = ("engine", "sample", "decode_tok_s", "step_ms", "steps", "host_ms", "device_wait_ms", "host_steps")
             print(json.dumps({k: record[k] for k in keep if k in record}), flush=True)
         del llm
         gc.collect()
