@@ -44,6 +44,8 @@
 #                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
 #   scripts/gpu_session.sh gap      the plain engine at c=1 on a random gpu-deep shape: one random prompt, 16 random prompts
 #                                   and 16 text windows pooled, each on the process's first and on a second engine
+#   scripts/gpu_session.sh slowdown what slows every engine's decode graph once a second engine is built (one build
+#                                   step at a time; then a speculating engine first in its process)
 #   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
 #                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
 #                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
@@ -439,10 +441,19 @@ gap)
     # process and on a second one (scripts/gpu_plain_gap.py; sessions 34 and 36: the bench's
     # single prompt stepped 11% faster than its pooled text sample)
     mkdir -p /tmp/gap && src=$(stdlib_arg | cut -d' ' -f2)
-    cat "$src"/typing.py "$src"/argparse.py "$src"/subprocess.py > /tmp/gap/text.txt
+    cat "$src"/dataclasses.py "$src"/argparse.py "$src"/subprocess.py > /tmp/gap/text.txt
     limit=$(left); [ "$limit" -gt 200 ] && limit=200
     timeout "$limit" python3 scripts/gpu_plain_gap.py random:train-gpu-deep --text /tmp/gap/text.txt \
         2>>"$OUT/gap.err" | tee "$OUT/gap.jsonl"
+    ;;
+slowdown)
+    # what in building a second engine slows every engine's decode graph (session 38, H100: the
+    # first engine's batch-1 replay 0.871 ms, 0.987 ms once a second engine was built; not the
+    # clocks): scripts/gpu_engine_slowdown.py, one build step at a time, then a speculating
+    # engine first in its own process
+    limit=$(left); [ "$limit" -gt 240 ] && limit=240
+    timeout "$limit" python3 scripts/gpu_engine_slowdown.py random:train-gpu-deep \
+        2>>"$OUT/slowdown.err" | tee "$OUT/slowdown.jsonl"
     ;;
 spec-gap)
     # the engine against the trainer's own greedy rounds on the same held-out prompts, one switch

@@ -1,0 +1,116 @@
+"""What, in building a second engine, slows every engine's decode graph (GPU).
+
+Session 38 (H100, `random:train-gpu-deep`, c=1): the first engine of a process replayed
+its batch-1 decode graph in 0.871 ms; once a second engine was built, that engine's
+graph took 0.983 ms and the first engine's own graph 0.987 ms too, whether or not the
+first was still alive. The GPU's clocks had not moved, and 15 s of matmuls on the first
+engine alone left it at 0.874 ms. So something a build does to the process (or the
+device) makes the graphs of all engines slower. The bench builds one engine per draft
+count, so its plain and speculative figures all come from such later engines, while a
+server builds one.
+
+This script takes the build apart, one JSON line per probe (a single prompt's decode
+step and the batch-1 graph replayed back to back), in one process:
+
+1. engine A alone;
+2. after 2 GiB more of device memory is allocated and written;
+3. after engine B is built without CUDA graphs (weights, KV pools, warm-up compiles);
+4. after engine C is built with its graphs (A and C probed);
+5. after B and C are freed;
+
+then, in a fresh process, a speculative engine (``--spec mtp``, k=3) first: its batch-1
+decode graph, to tell whether a server that speculates (three sets of graphs captured)
+pays the same. Its step figure is not the plain engine's: with speculation off for the
+prompt, the MTP layer still reads each step's hidden state into its own KV.
+
+    python scripts/gpu_engine_slowdown.py random:train-gpu-deep
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+from ninfer import LLM
+from ninfer.bench.figures import graph_replay_ms
+from ninfer.bench.workload import fixed_workload
+from ninfer.engine.builder import resolve_device, resolve_dtype
+from ninfer.engine.request import EngineRequest
+from ninfer.model.sources import resolve_source
+from ninfer.plugins import load_registry
+from ninfer.sampling_params import SamplingParams
+
+PROMPT, OUTPUT = 128, 256
+
+
+def build(model: str, args, **options) -> LLM:
+    """An engine sized as the bench sizes its decode engine (see gpu_plain_gap.py)."""
+    device = resolve_device(args.device)
+    path, weights = resolve_source(model, load_registry(), resolve_dtype(args.dtype, device), device, 0)
+    return LLM(str(path), device=args.device, dtype=args.dtype, max_num_seqs=8, max_context=2048,
+               kv_capacity=8 * (PROMPT + OUTPUT), weights=weights, **options)
+
+
+def probe(llm: LLM, engine: str, after: str) -> None:
+    """One prompt decoded alone (speculation off for it), then the batch-1 graph replayed."""
+    e = llm.engine
+    ids = fixed_workload(1, PROMPT, OUTPUT, llm.get_tokenizer().vocab_size, 1).prompts[0]
+    params = SamplingParams(max_tokens=OUTPUT, ignore_eos=True, temperature=0)
+    e.add_request(EngineRequest(f"probe-{engine}-{after}", ids, params, lookup_prefix_cache=False,
+                                commit_prefix_cache=False, speculate=False))
+    while not any(ev.token_ids for ev in e.step()):  # the prompt, and its first token
+        pass
+    begin, steps = time.perf_counter(), 0
+    while e.has_unfinished():
+        e.step()
+        steps += 1
+    step_ms = 1000 * (time.perf_counter() - begin) / max(steps, 1)
+    print(json.dumps({"engine": engine, "after": after, "step_ms": round(step_ms, 4),
+                      "replay_ms": graph_replay_ms(e, 1)}), flush=True)
+
+
+def first_process(args) -> None:
+    a = build(args.model, args)
+    probe(a, "A", "alone")
+    ballast = torch.ones(2 << 30, dtype=torch.uint8, device=args.device)
+    probe(a, "A", "2 GiB more device memory")
+    b = build(args.model, args, cuda_graph=False)
+    probe(a, "A", "B built without graphs")
+    c = build(args.model, args)
+    probe(a, "A", "C built with graphs")
+    probe(c, "C", "C built with graphs")
+    del b, c, ballast
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    probe(a, "A", "B and C freed")
+
+
+def spec_process(args) -> None:
+    s = build(args.model, args, spec="mtp", draft_tokens=3)
+    probe(s, "S (mtp k=3, first in its process)", "alone, speculation off for the prompt")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--part", choices=("first", "spec", "both"), default="both")
+    args = ap.parse_args()
+    if args.part in ("first", "both"):
+        first_process(args)
+    if args.part == "spec":
+        spec_process(args)
+    elif args.part == "both":  # a fresh process: the speculative engine is its first
+        subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
+                        "--part", "spec"], check=False)
+
+
+if __name__ == "__main__":
+    main()
