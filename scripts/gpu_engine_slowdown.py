@@ -72,7 +72,20 @@ def probe(llm: LLM, engine: str, after: str) -> None:
         steps += 1
     step_ms = 1000 * (time.perf_counter() - begin) / max(steps, 1)
     print(json.dumps({"engine": engine, "after": after, "step_ms": round(step_ms, 4),
-                      "replay_ms": graph_replay_ms(e, 1)}), flush=True)
+                      "replay_ms": graph_replay_ms(e, 1), **clocks()}), flush=True)
+
+
+def clocks() -> dict:
+    """The GPU's SM and memory clocks now (MHz; NVML), empty where there are none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return {"sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "mem_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)}
+    except Exception:  # no NVML, or no GPU
+        return {}
 
 
 def first_process(args) -> None:
