@@ -211,3 +211,32 @@ def test_simulated_engine_runs_everything_to_completion():
         assert computed[seq.seq_id] == list(range(seq.num_cached_tokens, seq.num_tokens - 1))
     assert bm.num_free_blocks == bm.num_blocks and bm.num_used_blocks == 0
     assert all(bm.refcount(b) == 0 for b in range(bm.num_blocks))
+
+
+def test_rows_without_drafts_verify_beside_rows_with_some_and_decode_plainly_otherwise():
+    """A speculating row with nothing to propose (listed with no drafts) joins a step's
+    verify rows, so the step is all verify rows as a verify graph holds them; with no row
+    drafting, or when not listed at all (it may not speculate), it decodes plainly. A row
+    with speculative slack keeps the step's whole width up to its last token."""
+    bm = BlockManager(num_blocks=64, block_size=BS)
+    sched = Scheduler(bm, max_concurrency=3, prefill_chunk=100)
+    a, b, c = make_seq(3, 8), make_seq(3, 8), make_seq(3, 8)
+    b.spec_slack = 3  # entitled to 3 + 8 + 3 tokens: 4 pages rather than 3
+    for seq in (a, b, c):
+        sched.add(seq)
+    advance(sched, sched.schedule())
+    assert len(b.block_table) == 4 and len(a.block_table) == 3
+    out = sched.schedule({a.seq_id: [7, 8], b.seq_id: []})
+    assert [(ch.seq, ch.drafts) for ch in out.chunks] == [(a, (7, 8)), (b, ()), (c, ())]
+    assert out.num_verify == 2 and out.num_decode == 3
+    out = sched.schedule({a.seq_id: [], b.seq_id: []})
+    assert out.num_verify == 0 and [ch.num_tokens for ch in out.chunks] == [1, 1, 1]
+    # at the last token of the budget (10 computed): without slack a row cannot take a
+    # width of 3 (positions 10-12 of its 12 tokens of pages), with it it can
+    for seq in (a, b):
+        seq.token_ids += [1000] * 7
+        seq.num_computed_tokens = len(seq.token_ids) - 1
+    out = sched.schedule({a.seq_id: [], b.seq_id: [7, 8]})
+    assert [(ch.seq, ch.drafts) for ch in out.chunks[: out.num_verify]] == [(b, (7, 8))]
+    out = sched.schedule({a.seq_id: [7, 8], b.seq_id: []})
+    assert out.num_verify == 0  # a was dropped for its pages, and b has nothing to verify alone

@@ -251,16 +251,37 @@ def torch_close(values, target: float) -> bool:
     return bool(((values - target).abs() < 1e-4).all())
 
 
-def test_rows_near_the_end_of_their_pages_decode_plainly_beside_wider_rows(pair):
-    """Prompt plus output filling their pages exactly: a row close to its end cannot take
-    the padding of a wider neighbour's verify row, so it decodes plainly; outputs stay exact."""
+@pytest.mark.parametrize("slack", [True, False])
+def test_rows_near_the_end_of_their_budget_keep_to_verify_steps(pair, slack, monkeypatch):
+    """Prompt plus output filling their pages exactly. With the speculative slack pages a
+    row keeps taking the padding of a wider neighbour's verify row up to its last token
+    (with nothing left to propose, as a row without drafts), so no step mixes plain decode
+    rows with verify rows (such a step runs eagerly on the GPU). Without the slack (a
+    request that only fits the pool without it) a row close to its end decodes plainly
+    beside them. Outputs stay exact either way."""
     plain, spec = pair
     prompts = [list(range(5, 10)), list(range(40, 48))]  # 5 and 8 tokens, each + max_tokens = 5 pages of 4
     params = [SamplingParams(temperature=0, max_tokens=15, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
     expected = _run(plain, prompts, params)
     spec.engine.proposer = ReplayProposer({tuple(p): out for p, out in zip(prompts, expected)}, period=3)
+    scheduler, steps = spec.engine.scheduler, []
+    schedule, add = scheduler.schedule, scheduler.add
+
+    def recorded(drafts=None):
+        out = schedule(drafts)
+        steps.append((out.num_verify, out.num_decode))
+        return out
+
+    def added(seq):
+        seq.spec_slack = seq.spec_slack if slack else 0
+        add(seq)
+
+    monkeypatch.setattr(scheduler, "schedule", recorded)
+    monkeypatch.setattr(scheduler, "add", added)
     assert _run(spec, prompts, params) == expected
+    mixed = [s for s in steps if 0 < s[0] < s[1]]
+    assert (not mixed) if slack else mixed
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])

@@ -149,6 +149,10 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             proposal=req.proposal,
             cache_hints=req.cache_hints,
         )
+        if self.proposer is not None and req.speculate:
+            seq.spec_slack = self.config.draft_tokens
+            if not self.scheduler.fits_ever(seq):  # the slack never costs a request its admission
+                seq.spec_slack = 0
         if not self.scheduler.fits_ever(seq):
             raise ContextLengthExceededError(
                 f"prompt plus output ({seq.entitlement_tokens} tokens) exceeds the KV capacity "

@@ -247,20 +247,27 @@ class Scheduler:
 
     def schedule(self, drafts: Optional[Mapping[int, Sequence_[int]]] = None) -> SchedulerOutput:
         """The next step. ``drafts``: speculative tokens per decode-ready sequence (by seq
-        id); a sequence with drafts gets a verify row of ``1 + len(drafts)`` tokens."""
+        id); a sequence with drafts gets a verify row of ``1 + len(drafts)`` tokens, and one
+        listed with none joins the verify rows as a row without drafts when others verify
+        (the step stays one a verify graph holds), else decodes plainly."""
         if self._settling:  # before anything reads a working slot (or a freed one is reused)
             slots, positions = zip(*self._settling)
             self.scratch.settle(slots, positions)
             self._settling.clear()
         out = SchedulerOutput(admitted=self._admit())
         budget = self.max_batched_tokens
-        verify, plain = [], []
+        rows = []  # (chunk, whether it may join a verify step)
         for seq in self.running:
             if seq.is_decode:
-                proposed = tuple(drafts.get(seq.seq_id, ())) if drafts else ()
-                (verify if proposed else plain).append(ScheduledChunk(seq, 1 + len(proposed), True, proposed))
+                proposed = tuple(drafts.get(seq.seq_id) or ()) if drafts else ()
+                rows.append((ScheduledChunk(seq, 1 + len(proposed), True, proposed),
+                             drafts is not None and seq.seq_id in drafts))
+        verify = [c for c, joins in rows if joins] if any(c.drafts for c, _ in rows) else []
         verify, dropped = self._fit_verify_width(verify)
-        plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + plain
+        if not any(c.drafts for c in verify):  # rows without drafts verify only beside rows with some
+            verify, dropped = [], dropped + verify
+        taken = {id(c) for c in verify + dropped}
+        plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + [c for c, _ in rows if id(c) not in taken]
         budget -= sum(c.num_tokens for c in verify) + len(plain)
         out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
         out.num_verify = len(verify)

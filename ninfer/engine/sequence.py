@@ -46,6 +46,10 @@ class Sequence:
     lora_slot: int = 0  # LoRA adapter slot (ninfer.lora); 0: none
     lora_name: Optional[str] = None  # that adapter's name; keeps its KV pages apart from others'
     proposal: str = "auto"  # how a draft model proposes for it (spec_proposal_sampling)
+    #: pages reserved past the output budget for a speculative round's padding (its draft
+    #: count): a verify row near the end of its budget still holds its step's whole width,
+    #: so the step stays on its captured graph instead of running eagerly
+    spec_slack: int = 0
     #: the prompt's structure the context cache uses (turn closure, marked boundaries)
     cache_hints: CacheHints = CacheHints()
     state_slot: Optional[int] = None  # recurrent-state slot (hybrid families); None: the model keeps none
@@ -120,8 +124,9 @@ class Sequence:
 
     @property
     def entitlement_tokens(self) -> int:
-        """Prompt plus the whole output budget: what admission must reserve pages for."""
-        return self.num_prompt_tokens + self.max_tokens
+        """Prompt plus the whole output budget (and any speculative slack): what admission
+        must reserve pages for."""
+        return self.num_prompt_tokens + self.max_tokens + self.spec_slack
 
     @property
     def is_finished(self) -> bool:

@@ -24,7 +24,10 @@ from ninfer.engine.spec.verify_step import query_lens
 
 class SpeculativeRounds:
     def _drafts(self) -> Optional[dict[int, list[int]]]:
-        """This step's proposals, per decode-ready sequence that may speculate."""
+        """This step's proposals, per decode-ready sequence that may speculate: empty for
+        one with nothing to propose (its output budget nearly spent), which the scheduler
+        then pads into the step's verify rows rather than decoding it beside them, a mix
+        that no graph holds."""
         if self.proposer is None:
             return None
         drafts = {}
@@ -34,13 +37,11 @@ class SpeculativeRounds:
             # every kept draft and the target's token must fit the output budget and context
             room = min(seq.max_tokens - seq.num_output_tokens, self.config.max_context - seq.num_tokens) - 1
             limit = min(self.config.draft_tokens, room)
-            if limit > 0:
-                proposed = self.proposer.propose(seq, limit)[:limit]
-                guided = self._requests[seq.request_id].guided
-                if guided is not None:  # proposers know nothing of guides: cut where the guide must
-                    proposed = proposed[: guided.verifiable(proposed)]
-                if proposed:
-                    drafts[seq.seq_id] = proposed
+            proposed = self.proposer.propose(seq, limit)[:limit] if limit > 0 else []
+            guided = self._requests[seq.request_id].guided
+            if guided is not None:  # proposers know nothing of guides: cut where the guide must
+                proposed = proposed[: guided.verifiable(proposed)]
+            drafts[seq.seq_id] = proposed
         return drafts
 
     def _draft_probs(self, sched: SchedulerOutput) -> Optional[dict]:
