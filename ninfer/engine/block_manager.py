@@ -1,7 +1,8 @@
 """The paged KV pool: page reservation per sequence, refcounted sharing, prefix reuse.
 
-A sequence is admitted only with its whole prompt-plus-output entitlement in pages, so
-a running request can never run out of KV space and nothing is ever preempted. Shared
+A sequence is admitted only with its whole prompt-plus-output entitlement in pages
+(:attr:`Sequence.entitlement_tokens`, speculative slack included), so a running request
+can never run out of KV space and nothing is ever preempted. Shared
 pages are always full and immutable: a sequence reuses only whole pages strictly before
 its last prompt token, and it writes only at positions at or past ``num_computed_tokens``,
 which therefore always fall into pages of its own.
