@@ -25,9 +25,10 @@ from ninfer.engine.spec.verify_step import query_lens
 class SpeculativeRounds:
     def _drafts(self) -> Optional[dict[int, list[int]]]:
         """This step's proposals, per decode-ready sequence that may speculate: empty for
-        one with nothing to propose (its output budget nearly spent), which the scheduler
-        then pads into the step's verify rows rather than decoding it beside them, a mix
-        that no graph holds."""
+        one with nothing to propose (one token left in its output budget, a guide that
+        stops every draft, a proposer that found nothing), which the scheduler then pads
+        into the step's verify rows rather than decoding it beside them, a mix that no
+        graph holds."""
         if self.proposer is None:
             return None
         drafts = {}
