@@ -92,3 +92,26 @@ def test_set_prefill_chunk_keeps_the_decode_rows_room(one_thread):
     assert (sched.prefill_chunk, sched.max_batched_tokens) == (64, step_token_budget(64, 4))
     with pytest.raises(ValueError):
         sched.set_prefill_chunk(0)
+
+
+def test_a_speculating_engine_warms_up_verify_rows_beside_prefill_chunks(one_thread, monkeypatch):
+    """Such a step has no graph, so its kernels (the verify rows' variants) must compile
+    in the warm-up: full-width verify rows beside a prefill chunk, with block tables 3, 16
+    and 1 pages wide. Nothing of it stays behind."""
+    llm = LLM("tiny:qwen3_5", device="cpu", dtype="fp32", max_concurrency=4, max_context=512, kv_capacity=4096,
+              spec="mtp", draft_tokens=3)
+    engine, seen = llm.engine, []
+    schedule = engine.scheduler.schedule
+
+    def recorded(drafts=None):
+        out = schedule(drafts)
+        if out.num_verify and out.num_prefill:
+            seen.append((1 + max(len(c.drafts) for c in out.chunks[: out.num_verify]),
+                         max(len(c.seq.block_table) for c in out.chunks)))
+        return out
+
+    monkeypatch.setattr(engine.scheduler, "schedule", recorded)
+    warm_up(engine)
+    assert {(4, 3), (4, 16), (4, 1)} <= set(seen)
+    assert not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    assert engine.stats.steps == 0

@@ -10,9 +10,12 @@ Before serving, the engine therefore runs throwaway requests: short prompts of a
 lengths alone and together (prefill, mixed and decode steps), then prompts that double
 from 64 tokens up to the prefill chunk, each a token short of a power of two and at it,
 then a whole chunk beside a short prompt (the largest step), then a prompt whose later
-chunks continue it (their own kernel variants) beside one that decodes meanwhile. They
-neither read nor publish cached prefixes, and the engine's counters start from zero
-afterwards.
+chunks continue it (their own kernel variants) beside one that decodes meanwhile. An
+engine that speculates also admits prompts while a request verifies its drafts at the
+engine's full width: that step mixes verify rows with a prefill chunk, which no graph
+holds, so its kernels run as launched, with variants of their own (sessions 36-38 saw
+them compile inside the first such requests, 2.5-5 s each). They neither read nor
+publish cached prefixes, and the engine's counters start from zero afterwards.
 :mod:`.compile_watch` names any compile the warm-up missed.
 """
 
@@ -97,6 +100,9 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     finally:
         engine.scheduler.set_prefill_chunk(cfg.prefill_chunk)
     rounds.append([continued, *companion])
+    for n in speculative_admissions(cfg, limit, pool):
+        _verify_beside_prefill(engine, n, token_id)
+        rounds.append([1, n])
     engine.reset_stats()
     seconds = time.perf_counter() - started
     compiled = ""
@@ -106,6 +112,44 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     logger.info("warmed up kernels with {} throwaway requests (prompts up to {} tokens) in {:.1f} s{}",
                 sum(map(len, rounds)), max(map(max, rounds)), seconds, compiled)
     return seconds
+
+
+def speculative_admissions(cfg, limit: int, pool: int) -> list[int]:
+    """Prompt lengths admitted beside a verifying request when the engine speculates, each
+    filling its pages exactly (two output tokens and the speculative slack included), so
+    the step's block table is 3, 16 and 1 pages wide: Triton specialises the table's row
+    stride on 1 and on multiples of 16. The verifying request holds one page where it can."""
+    k, bs = cfg.draft_tokens, cfg.block_size
+    if not k or cfg.max_concurrency < 2:
+        return []
+    verifier = 1 + _verifier_tokens(k) + k
+    out = []
+    for pages in (3, 16, 1):
+        n = pages * bs - 2 - k
+        if n >= 1 and n + 2 <= limit and -(-verifier // bs) <= pages and verifier + pages * bs <= pool:
+            out.append(n)
+    return out
+
+
+def _verifier_tokens(k: int) -> int:
+    """The verifying request's output: its full draft count still left two rounds in (a
+    round or two may have run ahead by the time the other request is admitted)."""
+    return k + 5
+
+
+def _verify_beside_prefill(engine, prompt: int, token_id: int) -> None:
+    """A one-token request that drafts the engine's full count, then a ``prompt``-token one
+    admitted while it verifies; both run out."""
+    long = SamplingParams(temperature=0, max_tokens=_verifier_tokens(engine.config.draft_tokens), ignore_eos=True)
+    engine.add_request(EngineRequest("warmup-spec-0", [token_id], long, lookup_prefix_cache=False,
+                                     commit_prefix_cache=False))
+    for _ in range(2):  # the prompt, then a step whose hidden state the drafts come from
+        engine.step()
+    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine.add_request(EngineRequest("warmup-spec-1", [token_id] * prompt, short, lookup_prefix_cache=False,
+                                     commit_prefix_cache=False))
+    while engine.has_unfinished():
+        engine.step()
 
 
 def _run(engine, tag: str, lengths: list[int], params: SamplingParams, token_id: int) -> None:
