@@ -13,8 +13,8 @@ then a whole chunk beside a short prompt (the largest step), then a prompt whose
 chunks continue it (their own kernel variants) beside one that decodes meanwhile. An
 engine that speculates also admits prompts while a request verifies its drafts at the
 engine's full width: that step mixes verify rows with a prefill chunk, which no graph
-holds, so its kernels run as launched, with variants of their own (sessions 36-38 saw
-them compile inside the first such requests, 2.5-5 s each). They neither read nor
+holds, so its kernels run as launched, with variants of their own (in session 38's
+bench, eager verify variants compiled while serving took 2.5-5 s each). They neither read nor
 publish cached prefixes, and the engine's counters start from zero afterwards.
 :mod:`.compile_watch` names any compile the warm-up missed.
 """
