@@ -1,7 +1,7 @@
 """What, in building a second engine, slows every engine's decode graph (GPU).
 
 Session 38 (H100, `random:train-gpu-deep`, c=1): the first engine of a process replayed
-its batch-1 decode graph in 0.871 ms; once a second engine was built, that engine's
+its batch-1 decode graph in 0.870-0.873 ms; once a second engine was built, that engine's
 graph took 0.983 ms and the first engine's own graph 0.987 ms too, whether or not the
 first was still alive. The GPU's clocks had not moved, and 15 s of matmuls on the first
 engine alone left it at 0.874 ms. So something a build does to the process (or the

@@ -448,7 +448,7 @@ gap)
     ;;
 slowdown)
     # what in building a second engine slows every engine's decode graph (session 38, H100: the
-    # first engine's batch-1 replay 0.871 ms, 0.987 ms once a second engine was built; not the
+    # first engine's batch-1 replay 0.87 ms, 0.99 ms once a second engine was built; not the
     # clocks): scripts/gpu_engine_slowdown.py, one build step at a time, then a speculating
     # engine first in its own process
     limit=$(left); [ "$limit" -gt 240 ] && limit=240
