@@ -318,3 +318,22 @@ def test_the_mtp_draft_graphs_staged_inputs_give_the_eager_drafts(family):
     _run(spec, PROMPTS[2:], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))  # a smaller bucket
     assert not failures, failures[:3]
     assert len(compared) > 20
+
+
+def test_speculative_slack_stops_at_the_context_and_skips_requests_that_opt_out(pair):
+    """The slack covers the draft count past the output budget, but never positions past
+    the context (the position tables end there); a request that does not speculate has none."""
+    from ninfer.engine.request import EngineRequest
+
+    _, spec = pair
+    engine, prompt = spec.engine, list(range(5, 10))  # max_context 256
+    cases = {"room": (20, True, 3), "one short": (250, True, 1), "full": (251, True, 0), "opted out": (20, False, 0)}
+    for name, (max_tokens, speculate, _) in cases.items():
+        engine.add_request(EngineRequest(name, prompt, SamplingParams(temperature=0, max_tokens=max_tokens),
+                                         speculate=speculate))
+    try:
+        assert {name: engine._requests[name].seq.spec_slack for name in cases} == {n: c[2] for n, c in cases.items()}
+    finally:
+        for name in cases:
+            engine.abort_request(name)
+    assert not engine.has_unfinished()

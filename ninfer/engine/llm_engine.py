@@ -150,7 +150,8 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             cache_hints=req.cache_hints,
         )
         if self.proposer is not None and req.speculate:
-            seq.spec_slack = self.config.draft_tokens
+            # padding never reaches past the context (the position tables end there)
+            seq.spec_slack = max(0, min(self.config.draft_tokens, self.config.max_context - seq.entitlement_tokens))
             if not self.scheduler.fits_ever(seq):  # the slack never costs a request its admission
                 seq.spec_slack = 0
         if not self.scheduler.fits_ever(seq):

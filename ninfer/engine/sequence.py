@@ -46,9 +46,9 @@ class Sequence:
     lora_slot: int = 0  # LoRA adapter slot (ninfer.lora); 0: none
     lora_name: Optional[str] = None  # that adapter's name; keeps its KV pages apart from others'
     proposal: str = "auto"  # how a draft model proposes for it (spec_proposal_sampling)
-    #: pages reserved past the output budget for a speculative round's padding (its draft
-    #: count): a verify row near the end of its budget still holds its step's whole width,
-    #: so the step stays on its captured graph instead of running eagerly
+    #: tokens reserved past the output budget for a speculative round's padding (the draft
+    #: count, as far as the context reaches): a verify row near the end of its budget still
+    #: holds its step's whole width, so the step stays on its captured graph, not eager
     spec_slack: int = 0
     #: the prompt's structure the context cache uses (turn closure, marked boundaries)
     cache_hints: CacheHints = CacheHints()
