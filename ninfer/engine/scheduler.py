@@ -256,18 +256,14 @@ class Scheduler:
             self._settling.clear()
         out = SchedulerOutput(admitted=self._admit())
         budget = self.max_batched_tokens
-        rows = []  # (chunk, whether it may join a verify step)
+        verify, plain = [], []
         for seq in self.running:
             if seq.is_decode:
-                proposed = tuple(drafts.get(seq.seq_id) or ()) if drafts else ()
-                rows.append((ScheduledChunk(seq, 1 + len(proposed), True, proposed),
-                             drafts is not None and seq.seq_id in drafts))
-        verify = [c for c, joins in rows if joins] if any(c.drafts for c, _ in rows) else []
+                proposed = drafts.get(seq.seq_id) if drafts else None
+                chunk = ScheduledChunk(seq, 1 + len(proposed or ()), True, tuple(proposed or ()))
+                (plain if proposed is None else verify).append(chunk)
         verify, dropped = self._fit_verify_width(verify)
-        if not any(c.drafts for c in verify):  # rows without drafts verify only beside rows with some
-            verify, dropped = [], dropped + verify
-        taken = {id(c) for c in verify + dropped}
-        plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + [c for c, _ in rows if id(c) not in taken]
+        plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + plain
         budget -= sum(c.num_tokens for c in verify) + len(plain)
         out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
         out.num_verify = len(verify)
@@ -287,11 +283,15 @@ class Scheduler:
     def _fit_verify_width(self, verify: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
         """Verify rows are padded to the widest one; a row whose pages end before that
         width would reach (its output budget nearly spent) decodes plainly instead, so no
-        row's positions, padding included, ever pass its own pages."""
+        row's positions, padding included, ever pass its own pages. Rows without drafts
+        verify only beside rows with some: left alone, they all decode plainly."""
         bs = self.block_manager.block_size
         dropped: list[ScheduledChunk] = []
         while verify:
-            width = 1 + max(len(c.drafts) for c in verify)
+            most = max(len(c.drafts) for c in verify)
+            if not most:
+                return [], dropped + verify
+            width = 1 + most
             fits = [c for c in verify if c.seq.num_computed_tokens + width <= len(c.seq.block_table) * bs]
             if len(fits) == len(verify):
                 break
