@@ -19,9 +19,8 @@ step and the batch-1 graph replayed back to back), in one process:
 5. after B and C are freed;
 
 then, in a fresh process, a speculative engine (``--spec mtp``, k=3) first: its batch-1
-decode graph, to tell whether a server that speculates (three sets of graphs captured)
-pays the same. Its step figure is not the plain engine's: with speculation off for the
-prompt, the MTP layer still reads each step's hidden state into its own KV.
+decode graph replayed (no decode: its steps are rounds), to tell whether a server that
+speculates (three sets of graphs captured) pays the same.
 
     python scripts/gpu_engine_slowdown.py random:train-gpu-deep
 """
@@ -33,46 +32,25 @@ import gc
 import json
 import subprocess
 import sys
-import time
 
 import torch
 
+from gpu_plain_gap import build  # scripts/ is on the path when a script runs
+
 from ninfer import LLM
+from ninfer.bench import ninfer_runs
 from ninfer.bench.figures import graph_replay_ms
 from ninfer.bench.workload import fixed_workload
-from ninfer.engine.builder import resolve_device, resolve_dtype
-from ninfer.engine.request import EngineRequest
-from ninfer.model.sources import resolve_source
-from ninfer.plugins import load_registry
-from ninfer.sampling_params import SamplingParams
-
-PROMPT, OUTPUT = 128, 256
 
 
-def build(model: str, args, **options) -> LLM:
-    """An engine sized as the bench sizes its decode engine (see gpu_plain_gap.py)."""
-    device = resolve_device(args.device)
-    path, weights = resolve_source(model, load_registry(), resolve_dtype(args.dtype, device), device, 0)
-    return LLM(str(path), device=args.device, dtype=args.dtype, max_num_seqs=8, max_context=2048,
-               kv_capacity=8 * (PROMPT + OUTPUT), weights=weights, **options)
-
-
-def probe(llm: LLM, engine: str, after: str) -> None:
-    """One prompt decoded alone (speculation off for it), then the batch-1 graph replayed."""
+def probe(llm: LLM, engine: str, after: str, decode: bool = True) -> None:
+    """One prompt decoded alone (``decode``), then the batch-1 graph replayed."""
     e = llm.engine
-    ids = fixed_workload(1, PROMPT, OUTPUT, llm.get_tokenizer().vocab_size, 1).prompts[0]
-    params = SamplingParams(max_tokens=OUTPUT, ignore_eos=True, temperature=0)
-    e.add_request(EngineRequest(f"probe-{engine}-{after}", ids, params, lookup_prefix_cache=False,
-                                commit_prefix_cache=False, speculate=False))
-    while not any(ev.token_ids for ev in e.step()):  # the prompt, and its first token
-        pass
-    begin, steps = time.perf_counter(), 0
-    while e.has_unfinished():
-        e.step()
-        steps += 1
-    step_ms = 1000 * (time.perf_counter() - begin) / max(steps, 1)
-    print(json.dumps({"engine": engine, "after": after, "step_ms": round(step_ms, 4),
-                      "replay_ms": graph_replay_ms(e, 1), **clocks()}), flush=True)
+    record = {"engine": engine, "after": after}
+    if decode:
+        work = fixed_workload(1, 128, 256, llm.get_tokenizer().vocab_size, 1)
+        record["step_ms"] = round(ninfer_runs.decode_throughput(e, work)["step_ms"], 4)
+    print(json.dumps({**record, "replay_ms": graph_replay_ms(e, 1), **clocks()}), flush=True)
 
 
 def clocks() -> dict:
@@ -106,7 +84,7 @@ def first_process(args) -> None:
 
 def spec_process(args) -> None:
     s = build(args.model, args, spec="mtp", draft_tokens=3)
-    probe(s, "S (mtp k=3, first in its process)", "alone, speculation off for the prompt")
+    probe(s, "S (mtp k=3, first in its process)", "alone", decode=False)
 
 
 def main() -> None:
@@ -116,6 +94,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--part", choices=("first", "spec", "both"), default="both")
     args = ap.parse_args()
+    args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
         first_process(args)
     if args.part == "spec":

@@ -34,7 +34,8 @@ from ninfer.model.sources import resolve_source
 from ninfer.plugins import load_registry
 
 
-def build(model: str, args) -> LLM:
+def build(model: str, args, **options) -> LLM:
+    """An engine sized as the bench sizes its decode engine; ``options`` go to :class:`LLM`."""
     device = resolve_device(args.device)
     path, weights = resolve_source(model, load_registry(), resolve_dtype(args.dtype, device), device, 0)
     # the bench's engine for `--only decode --concurrency 1,8` as ninfer.bench.figures sizes it:
@@ -42,7 +43,7 @@ def build(model: str, args) -> LLM:
     # KV holds eight of the decode requests
     longest = max(2048, args.prompt_len + args.output_len)
     return LLM(str(path), device=args.device, dtype=args.dtype, max_num_seqs=8, max_context=longest,
-               kv_capacity=max(longest, 8 * (args.prompt_len + args.output_len)), weights=weights)
+               kv_capacity=max(longest, 8 * (args.prompt_len + args.output_len)), weights=weights, **options)
 
 
 def figures(llm: LLM, name: str, args) -> list[dict]:
