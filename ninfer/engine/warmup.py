@@ -141,20 +141,22 @@ def _verify_beside_prefill(engine, prompt: int, token_id: int) -> None:
     """A one-token request that drafts the engine's full count, then a ``prompt``-token one
     admitted while it verifies; both run out."""
     long = SamplingParams(temperature=0, max_tokens=_verifier_tokens(engine.config.draft_tokens), ignore_eos=True)
-    engine.add_request(EngineRequest("warmup-spec-0", [token_id], long, lookup_prefix_cache=False,
-                                     commit_prefix_cache=False))
+    engine.add_request(_throwaway("warmup-spec-0", 1, long, token_id))
     for _ in range(2):  # the prompt, then a step whose hidden state the drafts come from
         engine.step()
-    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    engine.add_request(EngineRequest("warmup-spec-1", [token_id] * prompt, short, lookup_prefix_cache=False,
-                                     commit_prefix_cache=False))
+    engine.add_request(_throwaway("warmup-spec-1", prompt, SamplingParams(temperature=0, max_tokens=2,
+                                                                          ignore_eos=True), token_id))
     while engine.has_unfinished():
         engine.step()
 
 
+def _throwaway(request_id: str, n: int, params: SamplingParams, token_id: int) -> EngineRequest:
+    """An ``n``-token request that neither reads nor publishes cached prefixes."""
+    return EngineRequest(request_id, [token_id] * n, params, lookup_prefix_cache=False, commit_prefix_cache=False)
+
+
 def _run(engine, tag: str, lengths: list[int], params: SamplingParams, token_id: int) -> None:
     for j, n in enumerate(lengths):
-        engine.add_request(EngineRequest(f"{tag}-{j}", [token_id] * n, params, lookup_prefix_cache=False,
-                                         commit_prefix_cache=False))
+        engine.add_request(_throwaway(f"{tag}-{j}", n, params, token_id))
     while engine.has_unfinished():
         engine.step()
