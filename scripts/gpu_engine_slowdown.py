@@ -10,7 +10,8 @@ count, so its plain and speculative figures all come from such later engines, wh
 server builds one.
 
 This script takes the build apart, one JSON line per probe (a single prompt's decode
-step and the batch-1 graph replayed back to back), in one process:
+step, the batch-1 graph replayed back to back, and the same replays queued behind a sleep
+kernel, which parts the host's launch time from the device's run time), in one process:
 
 1. engine A alone;
 2. after 2 GiB more of device memory is allocated and written;
@@ -32,6 +33,7 @@ import gc
 import json
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -50,7 +52,31 @@ def probe(llm: LLM, engine: str, after: str, decode: bool = True) -> None:
     if decode:
         work = fixed_workload(1, 128, 256, llm.get_tokenizer().vocab_size, 1)
         record["step_ms"] = round(ninfer_runs.decode_throughput(e, work)["step_ms"], 4)
-    print(json.dumps({**record, "replay_ms": graph_replay_ms(e, 1), **clocks()}), flush=True)
+    print(json.dumps({**record, "replay_ms": graph_replay_ms(e, 1), **queued_replay(e), **clocks()}), flush=True)
+
+
+def queued_replay(engine, repeats: int = 50) -> dict:
+    """The batch-1 graph's replays split into the host's time to launch one and the device's
+    time to run one: a sleep kernel holds the stream while the host queues every replay, so
+    the device then runs them with no launch gap between them. Back-to-back replays
+    (``replay_ms``) take the larger of the two; if ``host_launch_ms`` is the larger, what
+    slows the graphs is the host's launch, not the GPU."""
+    graphs = engine.runner.graphs
+    bucket = graphs.bucket_for(1) if graphs is not None else None
+    if bucket is None:
+        return {}
+    graphs.replay(bucket)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000_000)  # about half a second at 2 GHz: longer than queueing them all
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        graphs.replay(bucket)
+    host_ms = (time.perf_counter() - t0) * 1000 / repeats
+    end.record()
+    end.synchronize()
+    return {"queued_replay_ms": round(start.elapsed_time(end) / repeats, 4), "host_launch_ms": round(host_ms, 4)}
 
 
 def clocks() -> dict:
