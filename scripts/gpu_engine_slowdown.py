@@ -1,36 +1,39 @@
-"""What, in building a second engine, slows every engine's decode graph (GPU).
+"""What slows every CUDA graph's replay once more graphs are captured in the process (GPU).
 
 Session 38 (H100, `random:train-gpu-deep`, c=1): the first engine of a process replayed
 its batch-1 decode graph in 0.870-0.873 ms; once a second engine was built, that engine's
-graph took 0.983 ms and the first engine's own graph 0.987 ms too, whether or not the
-first was still alive. The GPU's clocks had not moved, and 15 s of matmuls on the first
-engine alone left it at 0.874 ms. So something a build does to the process (or the
-device) makes the graphs of all engines slower. The bench builds one engine per draft
-count, so its plain and speculative figures all come from such later engines, while a
-server builds one.
+graph took 0.983 ms and the first engine's own graph 0.987 ms too. Session 39 (H100, this
+script): it is the device's time, not the host's (a graph launches in 3 us); an engine
+built without graphs leaves the first engine's replays as they were, and so does one
+engine capturing eleven batch buckets, but two small torch graphs captured after the
+engine's own slow its replays to 0.983 ms for good (freeing them changes nothing); with
+PDL off (`NINFER_PDL=0`) the replays take 0.934 ms before and after. A speculating engine,
+first in its process, replays its plain decode graph in 0.996 ms.
 
-This script takes the build apart, one JSON line per probe (a single prompt's decode
-step, the batch-1 graph replayed back to back, and the same replays queued behind a sleep
-kernel, which parts the host's launch time from the device's run time), in one process:
+Parts (``--part``), one JSON line per probe (a single prompt's decode step, the batch-1
+graph replayed back to back, and the same replays queued behind a sleep kernel, which
+parts the host's launch time from the device's run time):
 
-1. engine A alone;
-2. after 2 GiB more of device memory is allocated and written;
-3. after engine B is built without CUDA graphs (weights, KV pools, warm-up compiles);
-4. after engine C is built with its graphs (A and C probed);
-5. after B and C are freed;
+- ``first``: engine A alone, after 2 GiB more device memory, after engine B is built
+  without graphs, after engine C is built with them (A and C probed), after B and C are
+  freed;
+- ``graphs``: engine A alone, after the caches are emptied as each capture empties them,
+  after each small graph captured, each on torch's default stream and on a side stream,
+  then on a stream created after the captures, then with the small graphs freed;
+- ``spec``: a speculating engine (``--spec mtp``, k=3) first in its process, its plain
+  decode graph replayed on the default stream and on a side stream;
+- ``both`` (the default): ``first``, then ``spec`` in a fresh process.
 
-then, in a fresh process, a speculative engine (``--spec mtp``, k=3) first: its batch-1
-decode graph replayed (no decode: its steps are rounds), to tell whether a server that
-speculates (three sets of graphs captured) pays the same.
-
-    python scripts/gpu_engine_slowdown.py random:train-gpu-deep
+    python scripts/gpu_engine_slowdown.py random:train-gpu-deep --part graphs
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,14 +48,18 @@ from ninfer.bench.figures import graph_replay_ms
 from ninfer.bench.workload import fixed_workload
 
 
-def probe(llm: LLM, engine: str, after: str, decode: bool = True) -> None:
-    """One prompt decoded alone (``decode``), then the batch-1 graph replayed."""
+def probe(llm: LLM, engine: str, after: str, decode: bool = True, stream=None) -> None:
+    """One prompt decoded alone (``decode``), then the batch-1 graph replayed; all of it on
+    ``stream`` where one is given (the current stream, torch's default, otherwise)."""
     e = llm.engine
-    record = {"engine": engine, "after": after}
-    if decode:
-        work = fixed_workload(1, 128, 256, llm.get_tokenizer().vocab_size, 1)
-        record["step_ms"] = round(ninfer_runs.decode_throughput(e, work)["step_ms"], 4)
-    print(json.dumps({**record, "replay_ms": graph_replay_ms(e, 1), **queued_replay(e), **clocks()}), flush=True)
+    record = {"engine": engine, "after": after, "stream": "side" if stream is not None else "default",
+              "pdl": os.environ.get("NINFER_PDL", "1") != "0", "pdl_trigger": os.environ.get("NINFER_PDL_TRIGGER", "1")}
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        if decode:
+            work = fixed_workload(1, 128, 256, llm.get_tokenizer().vocab_size, 1)
+            record["step_ms"] = round(ninfer_runs.decode_throughput(e, work)["step_ms"], 4)
+        record.update(replay_ms=graph_replay_ms(e, 1), **queued_replay(e))
+    print(json.dumps({**record, **clocks()}), flush=True)
 
 
 def queued_replay(engine, repeats: int = 50) -> dict:
@@ -108,9 +115,42 @@ def first_process(args) -> None:
     probe(a, "A", "B and C freed")
 
 
+def graphs_process(args) -> None:
+    """Which capture starts the slowdown (session 39: the second small graph captured after
+    the engine's own), whether the graphs then replay at full speed on a stream of their own
+    rather than torch's default (legacy) stream, and whether freeing the extra graphs undoes it."""
+    a = build(args.model, args)
+    side = torch.cuda.Stream()
+    probe(a, "A", "alone")
+    probe(a, "A", "alone", stream=side)
+    for _ in range(2):  # what torch.cuda.graph does before each capture, without the capture
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        getattr(torch._C, "_host_emptyCache", lambda: None)()
+        probe(a, "A", "caches emptied as a capture empties them")
+    x = torch.zeros(1024, device=args.device)
+    pool = torch.cuda.graph_pool_handle() if args.shared_pool else None
+    kept = []
+    for n in (1, 1, 2):
+        for _ in range(n):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                for _ in range(20):
+                    x.add_(1)
+            kept.append(g)
+        probe(a, "A", f"{len(kept)} small graphs captured")
+        probe(a, "A", f"{len(kept)} small graphs captured", stream=side)
+    probe(a, "A", "a stream created after them", stream=torch.cuda.Stream())
+    del kept, g
+    gc.collect()
+    torch.cuda.synchronize()
+    probe(a, "A", "the extra graphs freed")
+
+
 def spec_process(args) -> None:
     s = build(args.model, args, spec="mtp", draft_tokens=3)
     probe(s, "S (mtp k=3, first in its process)", "alone", decode=False)
+    probe(s, "S (mtp k=3, first in its process)", "alone", decode=False, stream=torch.cuda.Stream())
 
 
 def main() -> None:
@@ -118,13 +158,16 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--part", choices=("first", "spec", "both"), default="both")
+    ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
+    ap.add_argument("--part", choices=("first", "spec", "both", "graphs"), default="both")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
         first_process(args)
     if args.part == "spec":
         spec_process(args)
+    if args.part == "graphs":
+        graphs_process(args)
     elif args.part == "both":  # a fresh process: the speculative engine is its first
         subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
                         "--part", "spec"], check=False)

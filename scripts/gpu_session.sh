@@ -44,8 +44,8 @@
 #                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
 #   scripts/gpu_session.sh gap      the plain engine at c=1 on a random gpu-deep shape: one random prompt, 16 random prompts
 #                                   and 16 text windows pooled, each on the process's first and on a second engine
-#   scripts/gpu_session.sh slowdown what slows every engine's decode graph once a second engine is built (one build
-#                                   step at a time; then a speculating engine first in its process)
+#   scripts/gpu_session.sh slowdown what slows every graph's replay once more graphs are captured (with PDL; capture
+#                                   by capture, on side streams, without PDL; a speculating engine first in its process)
 #   scripts/gpu_session.sh spec-gap a GAP_PRESET (gpu-deep) model trained GAP_TRAIN_S (60) seconds, then the engine's
 #                                   acceptance, drafts and greedy outputs against the trainer's on the GPU: fp32 and
 #                                   bf16, graphs and eager, device and host rounds; then the spec bench's sample
@@ -81,6 +81,8 @@
 #                                   scripts/gpu_verify_attention_sweep.py) or the Gated DeltaNet decode and verify
 #                                   launch shapes (SPEC_SWEEP=gdn), at gpu-deep's and the 27B's heads (none: neither)
 #   scripts/gpu_session.sh serve27  ninfer-serve's startup on the 27B shape, Triton cache cold then warm (#18's 90 s)
+#   scripts/gpu_session.sh fla-tune fla's autotuned Gated DeltaNet kernels tuned at the engine's calls, kept as the
+#                                   card's table (kernels/triton/fla_configs/; copy in $OUT): run before serve27
 #   scripts/gpu_session.sh quant-tests  the quantized-KV, quantized-weight and speculative GPU tests (~4-7 min)
 #   scripts/gpu_session.sh new-tests    the GPU tests of what sessions 18-20 changed (quantized weights, packed
 #                                   steps, speculative rounds, MoE kernels and graph decode, the output gate)
@@ -447,13 +449,21 @@ gap)
         2>>"$OUT/gap.err" | tee "$OUT/gap.jsonl"
     ;;
 slowdown)
-    # what in building a second engine slows every engine's decode graph (session 38, H100: the
-    # first engine's batch-1 replay 0.87 ms, 0.99 ms once a second engine was built; not the
-    # clocks): scripts/gpu_engine_slowdown.py, one build step at a time, then a speculating
-    # engine first in its own process
-    limit=$(left); [ "$limit" -gt 240 ] && limit=240
-    timeout "$limit" python3 scripts/gpu_engine_slowdown.py random:train-gpu-deep \
-        2>>"$OUT/slowdown.err" | tee "$OUT/slowdown.jsonl"
+    # what slows every engine's decode graph once more graphs are captured (session 39, H100:
+    # the batch-1 replay 0.87 -> 0.98 ms after two small extra graphs, device time, only with
+    # PDL on): scripts/gpu_engine_slowdown.py's capture-by-capture probe (empties, captures,
+    # side streams), then the same with NINFER_PDL=0, then the speculating engine first in its
+    # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late spec
+    # first; late: the graphs probe with kernels letting the next launch at their exit)
+    for part in ${SLOWDOWN_PARTS:-graphs nopdl late spec}; do
+        limit=$(left); [ "$limit" -gt 120 ] && limit=120
+        pdl=1 trigger=1 arg=$part
+        [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
+        [ "$part" = late ] && { trigger=0; arg=graphs; }
+        echo "== slowdown --part $arg (NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger)"
+        NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger timeout "$limit" python3 scripts/gpu_engine_slowdown.py random:train-gpu-deep \
+            --part "$arg" 2>>"$OUT/slowdown.err" | tee -a "$OUT/slowdown.jsonl" | cut -c1-240
+    done
     ;;
 spec-gap)
     # the engine against the trainer's own greedy rounds on the same held-out prompts, one switch
@@ -788,6 +798,16 @@ serve27)
             | tee -a "$OUT/serve27.jsonl"
         grep -E "warmed up|captured|ready|while serving" "$OUT/serve_$cache.log" | cut -c1-300 | head -8
     done
+    ;;
+fla-tune)
+    # fla's chunked Gated DeltaNet kernels autotuned at the engine's call shapes (FLA_SHAPES), the
+    # results merged into kernels/triton/fla_configs/<card>.json (a copy in $OUT/fla_configs/),
+    # which the engine pins at startup: a cold start then compiles one config a kernel, not every
+    # candidate (session 39: most of the 27B's 86 warm-up compiles). Run serve27 after it
+    limit=$(left); [ "$limit" -gt 300 ] && limit=300
+    TRITON_CACHE_DIR=/tmp/triton-fla-tune timeout "$limit" python3 scripts/gpu_fla_tune.py \
+        --shapes "${FLA_SHAPES:-qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep}" --out "$OUT" 2>>"$OUT/fla_tune.err" \
+        | tee "$OUT/fla_tune.jsonl" | cut -c1-300
     ;;
 quant35)
     # #22 on the 35B-A3B: each of WEIGHT_FORMATS (FP8 block, int4 GPTQ, bf16) built once, then decode

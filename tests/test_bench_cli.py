@@ -251,6 +251,23 @@ def test_synthetic_context_decodes_after_the_last_prompt_token_only(capsys):
     assert lines[1]["bytes_per_step"] > lines[0]["bytes_per_step"]  # the longer context's KV counted
 
 
+def test_speculating_engines_hold_every_row_of_their_largest_batch(capsys, monkeypatch):
+    """A speculating request reserves KV slots for its drafts (Sequence.spec_slack), so the
+    bench sizes the speculating engines' KV for them: with the decode requests filling whole
+    pages and the context longer than a request, every batch still runs all its rows (session
+    39: the c=8 sample ran seven rows at a time on an H100)."""
+    from ninfer.model import random_weights
+
+    monkeypatch.setitem(random_weights.SHAPES, "tiny-hybrid-moe-mtp", {**TINY_HYBRID_MOE, "mtp_num_hidden_layers": 1})
+    assert bench.main(["random:tiny-hybrid-moe-mtp", "--device", "cpu", "--dtype", "fp32", "--only", "decode",
+                       "--spec", "mtp", "--draft-tokens", "2", "--concurrency", "4", "--decode-prompt-len", "16",
+                       "--decode-output-len", "16", "--input-len", "8,40", "--output-len", "8,8",
+                       "--no-transformers"]) == 0
+    spec = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"spec_decode"' in x]
+    assert [r["draft_tokens"] for r in spec] == [0, 2]
+    assert all(r["full_batch"] for r in spec)
+
+
 def test_spec_decode_pools_the_same_prompt_sample_at_every_concurrency(capsys, monkeypatch):
     """Every concurrency decodes the same sixteen prompts (sixteen single requests at c=1,
     four batches of four at c=4), after an untimed warm-up batch, with and without speculation."""

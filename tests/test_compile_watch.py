@@ -50,6 +50,7 @@ def test_counts_compiles_and_warns_only_once_serving(watch):
     finally:
         logger.remove(sink)
     assert watch.compiles == 2
+    assert set(watch.by_kernel) == {"_gate_up_kernel", "_down_kernel"}
     (warning,) = warnings
     assert "fused_moe._down_kernel while serving" in warning
     assert "num_warps=8, num_stages=3; pairs: i32, rows: i32 %16, BLOCK_M=64" in warning
@@ -68,3 +69,15 @@ def test_chains_to_hooks_already_set_and_restores_them():
         assert knobs.runtime.jit_cache_hook is not None and knobs.runtime.jit_cache_hook.__name__ == "<lambda>"
     finally:
         knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None
+
+
+def test_names_the_kernels_whose_compiles_took_longest_since_a_snapshot(watch):
+    compile_once("_gate_up_kernel")
+    before = dict(watch.by_kernel)
+    for _ in range(3):
+        compile_once("chunk_fwd_kernel_o")
+    compile_once("_down_kernel")
+    watch.by_kernel["chunk_fwd_kernel_o"] = (watch.by_kernel["chunk_fwd_kernel_o"][0], 9.0)
+    text = watch.heaviest(before, top=2)
+    assert text.startswith("chunk_fwd_kernel_o x3 (9.0 s), _down_kernel x1 (")
+    assert "_gate_up_kernel" not in text  # compiled before the snapshot only

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels.gated_delta import L2_EPS
+from ninfer_kernels.triton import fla_tuned
 
 try:  # optional: fla's kernels only run on a GPU, and some Triton releases reject them
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
@@ -26,6 +27,7 @@ except Exception:  # noqa: BLE001  (an incompatible fla raises at import, not on
     fla_chunk = None
 
 BLOCK_V = 32
+_PINNED: set = set()  # devices whose fla autotuners took the tuned table (fla_tuned)
 
 
 @triton.jit
@@ -153,6 +155,22 @@ def _initial_states(states: torch.Tensor, batch: ForwardBatch, layout: StepLayou
     return initial
 
 
+def fla_forward(q, k, v, g, beta, initial: torch.Tensor | None, cu_seqlens: torch.Tensor,
+                cu_seqlens_cpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunked rule over packed sequences ([tokens, heads, dim] each, bounds in
+    ``cu_seqlens``), as the engine calls it (scripts/gpu_fla_tune.py tunes these calls):
+    the output [1, tokens, heads, dv] and each sequence's final state, float32."""
+    if q.device not in _PINNED:
+        _PINNED.add(q.device)
+        fla_tuned.pin(q.device)
+    # fla takes contiguous inputs (it copies any other); the model hands them so
+    return fla_chunk(
+        q[None].contiguous(), k[None].contiguous(), v[None].contiguous(), g[None].float().contiguous(),
+        beta[None].contiguous(), initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+    )
+
+
 def chunked_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -167,13 +185,8 @@ def chunked_gated_delta_rule(
     layout = step_layout(batch)
     initial = _initial_states(states, batch, layout)
     rows = sum(batch.query_lens_host)
-    # fla takes contiguous inputs (it copies any other); the model hands them so
-    o, final = fla_chunk(
-        q[None, :rows].contiguous(), k[None, :rows].contiguous(), v[None, :rows].contiguous(),
-        g[None, :rows].float().contiguous(), beta[None, :rows].contiguous(),
-        initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=layout.cu_seqlens, cu_seqlens_cpu=layout.cu_seqlens_cpu,
-    )
+    o, final = fla_forward(q[:rows], k[:rows], v[:rows], g[:rows], beta[:rows], initial,
+                           layout.cu_seqlens, layout.cu_seqlens_cpu)
     states.index_copy_(0, batch.state_slots, final.to(states.dtype))
     o = o[0].to(v.dtype)
     if rows == v.shape[0]:

@@ -58,8 +58,11 @@ class Bench:
         longest = max([a.input_len[1] + a.output_len[1], a.decode_prompt_len + a.decode_output_len]
                       + [n + 1 for n in prefill_lens] + ([max(a.spec_context) + 64] if "spec_cost" in a.only else []))
         max_seqs = max([a.max_concurrency] + decode_levels)
-        # KV for the largest decode batch, a whole offline run at its longest, or one long prompt
-        kv = max(longest, (a.decode_prompt_len + a.decode_output_len) * max(decode_levels or [1]),
+        # KV for the largest decode batch, a whole offline run at its longest, or one long prompt.
+        # A speculating request holds its draft count of slots more (Sequence.spec_slack), and
+        # each sequence rounds up to whole pages (64 tokens covers every page size we use)
+        per_seq = -(-(a.decode_prompt_len + a.decode_output_len + draft_tokens) // 64) * 64
+        kv = max(longest, per_seq * max(decode_levels or [1]),
                  a.num_requests * (a.input_len[1] + a.output_len[1]) if offline else 0)
         device_arg = int(a.device) if a.device.isdigit() else a.device
         device = resolve_device(device_arg)

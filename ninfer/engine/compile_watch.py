@@ -28,6 +28,8 @@ class CompileWatch:
         self.compiles = 0
         self.seconds = 0.0
         self.serving = False
+        #: per kernel (its function's name): compiles and seconds since install
+        self.by_kernel: dict[str, tuple[int, float]] = {}
         self._started: dict[int, float] = {}
         self._knobs: Any = None
         self._previous: tuple[Any, Any] = (None, None)
@@ -47,6 +49,19 @@ class CompileWatch:
         runtime.jit_post_compile_hook = self._after
         return True
 
+    def heaviest(self, since: Optional[dict[str, tuple[int, float]]] = None, top: int = 3) -> str:
+        """The ``top`` kernels by compile seconds since ``since`` (an earlier copy of
+        :attr:`by_kernel`), as "name xN (S s)" joined by commas: where a cold start's time
+        goes (an autotuned kernel compiles every candidate config)."""
+        since = since or {}
+        grown = []
+        for name, (count, seconds) in self.by_kernel.items():
+            count0, seconds0 = since.get(name, (0, 0.0))
+            if count > count0:
+                grown.append((seconds - seconds0, count - count0, name))
+        grown.sort(reverse=True)
+        return ", ".join(f"{name} x{count} ({seconds:.1f} s)" for seconds, count, name in grown[:top])
+
     def uninstall(self) -> None:
         if self._knobs is not None:
             self._knobs.jit_cache_hook, self._knobs.jit_post_compile_hook = self._previous
@@ -62,6 +77,10 @@ class CompileWatch:
         seconds = time.perf_counter() - started if started is not None else 0.0
         self.compiles += 1
         self.seconds += seconds
+        fn = kwargs.get("fn")
+        name = getattr(fn, "name", "?") if fn is not None else "?"
+        count, total = self.by_kernel.get(name, (0, 0.0))
+        self.by_kernel[name] = (count + 1, total + seconds)
         if self.serving:
             logger.warning("compiled Triton kernel {} while serving ({:.2f} s): the warm-up did not cover {}",
                            _name(kwargs), seconds, _what(kwargs))

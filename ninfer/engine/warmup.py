@@ -83,7 +83,7 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     (installed, quiet: the builder keeps it so from the engine's start): its compiles are
     counted in the log line, and it warns of later ones."""
     started = time.perf_counter()
-    before = (watch.compiles, watch.seconds) if watch is not None else (0, 0.0)
+    before = (watch.compiles, watch.seconds, dict(watch.by_kernel)) if watch is not None else (0, 0.0, {})
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     cfg = engine.config
     pool = engine.num_blocks * cfg.block_size
@@ -109,6 +109,8 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     if watch is not None:
         watch.serving = True
         compiled = f", {watch.compiles - before[0]} Triton compiles ({watch.seconds - before[1]:.1f} s)"
+        if watch.compiles > before[0]:
+            compiled += f"; longest: {watch.heaviest(before[2])}"
     logger.info("warmed up kernels with {} throwaway requests (prompts up to {} tokens) in {:.1f} s{}",
                 sum(map(len, rounds)), max(map(max, rounds)), seconds, compiled)
     return seconds
