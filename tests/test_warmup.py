@@ -115,3 +115,23 @@ def test_a_speculating_engine_warms_up_verify_rows_beside_prefill_chunks(one_thr
     assert {(4, 3), (4, 16), (4, 1)} <= set(seen)
     assert not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
     assert engine.stats.steps == 0
+
+
+def test_a_hybrid_engine_warms_up_its_state_snapshot_copy(one_thread, monkeypatch):
+    """The throwaway requests take no snapshots, so the warm-up runs the snapshot row copy
+    itself (its kernel compiled before a served prompt needs it): a row onto itself, which
+    leaves every state pool as it was."""
+    from ninfer.engine import state_cache
+
+    llm = LLM("tiny:qwen3_5", device="cpu", dtype="fp32", max_concurrency=4, max_context=256, kv_capacity=2048)
+    engine = llm.engine
+    copies = []
+    real = state_cache.ops.copy_state_rows
+    monkeypatch.setattr(state_cache.ops, "copy_state_rows",
+                        lambda pools, src, dst: copies.append((src.tolist(), dst.tolist())) or real(pools, src, dst))
+    pools = [t.clone() for t in engine.model.state_tensors()]
+    warm_up(engine)
+    assert len(copies) == 1 and copies[0][0] == copies[0][1]
+    assert engine.scheduler.snapshots.stats.captures == 0
+    snap_row = copies[0][0][0]
+    assert all((t[snap_row] == p[snap_row]).all() for t, p in zip(engine.model.state_tensors(), pools))

@@ -169,6 +169,12 @@ class StateSnapshots:
         self.stats.captures += 1
         return True
 
+    def warm_up(self) -> None:
+        """Run the row copy once, a row onto itself (which moves nothing), so its kernel is
+        compiled before the first snapshot of a served request needs it."""
+        first = self._free_device[-1] if self._free_device else next(iter(self._on_device.values()))
+        self._copy_row(first, first)
+
     def _copy_row(self, src: int, dst: int) -> None:
         """Row ``src`` of every pool into row ``dst`` (one launch on CUDA, not two per pool)."""
         device = self._pools[0].device

@@ -15,7 +15,8 @@ engine that speculates also admits prompts while a request verifies its drafts a
 engine's full width: that step mixes verify rows with a prefill chunk, which no graph
 holds, so its kernels run as launched, with variants of their own (in session 38's
 bench, eager verify variants compiled while serving took 2.5-5 s each). They neither read nor
-publish cached prefixes, and the engine's counters start from zero afterwards.
+publish cached prefixes, so the recurrent-state snapshot copy runs once on its own (a row
+onto itself), and the engine's counters start from zero afterwards.
 :mod:`.compile_watch` names any compile the warm-up missed.
 """
 
@@ -103,6 +104,8 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     for n in speculative_admissions(cfg, limit, pool):
         _verify_beside_prefill(engine, n, token_id)
         rounds.append([1, n])
+    if engine.scheduler.snapshots is not None:  # the throwaway requests take no snapshots
+        engine.scheduler.snapshots.warm_up()
     engine.reset_stats()
     seconds = time.perf_counter() - started
     compiled = ""
