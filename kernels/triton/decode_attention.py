@@ -76,8 +76,12 @@ MERGE_SPLITS = 16
 
 
 # the split count varies with the batch and the longest context: one variant for all of them
-# (a count that is a multiple of 16 compiled its own while serving, 2-3 s, session 36)
-@triton.jit(do_not_specialize=["num_kv_heads", "num_splits"])
+# (a count that is a multiple of 16 compiled its own while serving, 2-3 s, session 36). So do
+# the block table's width and the partial LSEs' stride (the step's rows times the heads) in
+# steps that run outside the graphs (a speculating engine's verify rows beside a prefill
+# chunk): one of their combinations compiled while serving, 2.1 s (session 39). Neither
+# feeds a vector access: page ids and LSEs are read and written a few scalars at a time
+@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "stride_ls", "stride_bt"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,

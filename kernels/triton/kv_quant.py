@@ -167,7 +167,7 @@ def write_kv_quant(k_parts: Sequence[torch.Tensor], v_parts: Sequence[torch.Tens
 
 
 # -- attention -------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_ls", "stride_bt"])  # as the decode kernels
 def _attend_quant_kernel(
     q_ptr, kd, ks, vd, vs, out_ptr, part_o_ptr, part_lse_ptr, query_start_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, num_splits, k_gscale, v_gscale,

@@ -48,7 +48,9 @@ from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 MERGE_INSIDE_SPLITS = 16
 
 
-@triton.jit
+# one variant for every split count, block-table width and partial-LSE stride, as the bf16
+# decode kernel (kernels/triton/decode_attention.py says why)
+@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "stride_ls", "stride_bt"])
 def _decode_quant_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     kd, ks, vd, vs, slot_ptr, seq_lens_ptr, block_tables_ptr,

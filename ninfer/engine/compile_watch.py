@@ -93,7 +93,7 @@ def _name(hook_kwargs: dict) -> str:
     return f"{getattr(fn, 'module', '?')}.{getattr(fn, 'name', '?')}" if fn is not None else "?"
 
 
-def _what(hook_kwargs: dict, limit: int = 600) -> str:
+def _what(hook_kwargs: dict, limit: int = 1500) -> str:
     """This variant's compile-time values: launch options, each constexpr's value and each
     integer argument's type, marked ``%16`` where Triton specialised it as a multiple of 16
     (Triton's own description lists the arguments wrongly in 3.6), cut to ``limit``."""
