@@ -20,6 +20,7 @@ parts the host's launch time from the device's run time):
 - ``graphs``: engine A alone, after the caches are emptied as each capture empties them,
   after each small graph captured, each on torch's default stream and on a side stream,
   then on a stream created after the captures, then with the small graphs freed;
+- ``fresh``: four small graphs captured and replayed, then engine A built and probed;
 - ``spec``: a speculating engine (``--spec mtp``, k=3) first in its process, its plain
   decode graph replayed on the default stream and on a side stream;
 - ``both`` (the default): ``first``, then ``spec`` in a fresh process.
@@ -147,6 +148,23 @@ def graphs_process(args) -> None:
     probe(a, "A", "the extra graphs freed")
 
 
+def fresh_process(args) -> None:
+    """Small graphs captured and replayed before the engine is built: whether the captures
+    that slow an engine must come after its own."""
+    x = torch.zeros(1024, device=args.device)
+    kept = []
+    for _ in range(4):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                x.add_(1)
+        g.replay()
+        kept.append(g)
+    torch.cuda.synchronize()
+    a = build(args.model, args)
+    probe(a, "A", "4 small graphs captured and replayed before A was built")
+
+
 def spec_process(args) -> None:
     s = build(args.model, args, spec="mtp", draft_tokens=3)
     probe(s, "S (mtp k=3, first in its process)", "alone", decode=False)
@@ -159,7 +177,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
-    ap.add_argument("--part", choices=("first", "spec", "both", "graphs"), default="both")
+    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh"), default="both")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
@@ -168,6 +186,8 @@ def main() -> None:
         spec_process(args)
     if args.part == "graphs":
         graphs_process(args)
+    if args.part == "fresh":
+        fresh_process(args)
     elif args.part == "both":  # a fresh process: the speculative engine is its first
         subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
                         "--part", "spec"], check=False)

@@ -453,9 +453,10 @@ slowdown)
     # the batch-1 replay 0.87 -> 0.98 ms after two small extra graphs, device time, only with
     # PDL on): scripts/gpu_engine_slowdown.py's capture-by-capture probe (empties, captures,
     # side streams), then the same with NINFER_PDL=0, then the speculating engine first in its
-    # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late spec
-    # first; late: the graphs probe with kernels letting the next launch at their exit)
-    for part in ${SLOWDOWN_PARTS:-graphs nopdl late spec}; do
+    # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late fresh
+    # spec first; late: the graphs probe with kernels letting the next launch at their exit;
+    # fresh: small graphs captured before the engine)
+    for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
         pdl=1 trigger=1 arg=$part
         [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
