@@ -220,8 +220,11 @@ def test_time_budget_shortens_the_run_and_its_schedule():
     config = hf_config(PRESET, {"vocab_size": 384, "eos_token_id": 1, "pad_token_id": 0})
     model = build_model(config, PRESET, 0, torch.device("cpu"))
     stream = torch.randint(0, 384, (4096,), generator=torch.Generator().manual_seed(0))
+    flag = torch.backends.cuda.matmul.allow_tf32
     out = train(model, stream, PRESET, 0, torch.device("cpu"), max_seconds=1e-6)
     assert out["steps"] == CALIBRATE_TO < PRESET.steps
+    # TF32 is for CUDA runs only, and the process's setting is left as it was
+    assert out["tf32"] is False and torch.backends.cuda.matmul.allow_tf32 == flag
 
 
 def test_micro_batches_give_the_whole_batch_gradient():
@@ -348,3 +351,21 @@ def test_engine_drafts_are_the_trainers_chain(monkeypatch, device_rounds):
     assert len(compared) > 10 and len({tuple(got) for _, got in compared}) > 5  # drafts that vary
     for base, got in compared:
         assert got == chain[base][: len(got)], base
+
+
+def test_a_cuda_run_takes_tf32_for_its_float32_products_and_gives_the_setting_back(monkeypatch):
+    """On CUDA the run's float32 products (the delta rule's) may use TF32; the setting is
+    the run's alone, and ``NINFER_TRAIN_TF32=0`` keeps full float32."""
+    from ninfer.train import loop
+
+    seen = []
+    monkeypatch.setattr(loop, "run_steps", lambda *a, **k: seen.append(torch.backends.cuda.matmul.allow_tf32) or {})
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        assert loop.train(None, None, PRESET, 0, torch.device("cuda")) == {"tf32": True}
+        monkeypatch.setenv("NINFER_TRAIN_TF32", "0")
+        assert loop.train(None, None, PRESET, 0, torch.device("cuda")) == {"tf32": False}
+        assert seen == [True, False] and torch.backends.cuda.matmul.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

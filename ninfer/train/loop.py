@@ -14,6 +14,7 @@ with the same thread count.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -115,6 +116,24 @@ def steps_within(left_s: float, timed_s: float, preset: Preset) -> int:
 
 
 def train(
+    model: TrainModel, stream: torch.Tensor, preset: Preset, seed: int, device: torch.device,
+    max_seconds: float | None = None,
+) -> dict:
+    """:func:`run_steps` with float32 products on the tensor cores (TF32) on CUDA, for the
+    run only. The Gated DeltaNet recurrence is the model's float32 part (autocast gives the
+    rest bf16), and its products are small batched matmuls per 32-token block, as slow
+    in full float32 as the rest of the step put together (untimed; fla's chunked kernels
+    take TF32 in the same algebra). ``NINFER_TRAIN_TF32=0`` keeps full float32."""
+    tf32 = device.type == "cuda" and os.environ.get("NINFER_TRAIN_TF32", "1") != "0"
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = previous or tf32
+    try:
+        return {**run_steps(model, stream, preset, seed, device, max_seconds), "tf32": tf32}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def run_steps(
     model: TrainModel, stream: torch.Tensor, preset: Preset, seed: int, device: torch.device,
     max_seconds: float | None = None,
 ) -> dict:
