@@ -44,14 +44,25 @@ def autotuners() -> dict[str, Any]:
         if module is None or not (name == "fla" or name.startswith("fla.")):
             continue
         for value in list(vars(module).values()):
-            for _ in range(4):  # heuristics -> autotuner -> jit function -> python function
-                if isinstance(value, Autotuner):
-                    found[value.base_fn.__name__] = value
-                    break
-                value = getattr(value, "fn", None)
-                if value is None:
-                    break
+            tuner = _unwrap(value, Autotuner)
+            if tuner is not None:
+                found[tuner.base_fn.__name__] = tuner
     return found
+
+
+def _unwrap(value: Any, kind: type) -> Any:
+    """``value`` or what it wraps through ``.fn`` (heuristics -> autotuner -> jit function),
+    if that is a ``kind``; None otherwise (a module's other names: functions, modules, ...)."""
+    for _ in range(4):
+        if isinstance(value, kind):
+            return value
+        try:
+            value = getattr(value, "fn", None)
+        except Exception:  # noqa: BLE001  (lazy modules and proxies raise more than AttributeError)
+            return None
+        if value is None:
+            return None
+    return None
 
 
 def _same(config: Any, entry: dict) -> bool:
