@@ -10,6 +10,7 @@ import pytest
 from ninfer.engine.block_manager import BlockManager
 from ninfer.engine.scheduler import Scheduler, SchedulerOutput
 from ninfer.engine.sequence import Sequence, SequenceStatus
+from ninfer.engine.spec.verify_step import query_lens, verify_width
 from ninfer.errors import ContextLengthExceededError
 
 BS = 4
@@ -240,3 +241,30 @@ def test_rows_without_drafts_verify_beside_rows_with_some_and_decode_plainly_oth
     assert [(ch.seq, ch.drafts) for ch in out.chunks[: out.num_verify]] == [(b, (7, 8))]
     out = sched.schedule({a.seq_id: [7, 8], b.seq_id: []})
     assert out.num_verify == 0  # a was dropped for its pages, and b has nothing to verify alone
+
+
+def test_verify_rows_take_the_engines_whole_width_where_their_pages_hold_it():
+    """A step's verify rows are padded to the engine's whole width (1 + its draft count),
+    as the verify graphs pad theirs, so a step outside the graphs (here beside a prefill
+    chunk) has one width whatever the drafts a request's last tokens leave; a row whose
+    pages end sooner keeps the step at the most drafts + 1. The budget counts the padding."""
+    bm = BlockManager(num_blocks=64, block_size=BS)
+    sched = Scheduler(bm, max_concurrency=3, prefill_chunk=100, draft_tokens=3)
+    a, b = make_seq(3, 8), make_seq(3, 8)
+    a.spec_slack = 3
+    for seq in (a, b):
+        sched.add(seq)
+    advance(sched, sched.schedule())
+    late = make_seq(40, 4)
+    sched.add(late)
+    out = sched.schedule({a.seq_id: [7]})  # one draft, beside b's plain row and late's prefill
+    assert out.num_verify == 1 and out.num_prefill == 1
+    assert out.verify_width == 4 and verify_width(out) == 4
+    assert query_lens(out)[0] == 4
+    # the budget took the padded width: 4 verify rows, 1 plain row, the rest prefill
+    assert out.chunks[-1].num_tokens == min(100, sched.max_batched_tokens - 4 - 1, 40)
+    # near its last token a row without slack has no room for the whole width
+    b.token_ids += [1000] * 7
+    b.num_computed_tokens = len(b.token_ids) - 1
+    out = sched.schedule({b.seq_id: [7]})
+    assert out.num_verify == 1 and out.verify_width == 2

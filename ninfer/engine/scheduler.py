@@ -51,6 +51,8 @@ class SchedulerOutput:
     num_decode: int = 0  # decode rows, verify rows included
     num_verify: int = 0  # decode rows with drafts (the first ones)
     num_prefill: int = 0
+    #: tokens per verify row (drafts, the row's token and padding); 0: the most drafts + 1
+    verify_width: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -106,6 +108,7 @@ class Scheduler:
         self.max_concurrency = max_concurrency
         self.prefill_chunk = prefill_chunk
         self.max_batched_tokens = max_batched_tokens
+        self.draft_tokens = draft_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order
         self.state_slots: Optional[StateSlots] = state.slots if state is not None else None
@@ -263,8 +266,9 @@ class Scheduler:
                 chunk = ScheduledChunk(seq, 1 + len(proposed or ()), True, tuple(proposed or ()))
                 (plain if proposed is None else verify).append(chunk)
         verify, dropped = self._fit_verify_width(verify)
+        out.verify_width = self._full_width(verify)
         plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + plain
-        budget -= sum(c.num_tokens for c in verify) + len(plain)
+        budget -= out.verify_width * len(verify) + len(plain)
         out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
         out.num_verify = len(verify)
         out.num_decode = len(out.chunks)
@@ -298,6 +302,19 @@ class Scheduler:
             dropped += [c for c in verify if c not in fits]
             verify = fits
         return verify, dropped
+
+    def _full_width(self, verify: list[ScheduledChunk]) -> int:
+        """The step's verify width: the engine's whole one (1 + its draft count) where every
+        row's pages hold it, as the verify graphs pad theirs, so a step that runs outside
+        the graphs (verify rows beside a prefill chunk) has the one width the warm-up
+        compiled rather than one per draft count a request's last tokens leave (each its
+        own kernel variants, compiled while serving); else 1 + the most drafts; 0: none."""
+        if not verify:
+            return 0
+        full, bs = 1 + self.draft_tokens, self.block_manager.block_size
+        if all(c.seq.num_computed_tokens + full <= len(c.seq.block_table) * bs for c in verify):
+            return max(full, 1 + max(len(c.drafts) for c in verify))
+        return 1 + max(len(c.drafts) for c in verify)
 
     # -- snapshots ----------------------------------------------------------------------
 

@@ -27,9 +27,13 @@ from ninfer.model.forward_batch import ForwardBatch, VerifyRows
 
 
 def verify_width(sched) -> int:
-    """Rows per verify row in this step: 1 + the most drafts any has; 0 for a plain step."""
+    """Rows per verify row in this step: the scheduler's width (padded to the engine's
+    whole width where the rows' pages allow), else 1 + the most drafts any has; 0 for a
+    plain step."""
+    if not sched.num_verify:
+        return 0
     most = max((len(c.drafts) for c in sched.chunks[: sched.num_verify]), default=0)
-    return most + 1 if most else 0
+    return max(getattr(sched, "verify_width", 0), most + 1 if most else 0)
 
 
 def query_lens(sched, width: Optional[int] = None) -> list[int]:
