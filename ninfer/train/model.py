@@ -5,6 +5,8 @@ stands (``model.language_model.*``, ``lm_head.weight``, ``mtp.*``). Shapes come 
 same config.json the checkpoint ships (:class:`HybridConfig`). The maths is the inference
 references' (:mod:`ninfer_kernels`), except that Gated DeltaNet's chunked delta rule is
 rearranged for training (:mod:`ninfer.train.delta_rule`); it runs in float32, as at inference.
+With ``NINFER_TRAIN_FLA=1`` a CUDA run takes flash-linear-attention's chunked kernels for it
+instead (forward and backward, called as the engine's prefill calls them; opt-in until timed).
 
 MTP (as vLLM runs Qwen3-Next / Qwen3.5 MTP): at base position ``t``, step 1 takes the
 embedding of token ``t + 1`` and the main model's final hidden state at ``t`` (after the
@@ -19,6 +21,7 @@ itself wrote for this base at steps ``2 .. j`` (:func:`chain_mask`).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -118,23 +121,58 @@ class GatedDeltaNet(nn.Module):
             tail = F.pad(mixed, (0, 0, size - 1, 0)) if history is None else torch.cat([history, mixed], dim=1)
             cache["conv"] = tail[:, 1 - size :]
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = prepare_qk(q.reshape(b, n, self.hk, self.dk), k.reshape(b, n, self.hk, self.dk), self.hv)
         beta = self.in_proj_b(x).float().sigmoid()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        q, k = q.reshape(b, n, self.hk, self.dk), k.reshape(b, n, self.hk, self.dk)
+        v = v.reshape(b, n, self.hv, self.dv)
+        if cache is None and fla_training(x.device):
+            out = fla_delta_rule(q, k, v, g, beta).to(x.dtype)
+        else:
+            out = self._recurrence(q, k, v, g, beta, cache).to(x.dtype)
+        out = self.norm(out, self.in_proj_z(x).reshape(b, n, self.hv, self.dv))
+        return self.out_proj(out.reshape(b, n, self.value_dim))
+
+    def _recurrence(self, q, k, v, g, beta, cache: dict | None) -> torch.Tensor:
+        """The chunked delta rule in float32 (:mod:`ninfer.train.delta_rule`): [B, L, Hv, Dv]."""
+        b, n = q.shape[:2]
+        q, k = prepare_qk(q, k, self.hv)
 
         def fold(t: torch.Tensor) -> torch.Tensor:  # [B, L, H, ...] -> [B*H, L, ...]: batch rows become heads
             return t.transpose(1, 2).reshape(b * self.hv, n, *t.shape[3:])
 
-        with torch.autocast(x.device.type, enabled=False):  # the recurrence stays float32
-            args = fold(q), fold(k), fold(v.float().reshape(b, n, self.hv, self.dv)), fold(g), fold(beta)
+        with torch.autocast(q.device.type, enabled=False):  # the recurrence stays float32
+            args = fold(q), fold(k), fold(v.float()), fold(g), fold(beta)
             if cache is None:
                 out = chunk_delta_rule(*args)
             else:  # a prompt in blocks of CHUNK, then (from its state) one token at a time, unpadded
                 chunk = 1 if "state" in cache else CHUNK
                 out, cache["state"] = chunk_delta_rule(*args, chunk=chunk, state=cache.get("state"), return_state=True)
-        out = out.reshape(b, self.hv, n, self.dv).transpose(1, 2).to(x.dtype)
-        out = self.norm(out, self.in_proj_z(x).reshape(b, n, self.hv, self.dv))
-        return self.out_proj(out.reshape(b, n, self.value_dim))
+        return out.reshape(b, self.hv, n, self.dv).transpose(1, 2)
+
+
+def fla_training(device: torch.device) -> bool:
+    """Whether training steps take flash-linear-attention's chunked kernels for the delta
+    rule (``NINFER_TRAIN_FLA=1`` on CUDA with fla importable; opt-in until timed)."""
+    return device.type == "cuda" and os.environ.get("NINFER_TRAIN_FLA", "0") == "1" and _fla_chunk() is not None
+
+
+def _fla_chunk():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # noqa: BLE001  (fla runs on GPUs only; some Triton releases reject it)
+        return None
+    return chunk_gated_delta_rule
+
+
+def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+                   ) -> torch.Tensor:
+    """The delta rule through fla's chunked kernels, forward and backward, called as the
+    engine's prefill calls them (kernels/triton/gated_delta.py): q/k [B, L, Hk, Dk] as the
+    conv leaves them (fla normalises them and scales q), v [B, L, Hv, Dv] in the model's
+    dtype, the decay ``g`` float32, ``beta`` in v's dtype. Returns [B, L, Hv, Dv]."""
+    out, _ = _fla_chunk()(q, k, v.to(q.dtype), g.float(), beta.to(q.dtype), scale=q.shape[-1] ** -0.5,
+                          use_qk_l2norm_in_kernel=True)
+    return out
 
 
 def chain_mask(n: int, bases: torch.Tensor, step: int) -> torch.Tensor:
