@@ -42,6 +42,8 @@
 #                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it),
 #                                   last the engine's acceptance against the trainer's chain (SPEC_CHECK=0 skips it;
 #                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
+#   scripts/gpu_session.sh train-ab the training loop's speed per delta-rule variant (TRAIN_AB: fp32 tf32 fla), TRAIN_AB_S
+#                                   (90) seconds each, after the GPU training tests
 #   scripts/gpu_session.sh gap      the plain engine at c=1 on a random gpu-deep shape: one random prompt, 16 random prompts
 #                                   and 16 text windows pooled, each on the process's first and on a second engine
 #   scripts/gpu_session.sh slowdown what slows every graph's replay once more graphs are captured (with PDL; capture
@@ -436,6 +438,26 @@ spec2)
         --preset "${TRAIN_PRESET:-gpu}" --device cuda --dtype bf16 --trainer-device cuda \
         2>>"$OUT/acceptance_check.err" | tee "$OUT/acceptance_check.jsonl" | cut -c1-300
     true
+    ;;
+train-ab)
+    # the training loop's speed per way of running the delta rule: the GPU training tests first
+    # (the fla rule against the float32 one, TRAIN_AB_TESTS=0: not), then TRAIN_PRESET (gpu-deep)
+    # trained TRAIN_AB_S (90) seconds per variant of TRAIN_AB ("fp32 tf32 fla": full float32,
+    # TF32 (the default since session 39), fla's chunked kernels), each line tagged; compare
+    # their steps and perplexity
+    if [ "${TRAIN_AB_TESTS:-1}" = 1 ]; then
+        timeout 150 python3 -m pytest -q -rf --tb=short tests/test_train_gpu.py 2>&1 | tail -4
+    fi
+    for variant in ${TRAIN_AB:-fp32 tf32 fla}; do
+        [ "$(left)" -lt $(( ${TRAIN_AB_S:-90} + 60 )) ] && { echo "train-ab $variant skipped: $(left) s left"; break; }
+        tf32=1 fla=0
+        [ "$variant" = fp32 ] && tf32=0
+        [ "$variant" = fla ] && fla=1
+        NINFER_TRAIN_TF32=$tf32 NINFER_TRAIN_FLA=$fla timeout $(( ${TRAIN_AB_S:-90} + 120 )) ninfer-train \
+            /tmp/train-ab-$variant --device cuda --preset "${TRAIN_PRESET:-gpu-deep}" --train-seconds "${TRAIN_AB_S:-90}" \
+            $(stdlib_arg) -q 2>>"$OUT/train_ab.err" | sed "s/^{/{\"variant\": \"$variant\", /" | tee -a "$OUT/train_ab.jsonl" \
+            | cut -c1-400
+    done
     ;;
 gap)
     # #19's plain-peer question on a random-weight gpu-deep shape (speed only): one random
