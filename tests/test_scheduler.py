@@ -249,7 +249,7 @@ def test_verify_rows_take_the_engines_whole_width_where_their_pages_hold_it():
     chunk) has one width whatever the drafts a request's last tokens leave; a row whose
     pages end sooner keeps the step at the most drafts + 1. The budget counts the padding."""
     bm = BlockManager(num_blocks=64, block_size=BS)
-    sched = Scheduler(bm, max_concurrency=3, prefill_chunk=100, draft_tokens=3)
+    sched = Scheduler(bm, max_concurrency=3, prefill_chunk=100, max_batched_tokens=20, draft_tokens=3)
     a, b = make_seq(3, 8), make_seq(3, 8)
     a.spec_slack = 3
     for seq in (a, b):
@@ -261,8 +261,8 @@ def test_verify_rows_take_the_engines_whole_width_where_their_pages_hold_it():
     assert out.num_verify == 1 and out.num_prefill == 1
     assert out.verify_width == 4 and verify_width(out) == 4
     assert query_lens(out)[0] == 4
-    # the budget took the padded width: 4 verify rows, 1 plain row, the rest prefill
-    assert out.chunks[-1].num_tokens == min(100, sched.max_batched_tokens - 4 - 1, 40)
+    # the budget took the padded width: 20 tokens less 4 verify rows and 1 plain row
+    assert out.chunks[-1].num_tokens == 15
     # near its last token a row without slack has no room for the whole width
     b.token_ids += [1000] * 7
     b.num_computed_tokens = len(b.token_ids) - 1
