@@ -21,6 +21,8 @@ parts the host's launch time from the device's run time):
   after each small graph captured, each on torch's default stream and on a side stream,
   then on a stream created after the captures, then with the small graphs freed;
 - ``fresh``: four small graphs captured and replayed, then engine A built and probed;
+- ``prelaunch``: engine A built without its warm-up, four small graphs captured before any
+  graph has been launched, then A probed;
 - ``spec``: a speculating engine (``--spec mtp``, k=3) first in its process, its plain
   decode graph replayed on the default stream and on a side stream;
 - ``both`` (the default): ``first``, then ``spec`` in a fresh process.
@@ -165,6 +167,27 @@ def fresh_process(args) -> None:
     probe(a, "A", "4 small graphs captured and replayed before A was built")
 
 
+def prelaunch_process(args) -> None:
+    """Small graphs captured after the engine's own but before any graph was launched (its
+    warm-up skipped): whether captures slow the graphs only once graphs have run."""
+    from ninfer.engine import builder
+
+    real, builder.warm_up = builder.warm_up, lambda *a, **k: 0.0
+    try:
+        a = build(args.model, args)
+    finally:
+        builder.warm_up = real
+    x = torch.zeros(1024, device=args.device)
+    kept = []
+    for _ in range(4):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                x.add_(1)
+        kept.append(g)
+    probe(a, "A", "4 small graphs captured before any graph was launched (no warm-up)")
+
+
 def spec_process(args) -> None:
     s = build(args.model, args, spec="mtp", draft_tokens=3)
     probe(s, "S (mtp k=3, first in its process)", "alone", decode=False)
@@ -177,7 +200,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
-    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh"), default="both")
+    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch"), default="both")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
@@ -188,6 +211,8 @@ def main() -> None:
         graphs_process(args)
     if args.part == "fresh":
         fresh_process(args)
+    if args.part == "prelaunch":
+        prelaunch_process(args)
     elif args.part == "both":  # a fresh process: the speculative engine is its first
         subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
                         "--part", "spec"], check=False)

@@ -476,9 +476,9 @@ slowdown)
     # PDL on): scripts/gpu_engine_slowdown.py's capture-by-capture probe (empties, captures,
     # side streams), then the same with NINFER_PDL=0, then the speculating engine first in its
     # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late fresh
-    # spec first; late: the graphs probe with kernels letting the next launch at their exit;
-    # fresh: small graphs captured before the engine)
-    for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh spec}; do
+    # prelaunch spec first; late: the graphs probe with kernels letting the next launch at their
+    # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
+    for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh prelaunch spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
         pdl=1 trigger=1 arg=$part
         [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
