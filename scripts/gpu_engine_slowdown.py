@@ -52,9 +52,11 @@ from ninfer.bench.workload import fixed_workload
 
 
 def probe(llm: LLM, engine: str, after: str, decode: bool = True, stream=None) -> None:
-    """One prompt decoded alone (``decode``), then the batch-1 graph replayed; all of it on
-    ``stream`` where one is given (the current stream, torch's default, otherwise)."""
+    """One prompt decoded alone (``decode``), then the batch-1 graph replayed; with a
+    ``stream``, only the replays, on it (the engine's own steps stay on the stream it
+    knows)."""
     e = llm.engine
+    decode = decode and stream is None
     record = {"engine": engine, "after": after, "stream": "side" if stream is not None else "default",
               "pdl": os.environ.get("NINFER_PDL", "1") != "0", "pdl_trigger": os.environ.get("NINFER_PDL_TRIGGER", "1")}
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
