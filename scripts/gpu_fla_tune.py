@@ -24,7 +24,7 @@ os.environ["NINFER_FLA_PIN"] = "0"  # tune afresh: nothing pinned from an earlie
 import torch  # noqa: E402
 
 from ninfer.model.random_weights import SHAPES  # noqa: E402
-from ninfer_kernels.triton import fla_tuned  # noqa: E402
+from ninfer_kernels.triton import fla_tuned, gated_delta  # noqa: E402
 from ninfer_kernels.triton.gated_delta import fla_forward  # noqa: E402
 from ninfer_kernels.triton.tuned_tables import device_name, table_to_extend, write_table  # noqa: E402
 
@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--out", help="also write the table under OUT/fla_configs/")
     ap.add_argument("--no-tree", action="store_true", help="do not write into kernels/triton/fla_configs/")
     args = ap.parse_args()
+    if gated_delta.fla_chunk is None:
+        raise SystemExit("flash-linear-attention is not importable here: nothing to tune")
     device = torch.device("cuda")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     for name in args.shapes.split(","):
