@@ -121,9 +121,9 @@ def train(
 ) -> dict:
     """:func:`run_steps` with float32 products on the tensor cores (TF32) on CUDA, for the
     run only. The Gated DeltaNet recurrence is the model's float32 part (autocast gives the
-    rest bf16), and its products are small batched matmuls per 32-token block, as slow
-    in full float32 as the rest of the step put together (untimed; fla's chunked kernels
-    take TF32 in the same algebra). ``NINFER_TRAIN_TF32=0`` keeps full float32."""
+    rest bf16): small batched matmuls per 32-token block, which in full float32 run on the
+    CUDA cores (their share of a step is not measured yet; fla's chunked kernels take TF32
+    in the same algebra). ``NINFER_TRAIN_TF32=0`` keeps full float32."""
     tf32 = device.type == "cuda" and os.environ.get("NINFER_TRAIN_TF32", "1") != "0"
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = previous or tf32
