@@ -828,7 +828,7 @@ fla-tune)
     # which the engine pins at startup: a cold start then compiles one config a kernel, not every
     # candidate (session 39: most of the 27B's 86 warm-up compiles). Run serve27 after it
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
-    TRITON_CACHE_DIR=/tmp/triton-fla-tune timeout "$limit" python3 scripts/gpu_fla_tune.py \
+    timeout "$limit" python3 scripts/gpu_fla_tune.py \
         --shapes "${FLA_SHAPES:-qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep}" --out "$OUT" 2>>"$OUT/fla_tune.err" \
         | tee "$OUT/fla_tune.jsonl" | cut -c1-300
     ;;
