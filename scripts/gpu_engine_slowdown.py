@@ -104,6 +104,21 @@ def clocks() -> dict:
         return {}
 
 
+def small_graphs(x: torch.Tensor, count: int, pool=None, replay: bool = False) -> list:
+    """``count`` graphs of twenty in-place adds on ``x`` (torch's own kernels, no PDL),
+    captured one after the other (each replayed once when ``replay``)."""
+    graphs = []
+    for _ in range(count):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            for _ in range(20):
+                x.add_(1)
+        if replay:
+            g.replay()
+        graphs.append(g)
+    return graphs
+
+
 def first_process(args) -> None:
     a = build(args.model, args)
     probe(a, "A", "alone")
@@ -137,16 +152,11 @@ def graphs_process(args) -> None:
     pool = torch.cuda.graph_pool_handle() if args.shared_pool else None
     kept = []
     for n in (1, 1, 2):
-        for _ in range(n):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                for _ in range(20):
-                    x.add_(1)
-            kept.append(g)
+        kept += small_graphs(x, n, pool)
         probe(a, "A", f"{len(kept)} small graphs captured")
         probe(a, "A", f"{len(kept)} small graphs captured", stream=side)
     probe(a, "A", "a stream created after them", stream=torch.cuda.Stream())
-    del kept, g
+    del kept
     gc.collect()
     torch.cuda.synchronize()
     probe(a, "A", "the extra graphs freed")
@@ -155,18 +165,10 @@ def graphs_process(args) -> None:
 def fresh_process(args) -> None:
     """Small graphs captured and replayed before the engine is built: whether the captures
     that slow an engine must come after its own."""
-    x = torch.zeros(1024, device=args.device)
-    kept = []
-    for _ in range(4):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                x.add_(1)
-        g.replay()
-        kept.append(g)
+    kept = small_graphs(torch.zeros(1024, device=args.device), 4, replay=True)
     torch.cuda.synchronize()
     a = build(args.model, args)
-    probe(a, "A", "4 small graphs captured and replayed before A was built")
+    probe(a, "A", f"{len(kept)} small graphs captured and replayed before A was built")
 
 
 def prelaunch_process(args) -> None:
@@ -179,15 +181,8 @@ def prelaunch_process(args) -> None:
         a = build(args.model, args)
     finally:
         builder.warm_up = real
-    x = torch.zeros(1024, device=args.device)
-    kept = []
-    for _ in range(4):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                x.add_(1)
-        kept.append(g)
-    probe(a, "A", "4 small graphs captured before any graph was launched (no warm-up)")
+    kept = small_graphs(torch.zeros(1024, device=args.device), 4)
+    probe(a, "A", f"{len(kept)} small graphs captured before any graph was launched (no warm-up)")
 
 
 def spec_process(args) -> None:
