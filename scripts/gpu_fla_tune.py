@@ -2,7 +2,7 @@
 shapes and keep the results as this card's table (GPU).
 
 fla autotunes at each new key; on a cold Triton cache that compiles every candidate of
-every kernel (session 39, H100: most of the 27B's 86 warm-up compiles). This script calls
+every kernel (session 39, H100: likely most of the 27B's 86 warm-up compiles). This script calls
 ``fla_forward`` exactly as the engine's prefill does (packed sequences, first chunks and
 continued ones, the model's dtype) for each shape's Gated DeltaNet heads, lets fla autotune
 with the table off, and merges what its autotuners chose into

@@ -826,7 +826,7 @@ fla-tune)
     # fla's chunked Gated DeltaNet kernels autotuned at the engine's call shapes (FLA_SHAPES), the
     # results merged into kernels/triton/fla_configs/<card>.json (a copy in $OUT/fla_configs/),
     # which the engine pins at startup: a cold start then compiles one config a kernel, not every
-    # candidate (session 39: most of the 27B's 86 warm-up compiles). Run serve27 after it
+    # candidate (session 39: likely most of the 27B's 86 warm-up compiles). Run serve27 after it
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
     timeout "$limit" python3 scripts/gpu_fla_tune.py \
         --shapes "${FLA_SHAPES:-qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep}" --out "$OUT" 2>>"$OUT/fla_tune.err" \
