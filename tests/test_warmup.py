@@ -135,3 +135,26 @@ def test_a_hybrid_engine_warms_up_its_state_snapshot_copy(one_thread, monkeypatc
     assert engine.scheduler.snapshots.stats.captures == 0
     snap_row = copies[0][0][0]
     assert all((t[snap_row] == p[snap_row]).all() for t, p in zip(engine.model.state_tensors(), pools))
+
+
+def test_warm_up_says_it_began_and_how_far_it_got(one_thread, monkeypatch):
+    """A first start compiles for a minute or more: the warm-up says it began, then at
+    intervals (here every round) how many of its rounds are done, before its summary."""
+    from loguru import logger
+
+    from ninfer.engine import warmup
+
+    monkeypatch.setattr(warmup, "PROGRESS_S", 0.0)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        llm = LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, max_context=128, kv_capacity=1024)
+        lines.clear()
+        warm_up(llm.engine)
+    finally:
+        logger.remove(sink)
+    first, *middle, last = [m for m in lines if "warm" in m]
+    assert first.startswith("warming up kernels: ") and first.endswith("rounds of throwaway requests before serving")
+    total = int(first.split(": ")[1].split()[0])
+    assert [m.split(" of ")[0] for m in middle] == [f"warm-up: {i}" for i in range(1, total)]
+    assert last.startswith("warmed up kernels with ")

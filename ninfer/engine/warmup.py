@@ -90,8 +90,11 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     pool = engine.num_blocks * cfg.block_size
     limit = min(cfg.max_context, pool) - params.max_tokens
     rounds = warm_up_rounds(cfg.prefill_chunk, cfg.max_concurrency, limit, pool, params.max_tokens)
+    admissions = speculative_admissions(cfg, limit, pool)
+    progress = _Progress(len(rounds) + 1 + len(admissions), watch)
     for i, batch in enumerate(rounds):
         _run(engine, f"warmup-{i}", batch, params, token_id)
+        progress.done()
     continued, chunk = continued_round(cfg.prefill_chunk, limit)
     # beside a short request that decodes while the long one's later chunks run (mixed steps)
     companion = [2] if cfg.max_concurrency > 1 and continued + 2 + 2 * params.max_tokens <= pool else []
@@ -101,9 +104,11 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     finally:
         engine.scheduler.set_prefill_chunk(cfg.prefill_chunk)
     rounds.append([continued, *companion])
-    for n in speculative_admissions(cfg, limit, pool):
+    progress.done()
+    for n in admissions:
         _verify_beside_prefill(engine, n, token_id)
         rounds.append([1, n])
+        progress.done()
     if engine.scheduler.snapshots is not None:  # the throwaway requests take no snapshots
         engine.scheduler.snapshots.warm_up()
     engine.reset_stats()
@@ -117,6 +122,30 @@ def warm_up(engine, token_id: int = 0, watch: Optional[CompileWatch] = None) -> 
     logger.info("warmed up kernels with {} throwaway requests (prompts up to {} tokens) in {:.1f} s{}",
                 sum(map(len, rounds)), max(map(max, rounds)), seconds, compiled)
     return seconds
+
+
+#: seconds between the warm-up's progress lines (a cold Triton cache makes it a minute or more)
+PROGRESS_S = 10.0
+
+
+class _Progress:
+    """Says the warm-up has begun, then every :data:`PROGRESS_S` seconds how far it got and
+    how many kernels it compiled, so a first start on a machine does not look hung."""
+
+    def __init__(self, total: int, watch: Optional[CompileWatch]):
+        self.total, self.watch, self.finished = total, watch, 0
+        self.started = self.last = time.perf_counter()
+        self.compiles = watch.compiles if watch is not None else 0
+        logger.info("warming up kernels: {} rounds of throwaway requests before serving", total)
+
+    def done(self) -> None:
+        self.finished += 1
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_S or self.finished == self.total:
+            return
+        self.last = now
+        compiled = f", {self.watch.compiles - self.compiles} Triton compiles so far" if self.watch is not None else ""
+        logger.info("warm-up: {} of {} rounds in {:.0f} s{}", self.finished, self.total, now - self.started, compiled)
 
 
 def speculative_admissions(cfg, limit: int, pool: int) -> list[int]:
