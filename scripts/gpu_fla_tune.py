@@ -15,6 +15,7 @@ with the table off, and merges what its autotuners chose into
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -47,10 +48,7 @@ def run_shape(name: str, device: torch.device, dtype: torch.dtype) -> None:
         g = -torch.rand(tokens, hv, device=device, generator=gen)
         beta = torch.rand(tokens, hv, device=device, dtype=dtype, generator=gen)
         initial = torch.zeros(len(lens), hv, dk, dv, device=device) if continuing else None
-        bounds = [0]
-        for n in lens:
-            bounds.append(bounds[-1] + n)
-        cu_cpu = torch.tensor(bounds, dtype=torch.long)
+        cu_cpu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.long)
         started = time.perf_counter()
         fla_forward(q, k, v, g, beta, initial, cu_cpu.to(device), cu_cpu)
         torch.cuda.synchronize(device)

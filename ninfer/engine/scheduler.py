@@ -265,8 +265,7 @@ class Scheduler:
                 proposed = drafts.get(seq.seq_id) if drafts else None
                 chunk = ScheduledChunk(seq, 1 + len(proposed or ()), True, tuple(proposed or ()))
                 (plain if proposed is None else verify).append(chunk)
-        verify, dropped = self._fit_verify_width(verify)
-        out.verify_width = self._full_width(verify)
+        verify, dropped, out.verify_width = self._fit_verify_width(verify)
         plain = [ScheduledChunk(c.seq, 1, True) for c in dropped] + plain
         budget -= out.verify_width * len(verify) + len(plain)
         out.chunks = verify + plain  # verify rows lead: they are laid out apart from the rest
@@ -284,37 +283,40 @@ class Scheduler:
         out.num_prefill = len(out.chunks) - out.num_decode
         return out
 
-    def _fit_verify_width(self, verify: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk]]:
-        """Verify rows are padded to the widest one; a row whose pages end before that
-        width would reach (its output budget nearly spent) decodes plainly instead, so no
-        row's positions, padding included, ever pass its own pages. Rows without drafts
-        verify only beside rows with some: left alone, they all decode plainly."""
+    def _fit_verify_width(self, verify: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], list[ScheduledChunk], int]:
+        """The step's verify rows, the rows that decode plainly instead, and the verify width.
+
+        Verify rows are padded to one width; a row whose pages end before that width would
+        reach (its output budget nearly spent) decodes plainly instead, so no row's
+        positions, padding included, ever pass its own pages. Rows without drafts verify
+        only beside rows with some: left alone, they all decode plainly. Where every row's
+        pages hold it, the width is the engine's whole one (1 + its draft count), as the
+        verify graphs pad theirs, so a step outside the graphs (verify rows beside a prefill
+        chunk) has the one width the warm-up compiled rather than one per draft count a
+        request's last tokens leave (each its own kernel variants, compiled while serving)."""
         bs = self.block_manager.block_size
+
+        def holds(c: ScheduledChunk, width: int) -> bool:
+            return c.seq.num_computed_tokens + width <= len(c.seq.block_table) * bs
+
         dropped: list[ScheduledChunk] = []
+        width = 0
         while verify:
             most = max(len(c.drafts) for c in verify)
             if not most:
-                return [], dropped + verify
+                return [], dropped + verify, 0
             width = 1 + most
-            fits = [c for c in verify if c.seq.num_computed_tokens + width <= len(c.seq.block_table) * bs]
+            fits = [c for c in verify if holds(c, width)]
             if len(fits) == len(verify):
                 break
             dropped += [c for c in verify if c not in fits]
             verify = fits
-        return verify, dropped
-
-    def _full_width(self, verify: list[ScheduledChunk]) -> int:
-        """The step's verify width: the engine's whole one (1 + its draft count) where every
-        row's pages hold it, as the verify graphs pad theirs, so a step that runs outside
-        the graphs (verify rows beside a prefill chunk) has the one width the warm-up
-        compiled rather than one per draft count a request's last tokens leave (each its
-        own kernel variants, compiled while serving); else 1 + the most drafts; 0: none."""
         if not verify:
-            return 0
-        full, bs = 1 + self.draft_tokens, self.block_manager.block_size
-        if all(c.seq.num_computed_tokens + full <= len(c.seq.block_table) * bs for c in verify):
-            return max(full, 1 + max(len(c.drafts) for c in verify))
-        return 1 + max(len(c.drafts) for c in verify)
+            return [], dropped, 0
+        full = 1 + self.draft_tokens
+        if full > width and all(holds(c, full) for c in verify):
+            width = full
+        return verify, dropped, width
 
     # -- snapshots ----------------------------------------------------------------------
 

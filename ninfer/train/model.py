@@ -20,6 +20,7 @@ itself wrote for this base at steps ``2 .. j`` (:func:`chain_mask`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -156,6 +157,7 @@ def fla_training(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("NINFER_TRAIN_FLA", "0") == "1" and _fla_chunk() is not None
 
 
+@functools.lru_cache(maxsize=1)
 def _fla_chunk():
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule

@@ -33,7 +33,7 @@ def verify_width(sched) -> int:
     if not sched.num_verify:
         return 0
     most = max((len(c.drafts) for c in sched.chunks[: sched.num_verify]), default=0)
-    return max(getattr(sched, "verify_width", 0), most + 1 if most else 0)
+    return max(sched.verify_width, most + 1 if most else 0)
 
 
 def query_lens(sched, width: Optional[int] = None) -> list[int]:
