@@ -478,14 +478,17 @@ slowdown)
     # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late fresh
     # prelaunch spec first; late: the graphs probe with kernels letting the next launch at their
     # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
+    # PART:VAR=value runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1)
     for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh prelaunch spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
+        extra=; case "$part" in *:*) extra=${part#*:}; part=${part%%:*} ;; esac
         pdl=1 trigger=1 arg=$part
         [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
         [ "$part" = late ] && { trigger=0; arg=graphs; }
-        echo "== slowdown --part $arg (NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger)"
-        NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger timeout "$limit" python3 scripts/gpu_engine_slowdown.py random:train-gpu-deep \
-            --part "$arg" 2>>"$OUT/slowdown.err" | tee -a "$OUT/slowdown.jsonl" | cut -c1-240
+        echo "== slowdown --part $arg (NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger $extra)"
+        env NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger $extra timeout "$limit" python3 scripts/gpu_engine_slowdown.py \
+            random:train-gpu-deep --part "$arg" 2>>"$OUT/slowdown.err" | sed "s/^{/{\"env\": \"$extra\", /" \
+            | tee -a "$OUT/slowdown.jsonl" | cut -c1-240
     done
     ;;
 spec-gap)

@@ -22,6 +22,7 @@ Prefill, mixed steps, LoRA batches and models that do not declare
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Optional, Sequence, Union
 
@@ -68,6 +69,30 @@ def _clear_cublas_workspaces() -> None:
         clear()
 
 
+#: the capture stream and memory pool every set of graphs shares on a device (NINFER_GRAPH_SHARE=1)
+_SHARED: dict[int, tuple] = {}
+
+
+def _share() -> bool:
+    """``NINFER_GRAPH_SHARE=1``: every set of graphs (decode, verify, rounds; each engine's)
+    captured on one stream into one pool per device, as one engine's buckets are. Session 39
+    (H100): graphs with PDL replay 13% slower for good once a second set is captured in the
+    process, where one set of eleven buckets does not slow them; this tells whether sharing
+    the stream and pool keeps them fast (off by default until measured)."""
+    return os.environ.get("NINFER_GRAPH_SHARE", "0") == "1"
+
+
+def _capture_context(device: torch.device) -> tuple["torch.cuda.Stream", Optional[tuple]]:
+    """(stream, pool) for a set of captures: a fresh stream and pool, or the device's shared ones."""
+    if _share() and _device_key(device) in _SHARED:
+        return _SHARED[_device_key(device)]
+    return torch.cuda.Stream(device), None
+
+
+def _device_key(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @torch.inference_mode()
 def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tensor], device: torch.device,
                     what: str) -> tuple[dict[int, "torch.cuda.CUDAGraph"], dict[int, torch.Tensor]]:
@@ -78,8 +103,7 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     before = torch.cuda.memory_allocated(device)
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     outputs: dict[int, torch.Tensor] = {}
-    pool = None
-    stream = torch.cuda.Stream(device)
+    stream, pool = _capture_context(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for bs in sorted(buckets, reverse=True):
@@ -91,6 +115,8 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 outputs[bs] = forward(bs)
             pool = graph.pool()
+            if _share():
+                _SHARED.setdefault(_device_key(device), (stream, pool))
             graphs[bs] = graph
     _clear_cublas_workspaces()
     torch.cuda.current_stream(device).wait_stream(stream)
