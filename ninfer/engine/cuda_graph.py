@@ -100,6 +100,8 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     so the later ones fit in its pool); returns the graphs and their static outputs.
     Each bucket runs twice outside the capture first, so every kernel is compiled and warm."""
     started = time.perf_counter()
+    # a cold Triton cache compiles the step's kernels here first (12 s for the 27B on an H100)
+    logger.info("capturing {} CUDA graphs for batch sizes {}", what, ",".join(map(str, sorted(buckets))))
     before = torch.cuda.memory_allocated(device)
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     outputs: dict[int, torch.Tensor] = {}
