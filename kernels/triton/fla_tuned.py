@@ -14,7 +14,7 @@ then compiles its one config; a key the table lacks autotunes as before; an fla 
 whose kernels or candidates changed finds nothing to pin. ``NINFER_FLA_PIN=0`` turns the
 table off (the tuning script does, to measure afresh).
 
-Table: ``{kernel name: [{"key": [...], "config": {"kwargs": {...}, "num_warps": w,
+Table: ``{module.kernel name: [{"key": [...], "config": {"kwargs": {...}, "num_warps": w,
 "num_stages": s, "num_ctas": c, "maxnreg": r}}, ...]}``; keys starting with "_" are comments.
 """
 
@@ -32,8 +32,16 @@ from ninfer_kernels.triton.tuned_tables import device_name, read_table
 FOLDER = Path(__file__).parent / "fla_configs"
 
 
+def kernel_name(tuner: Any) -> str:
+    """A table's name for an autotuner: its kernel's module and function name. fla reuses
+    function names across its modules (five define ``recompute_w_u_fwd_kernel``, two
+    ``chunk_fwd_kernel_o``), and by the bare name the Gated DeltaNet ones went untuned in
+    session 40's first table."""
+    return f"{tuner.base_fn.__module__}.{tuner.base_fn.__name__}"
+
+
 def autotuners() -> dict[str, Any]:
-    """fla's autotuners among the modules imported so far, by their kernel's name (an
+    """fla's autotuners among the modules imported so far, by :func:`kernel_name` (an
     autotuner may sit under a ``triton.heuristics`` wrapper)."""
     try:
         from triton.runtime.autotuner import Autotuner
@@ -46,7 +54,7 @@ def autotuners() -> dict[str, Any]:
         for value in list(vars(module).values()):
             tuner = _unwrap(value, Autotuner)
             if tuner is not None:
-                found[tuner.base_fn.__name__] = tuner
+                found[kernel_name(tuner)] = tuner
     return found
 
 
