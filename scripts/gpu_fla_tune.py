@@ -2,12 +2,14 @@
 shapes and keep the results as this card's table (GPU).
 
 fla autotunes at each new key; on a cold Triton cache that compiles every candidate of
-every kernel (session 39, H100: likely most of the 27B's 86 warm-up compiles). This script calls
+every kernel (H100: 42 s of the 27B's 96 s cold start, sessions 39 and 40). This script calls
 ``fla_forward`` exactly as the engine's prefill does (packed sequences, first chunks and
 continued ones, the model's dtype) for each shape's Gated DeltaNet heads, lets fla autotune
 with the table off, and merges what its autotuners chose into
 ``kernels/triton/fla_configs/<device>.json`` (``--out DIR``: a copy under DIR too), which
-``kernels/triton/fla_tuned.py`` then pins at startup.
+``kernels/triton/fla_tuned.py`` then pins at startup. Autotuning results the Triton cache
+already holds (``TRITON_CACHE_AUTOTUNING``, carried in ``.tcache``) are read back, not timed
+again: an empty ``TRITON_CACHE_DIR`` tunes afresh.
 
     python scripts/gpu_fla_tune.py --shapes qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep --out $OUT
 """

@@ -147,6 +147,8 @@
 # Tables a stage tunes are written in place on the device and copied to $OUT (quant_configs/,
 # linear_configs_*.json, ...): copy them into the tree here before the next call, or that
 # call runs the old entries (session 24's counters ran the stale int4 shapes that way).
+# At most eight files come back from a call (session 40: the ninth, fla-tune's table, was
+# left out "(count)"), so a stage whose table matters runs where few others write files.
 set -uo pipefail
 # DEADLINE_S counts from here: the wheels' install and the cache's unpacking take part of the call too
 started=$(date +%s)
@@ -829,7 +831,7 @@ fla-tune)
     # fla's chunked Gated DeltaNet kernels autotuned at the engine's call shapes (FLA_SHAPES), the
     # results merged into kernels/triton/fla_configs/<card>.json (a copy in $OUT/fla_configs/),
     # which the engine pins at startup: a cold start then compiles one config a kernel, not every
-    # candidate (session 39: likely most of the 27B's 86 warm-up compiles). Run serve27 after it
+    # candidate (session 40, H100: 96 -> 54 s). Run serve27 after it
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
     timeout "$limit" python3 scripts/gpu_fla_tune.py \
         --shapes "${FLA_SHAPES:-qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep}" --out "$OUT" 2>>"$OUT/fla_tune.err" \

@@ -2,9 +2,8 @@
 
 fla autotunes its chunked Gated DeltaNet kernels at their first call with each new key
 (head counts and dims, chunk size, dtypes): every candidate config of a kernel (4 to 25 of
-them) is compiled and timed. On a machine whose Triton cache is cold this is likely most
-of a hybrid model's startup (session 39, H100: the 27B's warm-up compiled 86 kernels in
-50 s, where a warm cache needed 22 and no time).
+them) is compiled and timed. On a machine whose Triton cache is cold that was 42 s of the
+27B's 96 s startup (H100, sessions 39 and 40: 54 s with this card's table).
 
 A table per card (``fla_configs/<device name>.json``, written by
 ``scripts/gpu_fla_tune.py`` from fla's own autotuning at the shapes the engine calls)
