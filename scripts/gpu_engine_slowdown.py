@@ -23,6 +23,8 @@ parts the host's launch time from the device's run time):
 - ``fresh``: four small graphs captured and replayed, then engine A built and probed;
 - ``prelaunch``: engine A built without its warm-up, four small graphs captured before any
   graph has been launched, then A probed;
+- ``shared`` (with ``NINFER_GRAPH_SHARE=1``): graphs of a norm engine A's graphs hold, of
+  a norm compiled afresh and of torch's adds, captured one by one on A's stream and pool;
 - ``spec``: a speculating engine (``--spec mtp``, k=3) first in its process, its plain
   decode graph replayed on the default stream and on a side stream;
 - ``both`` (the default): ``first``, then ``spec`` in a fresh process.
@@ -185,6 +187,42 @@ def prelaunch_process(args) -> None:
     probe(a, "A", f"{len(kept)} small graphs captured before any graph was launched (no warm-up)")
 
 
+def shared_process(args) -> None:
+    """Run with ``NINFER_GRAPH_SHARE=1``. Session 40: a second engine capturing on the first
+    one's stream into its pool leaves both fast, but a speculating engine, every set shared,
+    is slow. Here graphs go onto engine A's own capture stream and pool, least likely trigger
+    first: a norm A's graphs already hold (the same compiled kernel), the same norm at another
+    width (a function compiled afresh, launched with PDL), then torch's own adds. Which one
+    first slows A's replays says whether graphs of functions A's graphs lack are the trigger."""
+    from ninfer.engine import cuda_graph
+    from ninfer_kernels import ops
+
+    if not cuda_graph._share():
+        raise SystemExit("--part shared needs NINFER_GRAPH_SHARE=1")
+    a = build(args.model, args)
+    device = torch.device(args.device)
+    stream, pool = cuda_graph._SHARED[cuda_graph._device_key(device)]
+    probe(a, "A", "alone (every set on one stream and pool)")
+    norms = [(n, p) for n, p in a.engine.model.named_parameters() if n.endswith("norm.weight") and p.dim() == 1]
+    weight = max(norms, key=lambda item: item[1].numel())[1]  # the hidden size's
+    narrow = torch.ones(384, dtype=weight.dtype, device=device)
+    x, y = torch.randn(1, weight.numel(), dtype=weight.dtype, device=device), torch.zeros(1024, device=device)
+    x_narrow = torch.randn(1, 384, dtype=weight.dtype, device=device)
+    kept = []
+    for what, fn in (("a norm A's graphs hold", lambda: ops.rms_norm(x, weight, 1e-6)),
+                     ("a norm compiled afresh (another width, PDL)", lambda: ops.rms_norm(x_narrow, narrow, 1e-6)),
+                     ("torch's adds", lambda: [y.add_(1) for _ in range(20)])):
+        started = time.perf_counter()
+        fn()  # compiled and loaded before the capture, as capture_buckets does
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - started  # about a second when it compiled
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            fn()
+        kept.append(graph)
+        probe(a, "A", f"a graph of {what} on A's stream and pool (first call {first_s:.2f} s)")
+
+
 def spec_process(args) -> None:
     s = build(args.model, args, spec="mtp", draft_tokens=3)
     probe(s, "S (mtp k=3, first in its process)", "alone", decode=False)
@@ -197,7 +235,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
-    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch"), default="both")
+    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch", "shared"),
+                    default="both")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
@@ -208,6 +247,8 @@ def main() -> None:
         graphs_process(args)
     if args.part == "fresh":
         fresh_process(args)
+    if args.part == "shared":
+        shared_process(args)
     if args.part == "prelaunch":
         prelaunch_process(args)
     elif args.part == "both":  # a fresh process: the speculative engine is its first

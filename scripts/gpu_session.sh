@@ -480,7 +480,8 @@ slowdown)
     # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late fresh
     # prelaunch spec first; late: the graphs probe with kernels letting the next launch at their
     # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
-    # PART:VAR=value runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1)
+    # PART:VAR=value runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1;
+    # shared:NINFER_GRAPH_SHARE=1: which graphs on the engine's own stream and pool slow it)
     for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh prelaunch spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
         extra=; case "$part" in *:*) extra=${part#*:}; part=${part%%:*} ;; esac
