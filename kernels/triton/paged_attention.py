@@ -147,7 +147,11 @@ def _block_rows(q_begin, q_len, t0, seq_len, kv_head, split, num_splits,
     return head, row_ok, pos, q_rows, lo, hi
 
 
-@triton.jit
+# the split count, the partial LSEs' stride (the chunk's rows times the heads: a 63-token and
+# a 64-token prompt differ in its divisibility) and the block table's width vary with the
+# step; none feeds a vector access, so specialising on them only compiled more variants (the
+# 27B's cold start compiled four of this kernel, 8.6 s, session 40). As the quantized kernel
+@triton.jit(do_not_specialize=["num_splits", "stride_ls", "stride_bt"])
 def _attend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     query_start_ptr, seq_lens_ptr, block_tables_ptr,
