@@ -480,11 +480,12 @@ slowdown)
     # process on the default and on a side stream. SLOWDOWN_PARTS picks (graphs nopdl late fresh
     # prelaunch spec first; late: the graphs probe with kernels letting the next launch at their
     # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
-    # PART:VAR=value runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1;
+    # PART:VAR=value[,VAR=value] runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1;
+    # spec:NINFER_GRAPH_SHARE=1,NINFER_GRAPH_WARM_FIRST=1;
     # shared:NINFER_GRAPH_SHARE=1: which graphs on the engine's own stream and pool slow it)
     for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh prelaunch spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
-        extra=; case "$part" in *:*) extra=${part#*:}; part=${part%%:*} ;; esac
+        extra=; case "$part" in *:*) extra=${part#*:}; extra=${extra//,/ }; part=${part%%:*} ;; esac
         pdl=1 trigger=1 arg=$part
         [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
         [ "$part" = late ] && { trigger=0; arg=graphs; }

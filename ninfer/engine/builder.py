@@ -14,7 +14,7 @@ from loguru import logger
 from ninfer.engine.compile_watch import process_watch
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.context_cache import DescriptorLimits
-from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs
+from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs, captures_after_warm_up
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.engine.guided_setup import GuidedDecoding, build_guided_decoding
@@ -213,6 +213,21 @@ def engine_parts(
     state = allocate_recurrent_state(model, cfg, device, costs, device_rounds=device_rounds and launch_ahead)
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
     _log_memory_ledger(model, kv, state, cfg, device)
+    with captures_after_warm_up():  # NINFER_GRAPH_WARM_FIRST=1: every set's kernels loaded, then captures
+        graphs, proposer, verify_graphs, rounds = _graph_sets(
+            profile, model, family, cfg, kv, state, device, use_graphs, device_rounds, speculative, vocab_size,
+            model_dir)
+    # queue each decode step behind the previous one (on CPU nothing would overlap); a
+    # speculative round needs its verdict on the host before the next one is proposed,
+    # unless it runs whole on the device
+    ahead = launch_ahead and (proposer is None or rounds is not None)
+    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs, costs, rounds)
+
+
+def _graph_sets(profile, model, family, cfg: EngineConfig, kv, state, device, use_graphs: bool, device_rounds: bool,
+                speculative, vocab_size: int, model_dir):
+    """The decode graphs, the proposer (its own graphs with it), the verify graphs and the
+    device rounds, each captured as far as the engine uses them."""
     graphs = None
     if use_graphs:
         graphs = capture_decode_graphs(model, cfg.max_concurrency, cfg.max_context, cfg.block_size, device)
@@ -231,11 +246,7 @@ def engine_parts(
     rounds = None
     if device_rounds and (verify_graphs is not None or device.type == "cpu"):
         rounds = _device_rounds(model, cfg, device, proposer, verify_graphs, state)
-    # queue each decode step behind the previous one (on CPU nothing would overlap); a
-    # speculative round needs its verdict on the host before the next one is proposed,
-    # unless it runs whole on the device
-    ahead = launch_ahead and (proposer is None or rounds is not None)
-    return EngineParts(kv, state, host_kv, guided, graphs, ahead, proposer, verify_graphs, costs, rounds)
+    return graphs, proposer, verify_graphs, rounds
 
 
 def _device_rounds(model, cfg: EngineConfig, device, proposer, verify_graphs, state) -> DeviceRounds:
