@@ -78,8 +78,9 @@ def _share() -> bool:
     """``NINFER_GRAPH_SHARE=1``: every set of graphs (decode, verify, rounds; each engine's)
     captured on one stream into one pool per device, as one engine's buckets are. Session 39
     (H100): graphs with PDL replay 13% slower for good once a second set is captured in the
-    process, where one set of eleven buckets does not slow them; this tells whether sharing
-    the stream and pool keeps them fast (off by default until measured)."""
+    process, where one set of eleven buckets does not slow them. Session 40: a second engine
+    captured this way leaves both at full speed, but a speculating engine stays slow with
+    it, so it is opt-in until that is understood."""
     return os.environ.get("NINFER_GRAPH_SHARE", "0") == "1"
 
 
