@@ -7,9 +7,9 @@ every kernel (H100: 42 s of the 27B's 96 s cold start, sessions 39 and 40). This
 continued ones, the model's dtype) for each shape's Gated DeltaNet heads, lets fla autotune
 with the table off, and merges what its autotuners chose into
 ``kernels/triton/fla_configs/<device>.json`` (``--out DIR``: a copy under DIR too), which
-``kernels/triton/fla_tuned.py`` then pins at startup. Autotuning results the Triton cache
-already holds (``TRITON_CACHE_AUTOTUNING``, carried in ``.tcache``) are read back, not timed
-again: an empty ``TRITON_CACHE_DIR`` tunes afresh.
+``kernels/triton/fla_tuned.py`` then pins at startup. Autotuning results cached on disk are
+not read: fla caches its timings in the Triton cache under a key naming the architecture,
+not the card, so an H200 would read back an H100's (the cache travels in ``.tcache``).
 
     python scripts/gpu_fla_tune.py --shapes qwen3.6-27b,qwen3.6-35b-a3b,train-gpu-deep --out $OUT
 """
@@ -22,7 +22,11 @@ import json
 import os
 import time
 
-os.environ["NINFER_FLA_PIN"] = "0"  # tune afresh: nothing pinned from an earlier table
+# tune afresh: nothing pinned from an earlier table, no timings read back from the Triton cache
+# (fla caches them by default, Triton with TRITON_CACHE_AUTOTUNING)
+os.environ["NINFER_FLA_PIN"] = "0"
+os.environ["FLA_CACHE_RESULTS"] = "0"
+os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
 
 import torch  # noqa: E402
 
