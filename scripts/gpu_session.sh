@@ -38,7 +38,8 @@
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first; TRAIN_TESTS=0: not the captured step's; .corpus carried: on the
 #                                   whole stdlib, scripts/stdlib_corpus.sh), then MTP k=DRAFTS (1..5) at c=1 and 8 on
-#                                   held-out stdlib prompts (device rounds; SPEC_BENCH_S=0: none), then k=3 with the
+#                                   held-out stdlib prompts (device rounds; SPEC_BENCH_S=0: none; SPEC_AB="NINFER_PDL=0":
+#                                   k=3 again per VAR=value[,VAR=value] set), then k=3 with the
 #                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it),
 #                                   last the engine's acceptance against the trainer's chain (SPEC_CHECK=0 skips it;
 #                                   scripts/spec_acceptance_check.py); a warm machine's /tmp/trained-PRESET is reused
@@ -429,6 +430,14 @@ spec2)
     bench "${SPEC_BENCH_S:-200}" $trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
+    # SPEC_AB: k=3 again under each VAR=value[,VAR=value] (e.g. NINFER_PDL=0: session 40's
+    # speculating engine replays its decode graph faster without PDL than in the slow state)
+    for ab in ${SPEC_AB:-}; do
+        echo "{\"spec_ab\": \"$ab\"}" | tee -a "$OUT/bench.jsonl"
+        (export ${ab//,/ }; bench 150 $trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
+            --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
+            --no-transformers)
+    done
     # the peer: the same k=3 rounds driven from the host (no device rounds, none launched ahead)
     [ "${SPEC_HOST_PEER:-1}" = 1 ] && NINFER_DEVICE_ROUNDS=0 bench 120 $trained --dtype bf16 --only decode --spec mtp --draft-tokens 3 \
         --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
