@@ -68,15 +68,19 @@ def streamed_request(port: int, model: str, max_tokens: int, seed: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="ninfer-serve flags to add go after --, e.g. -- --spec mtp --draft-tokens 3")
     ap.add_argument("model", nargs="?", default="random:qwen3.6-27b")
     ap.add_argument("--port", type=int, default=18090)
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--ready-limit-s", type=float, default=300)
     ap.add_argument("--log", default="serve_speed.log")
-    ap.add_argument("serve_args", nargs="*", help="more ninfer-serve flags (after --)")
-    args = ap.parse_args()
+    # split by hand: argparse gives an optional positional and a "*" one the same first chunk
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    args.serve_args = argv[cut + 1:]
     cmd = ["ninfer-serve", args.model, "--device", "0", "--port", str(args.port), "--max-concurrency", "8",
            "--max-context", "8192", *args.serve_args]
     with open(args.log, "w") as log:

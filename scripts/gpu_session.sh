@@ -827,13 +827,16 @@ spec-profile)
     ;;
 serve27)
     # #18's startup goal: ninfer-serve on the 27B shape with a cold Triton cache (a fresh machine's),
-    # then restarted on the cache that start left (SERVE_RESTART=0: not); one streamed request each
+    # then restarted on the cache that start left (SERVE_RESTART=0: not); one streamed request each.
+    # SERVE_ARGS: more ninfer-serve flags (e.g. "--spec mtp --draft-tokens 3 --kv-dtype fp8": the
+    # headline profile's extra graph sets and warm-up rounds)
     for cache in cold warm; do
         [ "$cache" = warm ] && [ "${SERVE_RESTART:-1}" = 0 ] && break
         [ "$cache" = cold ] && rm -rf /tmp/triton-cold
         limit=$(left); [ "$limit" -gt 240 ] && limit=240
         TRITON_CACHE_DIR=/tmp/triton-cold timeout "$limit" python3 scripts/gpu_serve_speed.py random:qwen3.6-27b \
-            --requests 1 --max-tokens 128 --log "$OUT/serve_$cache.log" | sed "s/^{/{\"triton_cache\": \"$cache\", /" \
+            --requests 1 --max-tokens 128 --log "$OUT/serve_$cache.log" ${SERVE_ARGS:+-- $SERVE_ARGS} \
+            | sed "s/^{/{\"triton_cache\": \"$cache\", \"serve_args\": \"${SERVE_ARGS:-}\", /" \
             | tee -a "$OUT/serve27.jsonl"
         grep -E "warmed up|captured|ready|while serving" "$OUT/serve_$cache.log" | cut -c1-300 | head -8
     done
