@@ -106,18 +106,22 @@ def clocks() -> dict:
         return {}
 
 
+def captured(fn, pool=None, stream=None) -> torch.cuda.CUDAGraph:
+    """A graph of ``fn()`` (torch's default capture stream and a pool of its own unless given)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        fn()
+    return graph
+
+
 def small_graphs(x: torch.Tensor, count: int, pool=None, replay: bool = False) -> list:
     """``count`` graphs of twenty in-place adds on ``x`` (torch's own kernels, no PDL),
     captured one after the other (each replayed once when ``replay``)."""
     graphs = []
     for _ in range(count):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            for _ in range(20):
-                x.add_(1)
+        graphs.append(captured(lambda: [x.add_(1) for _ in range(20)], pool))
         if replay:
-            g.replay()
-        graphs.append(g)
+            graphs[-1].replay()
     return graphs
 
 
@@ -216,10 +220,7 @@ def shared_process(args) -> None:
         fn()  # compiled and loaded before the capture, as capture_buckets does
         torch.cuda.synchronize()
         first_s = time.perf_counter() - started  # about a second when it compiled
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            fn()
-        kept.append(graph)
+        kept.append(captured(fn, pool, stream))
         probe(a, "A", f"a graph of {what} on A's stream and pool (first call {first_s:.2f} s)")
 
 

@@ -23,6 +23,7 @@ Prefill, mixed steps, LoRA batches and models that do not declare
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -101,8 +102,8 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     """One graph of ``forward(bucket)`` per bucket, all in one memory pool (largest first,
     so the later ones fit in its pool); returns the graphs and their static outputs.
     Each bucket runs twice outside the capture first, so every kernel is compiled and warm.
-    Inside :func:`captures_after_warm_up` those runs happen now and again before the
-    captures, which fill the dicts returned when the block ends."""
+    Inside :func:`captures_after_warm_up` those runs happen now, and the captures, which
+    fill the dicts returned, when the block ends."""
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     outputs: dict[int, torch.Tensor] = {}
     order = sorted(buckets, reverse=True)
@@ -117,12 +118,13 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
             forward(bs)
 
     @torch.inference_mode()
-    def capture_all() -> None:
+    def capture_all(warmed: bool = False) -> None:
         stream, pool = _capture_context(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for bs in order:
-                warm(bs)
+                if not warmed:
+                    warm(bs)
                 torch.cuda.synchronize(device)
                 _clear_cublas_workspaces()
                 graph = torch.cuda.CUDAGraph()
@@ -143,7 +145,7 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     else:
         for bs in order:  # every kernel of the set compiled and loaded now, captured later
             warm(bs)
-        _DEFERRED.append(capture_all)
+        _DEFERRED.append(functools.partial(capture_all, warmed=True))
     return graphs, outputs
 
 

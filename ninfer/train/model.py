@@ -159,11 +159,12 @@ def fla_training(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _fla_chunk():
+    """fla's chunked kernel as the engine imports it (None where fla is not importable)."""
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception:  # noqa: BLE001  (fla runs on GPUs only; some Triton releases reject it)
+        from ninfer_kernels.triton.gated_delta import fla_chunk
+    except Exception:  # noqa: BLE001  (no Triton here)
         return None
-    return chunk_gated_delta_rule
+    return fla_chunk
 
 
 def fla_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
