@@ -8,7 +8,14 @@ built without graphs leaves the first engine's replays as they were, and so does
 engine capturing eleven batch buckets, but two small torch graphs captured after the
 engine's own slow its replays to 0.983 ms for good (freeing them changes nothing); with
 PDL off (`NINFER_PDL=0`) the replays take 0.934 ms before and after. A speculating engine,
-first in its process, replays its plain decode graph in 0.996 ms.
+first in its process, replays its plain decode graph in 0.996 ms. Session 41 (``trigger``,
+``rounds``): the second extra graph on a pool of its own brings the slow state whatever it
+holds (Triton adds with or without PDL, torch's adds); the same adds run eagerly never do,
+and capturing the engine's graphs again on a fresh stream and pool does not undo it. On
+the engine's own stream and pool (``NINFER_GRAPH_SHARE=1``) the third extra graph brings
+it, whatever it holds, and capturing the engine's graphs again there does undo it. A
+speculating engine's round graph (captured last) replays no slower after three small
+graphs than before them, shared or not.
 
 Parts (``--part``), one JSON line per probe (a single prompt's decode step, the batch-1
 graph replayed back to back, and the same replays queued behind a sleep kernel, which
@@ -25,6 +32,15 @@ parts the host's launch time from the device's run time):
   graph has been launched, then A probed;
 - ``shared`` (with ``NINFER_GRAPH_SHARE=1``): graphs of a norm engine A's graphs hold, of
   a norm compiled afresh and of torch's adds, captured one by one on A's stream and pool;
+- ``trigger`` (``--graphs pdl|plain|torch|eager``): four graphs of twenty adds captured
+  one by one after engine A's, probed after each: Triton adds launched with PDL, the same
+  launched without it, torch's own adds; or (``eager``) torch's adds run without a graph.
+  Each kind in a process of its own, since the slow state stays once it comes: which kind
+  brings it says whether graphs without programmatic edges, or torch's kernels, are the
+  trigger (the spec engine's graphs hold both);
+- ``buckets``: every decode bucket of engine A alone (``buckets:NINFER_PDL=0``: the peer);
+- ``rounds``: a speculating engine's batch-1 round graph and decode graph replayed, then
+  again after three small graphs;
 - ``spec``: a speculating engine (``--spec mtp``, k=3) first in its process, its plain
   decode graph replayed on the default stream and on a side stream;
 - ``both`` (the default): ``first``, then ``spec`` in a fresh process.
@@ -44,13 +60,17 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from gpu_plain_gap import build  # scripts/ is on the path when a script runs
 
 from ninfer import LLM
+from ninfer.bench import bandwidth as bw
 from ninfer.bench import ninfer_runs
 from ninfer.bench.figures import graph_replay_ms
 from ninfer.bench.workload import fixed_workload
+from ninfer_kernels.triton import pdl
 
 
 def probe(llm: LLM, engine: str, after: str, decode: bool = True, stream=None) -> None:
@@ -123,6 +143,83 @@ def small_graphs(x: torch.Tensor, count: int, pool=None, replay: bool = False) -
         if replay:
             graphs[-1].replay()
     return graphs
+
+
+@triton.jit
+def _add_one(x_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        pdl.wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=ok) + 1, mask=ok)
+
+
+def triton_adds(x: torch.Tensor, use_pdl: bool, count: int = 20) -> None:
+    for _ in range(count):
+        _add_one[(triton.cdiv(x.numel(), 1024),)](x, x.numel(), BLOCK=1024, USE_PDL=use_pdl,
+                                                  **pdl.launch_options(use_pdl))
+
+
+def trigger_process(args) -> None:
+    """Session 40: with the engine's stream and pool shared, a third graph (torch's adds) slowed
+    A where two graphs of PDL norms had not; two torch graphs on pools of their own always do.
+    Here one kind of extra graph a process, four of them, so the count is the same for each
+    (with ``NINFER_GRAPH_SHARE=1`` on A's own stream and pool)."""
+    from ninfer.engine import cuda_graph
+
+    a = build(args.model, args)
+    probe(a, "A", "alone")
+    # with NINFER_GRAPH_SHARE=1 the extra graphs go onto A's own capture stream and pool
+    stream, pool = cuda_graph._SHARED.get(cuda_graph._device_key(torch.device(args.device)), (None, None))
+    x = torch.zeros(4096, device=args.device)
+    fn = {"pdl": lambda: triton_adds(x, True), "plain": lambda: triton_adds(x, False),
+          "torch": lambda: [x.add_(1) for _ in range(20)], "eager": lambda: [x.add_(1) for _ in range(20)]}
+    what = {"pdl": "graphs of Triton adds launched with PDL", "plain": "graphs of Triton adds launched without PDL",
+            "torch": "graphs of torch's adds", "eager": "rounds of torch's adds run eagerly"}[args.graphs]
+    kept = []
+    where = " on A's stream and pool" if stream is not None else ""
+    for n in range(1, 5):
+        fn[args.graphs]()  # compiled and loaded before any capture
+        torch.cuda.synchronize()
+        if args.graphs != "eager":
+            kept.append(captured(fn[args.graphs], pool, stream))
+        probe(a, "A", f"{n} {what}{where}")
+    a.engine.runner.graphs.capture()  # A's graphs again, batch 1 last: the newest graph once more
+    probe(a, "A", f"A's decode graphs captured again after the {what}")
+
+
+def rounds_process(args) -> None:
+    """A speculating engine's batch-1 round graph (the last captured) and plain decode graph
+    (the first), then the same after three small graphs: whether the graph a speculating
+    engine replays most was ever in the slow state (only its decode graph was probed before)."""
+    s = build(args.model, args, spec="mtp", draft_tokens=3)
+    rounds = s.engine.runner.rounds
+    graphs = getattr(rounds, "_graphs", None) or {}
+    if rounds is None or 1 not in graphs:
+        raise SystemExit("the engine has no batch-1 round graph (NINFER_DEVICE_ROUNDS=0?)")
+
+    def report(after: str) -> None:
+        print(json.dumps({"engine": "S (mtp k=3)", "after": after,
+                          "round_replay_ms": round(bw.cuda_ms(graphs[1].replay, 50), 4),
+                          "decode_replay_ms": round(graph_replay_ms(s.engine, 1), 4), **clocks()}), flush=True)
+
+    report("alone")
+    kept = small_graphs(torch.zeros(1024, device=args.device), 3)
+    report(f"{len(kept)} small graphs captured")
+
+
+def buckets_process(args) -> None:
+    """Every decode bucket's graph of engine A alone, replayed back to back. Its buckets are
+    captured largest first, so the batch-1 graph probed everywhere else is the newest; with
+    the engine's stream and pool shared, three graphs captured after it slowed it and capturing
+    it again sped it up (session 41). Run once more with ``NINFER_PDL=0`` as the peer: a
+    bucket slower with PDL than without is in the slow state."""
+    a = build(args.model, args)
+    graphs = a.engine.runner.graphs
+    for bucket in graphs.buckets:
+        ms = bw.cuda_ms(lambda: graphs.replay(bucket), 50)
+        print(json.dumps({"engine": "A", "bucket": bucket, "replay_ms": round(ms, 4),
+                          "pdl": os.environ.get("NINFER_PDL", "1") != "0", **clocks()}), flush=True)
 
 
 def first_process(args) -> None:
@@ -236,8 +333,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
-    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch", "shared"),
+    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch", "shared", "trigger",
+                                           "rounds", "buckets"),
                     default="both")
+    ap.add_argument("--graphs", choices=("pdl", "plain", "torch", "eager"), default="pdl",
+                    help="--part trigger: which extra graphs")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
     if args.part in ("first", "both"):
@@ -250,6 +350,12 @@ def main() -> None:
         fresh_process(args)
     if args.part == "shared":
         shared_process(args)
+    if args.part == "trigger":
+        trigger_process(args)
+    if args.part == "rounds":
+        rounds_process(args)
+    if args.part == "buckets":
+        buckets_process(args)
     if args.part == "prelaunch":
         prelaunch_process(args)
     elif args.part == "both":  # a fresh process: the speculative engine is its first

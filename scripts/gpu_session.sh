@@ -255,10 +255,11 @@ moe)
     timeout 200 python3 scripts/gpu_skinny_sweep.py --parts moe --moe-models "$models" --write --out-dir "$OUT" \
         2>&1 | tee "$OUT/moe_one_token_sweep.jsonl" | cut -c1-330
     if [ "${MOE_TUNE:-0}" = 1 ]; then
-        timeout 170 python3 scripts/gpu_moe_tune.py --budget-s 130 --out kernels/triton/moe_configs/NVIDIA_H200.json \
+        card=$(python3 -c "import torch; from ninfer_kernels.triton import fused_moe as f; print(f.device_name(torch.device('cuda')))")
+        timeout 170 python3 scripts/gpu_moe_tune.py --budget-s 130 --out "kernels/triton/moe_configs/$card.json" \
             2>&1 | tail -8
     fi
-    cp kernels/triton/moe_configs/NVIDIA_H200.json "$OUT/"
+    # (the sweep's --out-dir already holds a copy of the table it wrote, this card's own)
     [ "${MOE_TESTS:-1}" = 1 ] && timeout 90 python3 scripts/gpu_moe_check.py --out "$OUT/moe_check.jsonl" 2>&1 | tail -14
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only bandwidth,decode --concurrency 1,8 --no-transformers
     if [ "${MOE_30B:-0}" = 1 ]; then
@@ -491,16 +492,20 @@ slowdown)
     # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
     # PART:VAR=value[,VAR=value] runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1;
     # spec:NINFER_GRAPH_SHARE=1,NINFER_GRAPH_WARM_FIRST=1;
-    # shared:NINFER_GRAPH_SHARE=1: which graphs on the engine's own stream and pool slow it)
+    # shared:NINFER_GRAPH_SHARE=1: which graphs on the engine's own stream and pool slow it;
+    # trigger-pdl, trigger-plain, trigger-torch, trigger-eager: four extra graphs of one kind, then the
+    # engine's graphs captured again; rounds: a speculating engine's round graph; buckets: every decode
+    # bucket's replay, buckets:NINFER_PDL=0 its peer)
     for part in ${SLOWDOWN_PARTS:-graphs nopdl late fresh prelaunch spec}; do
         limit=$(left); [ "$limit" -gt 120 ] && limit=120
         extra=; case "$part" in *:*) extra=${part#*:}; extra=${extra//,/ }; part=${part%%:*} ;; esac
-        pdl=1 trigger=1 arg=$part
+        pdl=1 trigger=1 arg=$part kind=pdl
         [ "$part" = nopdl ] && { pdl=0; arg=graphs; }
         [ "$part" = late ] && { trigger=0; arg=graphs; }
-        echo "== slowdown --part $arg (NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger $extra)"
+        case "$part" in trigger-*) kind=${part#trigger-}; arg=trigger ;; esac
+        echo "== slowdown --part $arg --graphs $kind (NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger $extra)"
         env NINFER_PDL=$pdl NINFER_PDL_TRIGGER=$trigger $extra timeout "$limit" python3 scripts/gpu_engine_slowdown.py \
-            random:train-gpu-deep --part "$arg" 2>>"$OUT/slowdown.err" | sed "s/^{/{\"env\": \"$extra\", /" \
+            random:train-gpu-deep --part "$arg" --graphs "$kind" 2>>"$OUT/slowdown.err" | sed "s/^{/{\"env\": \"$extra\", /" \
             | tee -a "$OUT/slowdown.jsonl" | cut -c1-240
     done
     ;;

@@ -78,10 +78,12 @@ _SHARED: dict[int, tuple] = {}
 def _share() -> bool:
     """``NINFER_GRAPH_SHARE=1``: every set of graphs (decode, verify, rounds; each engine's)
     captured on one stream into one pool per device, as one engine's buckets are. Session 39
-    (H100): graphs with PDL replay 13% slower for good once a second set is captured in the
-    process, where one set of eleven buckets does not slow them. Session 40: a second engine
-    captured this way leaves both at full speed, but a speculating engine stays slow with
-    it, so it is opt-in until that is understood."""
+    (H100): graphs with PDL replay 13% slower once a second set is captured in the process,
+    where one set of eleven buckets does not slow them. Session 40: a second engine captured
+    this way leaves both at full speed, but a speculating engine stays slow with it, so it
+    is opt-in until that is understood. Session 41: here a third extra graph of any kind
+    slows the engine too, and capturing its graphs again restores them
+    (scripts/gpu_engine_slowdown.py)."""
     return os.environ.get("NINFER_GRAPH_SHARE", "0") == "1"
 
 
