@@ -31,6 +31,7 @@ def moe_route(
     renormalize: bool,
     x: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    gate_in_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and weights from router ``logits`` [T, E].
 
@@ -42,8 +43,15 @@ def moe_route(
     follows: expert id ``E`` with weight ``sigmoid(x . shared_gate)`` (the dot in float32,
     rounded to ``x``'s dtype as a linear layer's output would be, the sigmoid in float32).
 
+    ``gate_in_logits``: ``logits`` is [T, E + 1], its last column the shared expert's gate
+    logit already rounded (:func:`ninfer_kernels.norm.rms_norm_router`); ``x`` and
+    ``shared_gate`` are not needed.
+
     Returns ``(weights, ids)``: float32 [T, k'] and int32 [T, k'], k' = top_k (+ 1).
     """
+    gate = None
+    if gate_in_logits:
+        logits, gate = logits[:, :-1], logits[:, -1].float()
     probs = torch.softmax(logits.float(), dim=-1)
     # a stable descending sort keeps equal logits in expert order: ties go low
     ids = logits.float().argsort(dim=-1, descending=True, stable=True)[:, :top_k]
@@ -51,10 +59,11 @@ def moe_route(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     ids = ids.to(torch.int32)
-    if shared_gate is not None:
+    if shared_gate is not None and gate is None:
         if x is None:
             raise ValueError("the shared expert's gate needs x")
         gate = (x.float() @ shared_gate.reshape(-1).float()).to(x.dtype).float()
+    if gate is not None:
         weights = torch.cat([weights, torch.sigmoid(gate)[:, None]], dim=1)
         ids = torch.cat([ids, torch.full_like(ids[:, :1], logits.shape[-1])], dim=1)
     return weights, ids

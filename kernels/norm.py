@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(
@@ -32,3 +33,30 @@ def rms_norm(
     inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     out = (xf * inv_rms * weight.float()).to(x.dtype)
     return out if residual is None else (out, x)
+
+
+#: decode batches up to this many tokens may take :func:`rms_norm_router`'s one launch on
+#: CUDA (each of its programs reads its token's rows; past this the two launches serve)
+NORM_ROUTER_MAX_TOKENS = 16
+
+
+def rms_norm_router(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    router: torch.Tensor,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A MoE block's input norm and its router's matmul, from the pre-norm sum: ``(out,
+    new_residual)`` as :func:`rms_norm` gives them for ``x + residual``, and the router's
+    logits ``out @ router.T`` [T, E] in ``x``'s dtype, as the router's linear layer gives
+    them. With ``shared_gate`` ([H], the shared expert's gate row) its logit follows as
+    column ``E`` (rounded the same way; :func:`ninfer_kernels.moe.moe_route` with
+    ``gate_in_logits`` reads it there)."""
+    out, new_residual = rms_norm(x, weight, eps, residual)
+    logits = F.linear(out, router)
+    if shared_gate is not None:  # as moe_route takes it from x: the dot in float32, rounded
+        gate = (out.float() @ shared_gate.reshape(-1).float()).to(out.dtype)
+        logits = torch.cat([logits, gate[:, None]], dim=1)
+    return out, new_residual, logits

@@ -29,6 +29,7 @@ FORCE_TRITON = os.environ.get("NINFER_KERNELS", "").strip().lower() == "triton"
 IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "linear": {"reference": torch.nn.functional.linear, "triton": None},
     "rms_norm": {"reference": norm.rms_norm, "triton": None},
+    "rms_norm_router": {"reference": norm.rms_norm_router, "triton": None},
     "apply_rope": {"reference": rope.apply_rope, "triton": None},
     "silu_and_mul": {"reference": activation.silu_and_mul, "triton": None},
     "write_kv": {"reference": attention.write_kv, "triton": None},
@@ -221,8 +222,25 @@ def moe_route(
     renormalize: bool,
     x: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    gate_in_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return choose("moe_route", logits.device.type)(logits, top_k, renormalize, x, shared_gate)
+    impl = choose("moe_route", logits.device.type)
+    if gate_in_logits:
+        return impl(logits, top_k, renormalize, x, shared_gate, gate_in_logits=True)
+    return impl(logits, top_k, renormalize, x, shared_gate)
+
+
+def rms_norm_router(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    router: torch.Tensor,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A MoE block's residual add, input norm and router matmul
+    (:func:`ninfer_kernels.norm.rms_norm_router`): one launch for decode batches on CUDA."""
+    return choose("rms_norm_router", x.device.type)(x, residual, weight, eps, router, shared_gate)
 
 
 def route_tokens(

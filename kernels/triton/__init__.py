@@ -13,12 +13,13 @@ if importlib.util.find_spec("triton") is not None:
     # Modules, not functions: ``paged_attention`` names both, and the module must stay reachable.
     from ninfer_kernels.triton import (
         activation, causal_conv, decode_attention, fused_moe, gated_delta, gated_delta_decode, gated_rms_norm,
-        gdn_gates, kv_write, kv_quant, kv_quant_decode, moe_route, norm, paged_attention, qk_norm_rope, quant_gemm,
-        rope, skinny_linear, spec_rounds, state_rows,
+        gdn_gates, kv_write, kv_quant, kv_quant_decode, moe_route, norm, norm_router, paged_attention, qk_norm_rope,
+        quant_gemm, rope, skinny_linear, spec_rounds, state_rows,
     )
 
     ops.register_triton("linear", skinny_linear.linear)
     ops.register_triton("rms_norm", norm.rms_norm)
+    ops.register_triton("rms_norm_router", norm_router.rms_norm_router)
     ops.register_triton("apply_rope", rope.apply_rope)
     ops.register_triton("silu_and_mul", activation.silu_and_mul)
     ops.register_triton("write_kv", kv_write.write_kv)

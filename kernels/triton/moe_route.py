@@ -90,13 +90,14 @@ def _route_kernel(
     num_experts, hidden, stride_lt, stride_xt,
     TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, GATE_IN_LOGITS: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     g = 0.0
-    # x was written before the router's matmul, which launches without PDL (cuBLAS): so
-    # under PDL this part may run before the wait, overlapping that matmul's end
-    if HAS_SHARED:
+    # x was written before the router's matmul (the launch before this one): so under PDL
+    # this part may run before the wait, overlapping that matmul's end. With the gate's
+    # logit in the logits (GATE_IN_LOGITS) x may come from the launch just before: not read
+    if HAS_SHARED and not GATE_IN_LOGITS:
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         for h0 in range(0, hidden, BLOCK_H):
             offs_h = h0 + tl.arange(0, BLOCK_H)
@@ -111,6 +112,8 @@ def _route_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     logits = tl.load(logits_ptr + t * stride_lt + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
+    if GATE_IN_LOGITS:  # already rounded to the model dtype
+        g = tl.load(logits_ptr + t * stride_lt + num_experts).to(tl.float32)
     pick_experts(logits, e_ok, g, w_ptr + t * K_OUT, ids_ptr + t * K_OUT, num_experts,
                  TOP_K, K_OUT, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
 
@@ -121,13 +124,15 @@ def moe_route(
     renormalize: bool,
     x: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    gate_in_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`ninfer_kernels.moe.moe_route`."""
     num_tokens, num_experts = logits.shape
+    num_experts -= gate_in_logits
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
-    has_shared = shared_gate is not None
-    if has_shared and x is None:
+    has_shared = shared_gate is not None or gate_in_logits
+    if shared_gate is not None and x is None and not gate_in_logits:
         raise ValueError("the shared expert's gate needs x")
     k_out = top_k + has_shared
     weights = torch.empty(num_tokens, k_out, dtype=torch.float32, device=logits.device)
@@ -136,7 +141,7 @@ def moe_route(
         return weights, ids
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
-    if has_shared:
+    if has_shared and not gate_in_logits:
         gate = shared_gate.reshape(-1)
         x = x if x.stride(-1) == 1 else x.contiguous()
         gate = gate if gate.stride(-1) == 1 else gate.contiguous()
@@ -150,7 +155,8 @@ def moe_route(
         TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
         BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
-        USE_PDL=use_pdl, num_warps=4 if num_experts > 128 else 2, **pdl.launch_options(use_pdl),
+        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=4 if num_experts > 128 else 2,
+        **pdl.launch_options(use_pdl),
     )
     return weights, ids
 

@@ -12,13 +12,21 @@ captured in CUDA graphs; prefill uses the same grouped GEMM with larger tiles.
 
 from __future__ import annotations
 
+import os
 
 import torch
 from torch import nn
 
 from ninfer_kernels import ops, quant_rows
+from ninfer_kernels.norm import NORM_ROUTER_MAX_TOKENS
 from ninfer_kernels.quant_formats import QuantWeight
-from ninfer_plugins.models.layers import ExpertRows, Linear, empty_param
+from ninfer_plugins.models.layers import ExpertRows, Linear, RMSNorm, empty_param
+
+
+def norm_router_enabled() -> bool:
+    """``NINFER_NORM_ROUTER=1``: decode batches run the norm before a MoE block and its
+    router's matmul as one op (:meth:`SparseMoE.from_residual`); off until timed on a GPU."""
+    return os.environ.get("NINFER_NORM_ROUTER", "0") == "1"
 
 
 class Experts(nn.Module):
@@ -80,6 +88,35 @@ class SparseMoE(nn.Module):
         """The experts' weighted rows, summed by the norm after the layer (:class:`ExpertRows`)."""
         return ExpertRows(self.routed(x, summed=False))
 
+    def from_residual(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple:
+        """``(self(n), new_residual)`` for ``n, new_residual = norm(x, residual)``. With
+        ``NINFER_NORM_ROUTER=1``, a decode batch, a plain router and a block whose output is
+        the expert kernel's alone, the norm and the router's matmul are one op
+        (:func:`ninfer_kernels.ops.rms_norm_router`): one launch fewer a layer on CUDA."""
+        plan = self._kernel_only_plan()
+        fusable = (plan is not None and norm_router_enabled() and isinstance(norm, RMSNorm)
+                   and residual is not None and x.dim() == 2 and x.shape[0] <= NORM_ROUTER_MAX_TOKENS
+                   and self._plain_router())
+        if not fusable:
+            x, residual = norm(x, residual)
+            return self(x), residual
+        gate_row, shared = plan
+        x, residual, logits = ops.rms_norm_router(x, residual, norm.weight, norm.eps, self.gate.weight, gate_row)
+        weights, ids = ops.moe_route(logits, self.top_k, self.norm_topk_prob, gate_in_logits=gate_row is not None)
+        rows = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, *shared,
+                             summed=False)
+        return ExpertRows(rows), residual
+
+    def _kernel_only_plan(self) -> tuple | None:
+        """(the shared expert's gate row or None, the shared expert's weights for the expert
+        kernel) when the block's output is the expert kernel's rows alone, else None."""
+        return None, ()
+
+    def _plain_router(self) -> bool:
+        """A router without an adapter or a bias: its weight goes to the routing ops as it is."""
+        gate = self.gate
+        return gate.lora is None and gate.bias is None and isinstance(gate.weight, torch.Tensor)
+
     def routed(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor:
         weights, ids = self.route(x)
         return ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, summed=summed)
@@ -89,7 +126,6 @@ class SparseMoE(nn.Module):
         its weight appended). A plain router takes the op that fuses its matmul with the
         routing (one launch for decode batches on CUDA); one with an adapter or a bias runs
         as a layer first."""
-        gate = self.gate
-        if gate.lora is None and gate.bias is None and isinstance(gate.weight, torch.Tensor):
-            return ops.route_tokens(x, gate.weight, self.top_k, self.norm_topk_prob, shared_gate)
-        return ops.moe_route(gate(x), self.top_k, self.norm_topk_prob, x, shared_gate)
+        if self._plain_router():
+            return ops.route_tokens(x, self.gate.weight, self.top_k, self.norm_topk_prob, shared_gate)
+        return ops.moe_route(self.gate(x), self.top_k, self.norm_topk_prob, x, shared_gate)

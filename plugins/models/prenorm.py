@@ -44,6 +44,10 @@ class PreNormBlock(nn.Module):
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.mix(positions, x, batch, cos_sin)
+        # an MLP that can fuse its first launch into the norm before it takes the norm too
+        from_residual = getattr(self.mlp, "from_residual", None)
+        if from_residual is not None:
+            return from_residual(self.post_attention_layernorm, x, residual)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 

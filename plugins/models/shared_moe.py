@@ -60,6 +60,10 @@ class SharedExpertMoE(SparseMoE):
             return None
         return tuple(found)
 
+    def _kernel_only_plan(self) -> tuple | None:
+        in_kernel = self._shared_in_kernel()
+        return None if in_kernel is None else (self.shared_expert_gate.weight[0], in_kernel)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor | ExpertRows:
         in_kernel = self._shared_in_kernel()
         if in_kernel is None:
