@@ -33,11 +33,10 @@ parts the host's launch time from the device's run time):
 - ``shared`` (with ``NINFER_GRAPH_SHARE=1``): graphs of a norm engine A's graphs hold, of
   a norm compiled afresh and of torch's adds, captured one by one on A's stream and pool;
 - ``trigger`` (``--graphs pdl|plain|torch|eager``): four graphs of twenty adds captured
-  one by one after engine A's, probed after each: Triton adds launched with PDL, the same
-  launched without it, torch's own adds; or (``eager``) torch's adds run without a graph.
-  Each kind in a process of its own, since the slow state stays once it comes: which kind
-  brings it says whether graphs without programmatic edges, or torch's kernels, are the
-  trigger (the spec engine's graphs hold both);
+  one by one after engine A's (on A's stream and pool with ``NINFER_GRAPH_SHARE=1``),
+  probed after each: Triton adds launched with PDL, the same launched without it, torch's
+  own adds; or (``eager``) torch's adds run without a graph; then A's graphs captured
+  again and probed. One kind a process, so each starts from the fast state;
 - ``buckets``: every decode bucket of engine A alone (``buckets:NINFER_PDL=0``: the peer);
 - ``rounds``: a speculating engine's batch-1 round graph and decode graph replayed, then
   again after three small graphs;
@@ -333,34 +332,24 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shared-pool", action="store_true", help="--part graphs: the extra graphs share one memory pool")
-    ap.add_argument("--part", choices=("first", "spec", "both", "graphs", "fresh", "prelaunch", "shared", "trigger",
-                                           "rounds", "buckets"),
-                    default="both")
+    ap.add_argument("--part", choices=(*PARTS, "both"), default="both")
     ap.add_argument("--graphs", choices=("pdl", "plain", "torch", "eager"), default="pdl",
                     help="--part trigger: which extra graphs")
     args = ap.parse_args()
     args.prompt_len, args.output_len = 128, 256  # gpu_plain_gap.build sizes the engine by them
-    if args.part in ("first", "both"):
-        first_process(args)
-    if args.part == "spec":
-        spec_process(args)
-    if args.part == "graphs":
-        graphs_process(args)
-    if args.part == "fresh":
-        fresh_process(args)
-    if args.part == "shared":
-        shared_process(args)
-    if args.part == "trigger":
-        trigger_process(args)
-    if args.part == "rounds":
-        rounds_process(args)
-    if args.part == "buckets":
-        buckets_process(args)
-    if args.part == "prelaunch":
-        prelaunch_process(args)
-    elif args.part == "both":  # a fresh process: the speculative engine is its first
-        subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
-                        "--part", "spec"], check=False)
+    if args.part != "both":
+        PARTS[args.part](args)
+        return
+    first_process(args)
+    # a fresh process: the speculative engine is its first
+    subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype, "--device", args.device,
+                    "--part", "spec"], check=False)
+
+
+#: --part -> the process it runs ("both": first, then spec in a fresh process)
+PARTS = {"first": first_process, "spec": spec_process, "graphs": graphs_process, "fresh": fresh_process,
+         "shared": shared_process, "trigger": trigger_process, "rounds": rounds_process,
+         "buckets": buckets_process, "prelaunch": prelaunch_process}
 
 
 if __name__ == "__main__":

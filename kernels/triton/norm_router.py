@@ -29,8 +29,8 @@ from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: router rows a program takes (the 35B-A3B's 256 experts: 64 programs a token); routers
-#: laid out column-major (as CUDA models store their linears, for cuBLAS) take
-#: 16, so that a row block's values at one hidden index fill a 32-byte sector
+#: laid out column-major (as CUDA models store their linears, for cuBLAS) take 16, so that a
+#: block's values at one hidden index fill a 32-byte sector (16 programs a token)
 BLOCK_E = 4
 BLOCK_E_COLUMN_MAJOR = 16
 
