@@ -506,7 +506,7 @@ slowdown)
     # prelaunch spec first; late: the graphs probe with kernels letting the next launch at their
     # exit; fresh: small graphs captured before the engine; prelaunch: after it, before any launch)
     # PART:VAR=value[,VAR=value] runs PART with that environment (graphs:CUDA_DEVICE_MAX_CONNECTIONS=1;
-    # spec:NINFER_GRAPH_SHARE=1,NINFER_GRAPH_WARM_FIRST=1;
+    # spec:NINFER_GRAPH_SHARE=1;
     # shared:NINFER_GRAPH_SHARE=1: which graphs on the engine's own stream and pool slow it;
     # trigger-pdl, trigger-plain, trigger-torch, trigger-eager: four extra graphs of one kind, then the
     # engine's graphs captured again; rounds: a speculating engine's round graph; buckets: every decode

@@ -24,27 +24,6 @@ def test_buckets_cover_every_batch_size_up_to_the_limit():
     assert sizes[-1] == 64 and sizes == sorted(set(sizes))
 
 
-def test_deferred_captures_run_in_order_at_the_end_of_the_block_and_only_when_asked(monkeypatch):
-    from ninfer.engine import cuda_graph
-
-    ran = []
-    monkeypatch.setenv("NINFER_GRAPH_WARM_FIRST", "1")
-    with cuda_graph.captures_after_warm_up():
-        with cuda_graph.captures_after_warm_up():  # a nested block defers to the outer one
-            cuda_graph._DEFERRED.append(lambda: ran.append("decode"))
-        cuda_graph._DEFERRED.append(lambda: ran.append("verify"))
-        assert ran == []
-    assert ran == ["decode", "verify"] and cuda_graph._DEFERRED is None
-    with pytest.raises(RuntimeError):  # a failed build captures nothing
-        with cuda_graph.captures_after_warm_up():
-            cuda_graph._DEFERRED.append(lambda: ran.append("late"))
-            raise RuntimeError("load failed")
-    assert ran == ["decode", "verify"] and cuda_graph._DEFERRED is None
-    monkeypatch.setenv("NINFER_GRAPH_WARM_FIRST", "0")
-    with cuda_graph.captures_after_warm_up():
-        assert cuda_graph._DEFERRED is None  # captures happen where they are asked for
-
-
 def test_one_transfer_stages_every_row_field_and_padding():
     """What a replay reads, staged on the CPU (capture needs CUDA; staging does not)."""
     graphs = DecodeGraphs(None, max_batch=8, max_context=64, block_size=4, device=torch.device("cpu"))

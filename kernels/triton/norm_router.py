@@ -53,9 +53,9 @@ def _norm_router_kernel(
     wr = tl.load(rows, mask=e_ok[:, None] & c_ok[None, :], other=0.0)
     # the last block also takes the shared expert's gate row (a pointer select into the
     # router's tile would hide the rows' contiguity from Triton and split every load)
-    last = block == tl.num_programs(1) - 1
+    last_block = tl.num_programs(1) - 1
     if HAS_GATE:  # (the flag broadcast to a vector: the interpreter rejects scalar-and-block masks)
-        g = tl.load(gate_ptr + cols, mask=c_ok & ((cols * 0 + block) == tl.num_programs(1) - 1), other=0.0)
+        g = tl.load(gate_ptr + cols, mask=c_ok & ((cols * 0 + block) == last_block), other=0.0)
     if USE_PDL:
         pdl.wait()  # x comes from the projection just before
     x = tl.load(x_ptr + t * stride_x + cols, mask=c_ok, other=0.0)
@@ -72,7 +72,7 @@ def _norm_router_kernel(
     logits = tl.sum(of[None, :] * wr.to(tl.float32), 1)
     tl.store(logits_ptr + t * stride_l + e, round_to(logits, logits_ptr.dtype.element_ty, ROUND), mask=e_ok)
     if HAS_GATE:
-        if last:
+        if block == last_block:
             gate = tl.sum(of * g.to(tl.float32), 0)
             tl.store(logits_ptr + t * stride_l + num_experts, round_to(gate, logits_ptr.dtype.element_ty, ROUND))
 

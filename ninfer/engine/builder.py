@@ -14,7 +14,7 @@ from loguru import logger
 from ninfer.engine.compile_watch import process_watch
 from ninfer.engine.config import EngineConfig
 from ninfer.engine.context_cache import DescriptorLimits
-from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs, captures_after_warm_up
+from ninfer.engine.cuda_graph import can_capture, capture_decode_graphs
 from ninfer.engine.defaults import ProcessSamplingOverrides
 from ninfer.engine.gemm_setup import prefer_matmuls_without_workspace
 from ninfer.engine.guided_setup import GuidedDecoding, build_guided_decoding
@@ -213,10 +213,8 @@ def engine_parts(
     state = allocate_recurrent_state(model, cfg, device, costs, device_rounds=device_rounds and launch_ahead)
     host_kv = build_host_kv(kv, cfg, prefix_reuse_on(cfg, state))
     _log_memory_ledger(model, kv, state, cfg, device)
-    with captures_after_warm_up():  # NINFER_GRAPH_WARM_FIRST=1: every set's kernels loaded, then captures
-        graphs, proposer, verify_graphs, rounds = _graph_sets(
-            profile, model, family, cfg, kv, state, device, use_graphs, device_rounds, speculative, vocab_size,
-            model_dir)
+    graphs, proposer, verify_graphs, rounds = _graph_sets(
+        profile, model, family, cfg, kv, state, device, use_graphs, device_rounds, speculative, vocab_size, model_dir)
     # queue each decode step behind the previous one (on CPU nothing would overlap); a
     # speculative round needs its verdict on the host before the next one is proposed,
     # unless it runs whole on the device

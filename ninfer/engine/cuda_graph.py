@@ -22,8 +22,6 @@ Prefill, mixed steps, LoRA batches and models that do not declare
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -103,84 +101,35 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
                     what: str) -> tuple[dict[int, "torch.cuda.CUDAGraph"], dict[int, torch.Tensor]]:
     """One graph of ``forward(bucket)`` per bucket, all in one memory pool (largest first,
     so the later ones fit in its pool); returns the graphs and their static outputs.
-    Each bucket runs twice outside the capture first, so every kernel is compiled and warm.
-    Inside :func:`captures_after_warm_up` those runs happen now, and the captures, which
-    fill the dicts returned, when the block ends."""
-    graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, torch.Tensor] = {}
-    order = sorted(buckets, reverse=True)
+    Each bucket runs twice outside the capture first, so every kernel is compiled and warm."""
     sizes = ",".join(map(str, sorted(buckets)))
     # a cold Triton cache compiles the step's kernels here first (12 s for the 27B on an H100)
     logger.info("capturing {} CUDA graphs for batch sizes {}", what, sizes)
     started = time.perf_counter()
     before = torch.cuda.memory_allocated(device)
-
-    def warm(bs: int) -> None:
-        for _ in range(2):
-            forward(bs)
-
-    @torch.inference_mode()
-    def capture_all(warmed: bool = False) -> None:
-        stream, pool = _capture_context(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for bs in order:
-                if not warmed:
-                    warm(bs)
-                torch.cuda.synchronize(device)
-                _clear_cublas_workspaces()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    outputs[bs] = forward(bs)
-                pool = graph.pool()
-                if _share():
-                    _SHARED.setdefault(_device_key(device), (stream, pool))
-                graphs[bs] = graph
-        _clear_cublas_workspaces()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.synchronize(device)
-        logger.info("captured {} CUDA graphs for batch sizes {} in {:.1f} s ({:.0f} MiB)", what, sizes,
-                    time.perf_counter() - started, (torch.cuda.memory_allocated(device) - before) / 2**20)
-
-    if _DEFERRED is None:
-        capture_all()
-    else:
-        for bs in order:  # every kernel of the set compiled and loaded now, captured later
-            warm(bs)
-        _DEFERRED.append(functools.partial(capture_all, warmed=True))
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    stream, pool = _capture_context(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for bs in sorted(buckets, reverse=True):
+            for _ in range(2):
+                forward(bs)
+            torch.cuda.synchronize(device)
+            _clear_cublas_workspaces()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs[bs] = forward(bs)
+            pool = graph.pool()
+            if _share():
+                _SHARED.setdefault(_device_key(device), (stream, pool))
+            graphs[bs] = graph
+    _clear_cublas_workspaces()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    logger.info("captured {} CUDA graphs for batch sizes {} in {:.1f} s ({:.0f} MiB)", what, sizes,
+                time.perf_counter() - started, (torch.cuda.memory_allocated(device) - before) / 2**20)
     return graphs, outputs
-
-
-#: the captures waiting for the end of :func:`captures_after_warm_up`'s block (None: none is open)
-_DEFERRED: Optional[list] = None
-
-
-def _warm_first() -> bool:
-    """``NINFER_GRAPH_WARM_FIRST=1``: see :func:`captures_after_warm_up` (off until measured)."""
-    return os.environ.get("NINFER_GRAPH_WARM_FIRST", "0") == "1"
-
-
-@contextlib.contextmanager
-def captures_after_warm_up():
-    """With ``NINFER_GRAPH_WARM_FIRST=1``, the graph sets captured inside the block (an
-    engine's decode, MTP, verify and round graphs) first run their eager warm-ups only, so
-    every kernel of every set is compiled and loaded before the first graph is
-    instantiated; the captures follow at the block's end, in order. Session 40 (H100): a
-    speculating engine's graphs replay 13% slower than a plain engine's even with every set
-    on one stream and pool; its later sets hold kernels its first does not, and this tests
-    whether a graph holding functions loaded after another graph was made is the trigger."""
-    global _DEFERRED
-    if not _warm_first() or _DEFERRED is not None:
-        yield
-        return
-    _DEFERRED = []
-    try:
-        yield
-        pending = _DEFERRED
-    finally:
-        _DEFERRED = None
-    for capture_all in pending:
-        capture_all()
 
 
 class StagedInputs:

@@ -93,11 +93,11 @@ class SparseMoE(nn.Module):
         ``NINFER_NORM_ROUTER=1``, a decode batch, a plain router and a block whose output is
         the expert kernel's alone, the norm and the router's matmul are one op
         (:func:`ninfer_kernels.ops.rms_norm_router`): one launch fewer a layer on CUDA."""
-        plan = self._kernel_only_plan()
-        fusable = (plan is not None and norm_router_enabled() and isinstance(norm, RMSNorm)
-                   and residual is not None and x.dim() == 2 and x.shape[0] <= NORM_ROUTER_MAX_TOKENS
-                   and self._plain_router())
-        if not fusable:
+        # the block's own checks last, and only for batches the op serves
+        fusable = (norm_router_enabled() and isinstance(norm, RMSNorm) and residual is not None and x.dim() == 2
+                   and x.shape[0] <= NORM_ROUTER_MAX_TOKENS and self._plain_router())
+        plan = self._kernel_only_plan() if fusable else None
+        if plan is None:
             x, residual = norm(x, residual)
             return self(x), residual
         gate_row, shared = plan
