@@ -12,7 +12,9 @@
 #   scripts/gpu_session.sh router-ab  MoE blocks' norm and router matmul as one launch (NINFER_NORM_ROUTER=1)
 #                                   against two: its GPU tests, then ROUTER_MODELS (35B-A3B, 30B-A3B) at c=1, 8
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
-#   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included
+#   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included,
+#                                   per PROFILE_PDL (1; "1 0": without PDL too, each kernel's own time)
+#   scripts/gpu_session.sh launch-floor  one link of a replayed chain of dependent launches, PDL on and off
 #   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch at their exit (NINFER_PDL_TRIGGER=0)
 #                                   against after their wait (the default): PDL_MODEL (35B-A3B) at PDL_C (1,8)
 #                                   both ways, then the GPU tests with the trigger (PDL_TESTS=0: none;
@@ -338,9 +340,18 @@ skinny-ab)
     ;;
 profile35)
     # the 35B-A3B step at PROFILE_C (1) under the profiler, the host's side included (where the
-    # bench's step and its graph replay part)
-    timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b --concurrency "${PROFILE_C:-1}" \
-        --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b.jsonl" | cut -c1-9000 | tail -80
+    # bench's step and its graph replay part), once per PROFILE_PDL value (1: launched with PDL,
+    # as served; 0: without, where each kernel's time is its own and not its wait for the one before)
+    for pdl_on in ${PROFILE_PDL:-1}; do
+        NINFER_PDL=$pdl_on timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b \
+            --concurrency "${PROFILE_C:-1}" --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b_pdl$pdl_on.jsonl" \
+            | cut -c1-9000 | tail -80
+    done
+    ;;
+launch-floor)
+    # what one link of a chain of dependent launches costs in a replayed graph, PDL on and off,
+    # for a one-element, a norm-sized and a full-grid payload (scripts/gpu_launch_floor.py)
+    timeout 120 python3 scripts/gpu_launch_floor.py 2>&1 | tee "$OUT/launch_floor.jsonl"
     ;;
 gate-tests)
     # session 20's output gate inside the decode kernels, graph decode with it, the MoE kernels

@@ -88,9 +88,11 @@ def test_triton_kernel_refuses_prefill_sized_batches():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens", [1, 8])
-def test_cuda_kernel_at_the_35b_a3b_shape(tokens):
+@pytest.mark.parametrize("column_major", [False, True])
+def test_cuda_kernel_at_the_35b_a3b_shape(tokens, column_major):
     x, residual, weight, router, gate = (t.cuda() for t in _inputs(tokens, 2048, 256, torch.bfloat16))
-    router = router.t().contiguous().t()  # as the model stores it on CUDA
+    if column_major:  # as CUDA models store their linears; with the flag the router stays row-major
+        router = router.t().contiguous().t()
     got = t_norm_router.rms_norm_router(x, residual, weight, EPS, router, gate)
     want = norm.rms_norm_router(x, residual, weight, EPS, router, gate)
     assert torch.equal(got[1], want[1])
@@ -130,6 +132,20 @@ def test_block_from_residual_is_the_norm_then_the_block(shared, monkeypatch):
     big = torch.randn(norm.NORM_ROUTER_MAX_TOKENS + 1, 64)
     block.from_residual(norm_layer, big, big)
     assert len(calls) == 1
+
+
+def test_the_flag_keeps_the_router_row_major(monkeypatch):
+    from ninfer_plugins.models.layers import store_linears_column_major
+
+    def router_strides() -> tuple:
+        block = SparseMoE(64, 8, 2, 32, True)
+        block.gate.weight.data = torch.randn(8, 64)
+        store_linears_column_major(block)
+        return block.gate.weight.stride()
+
+    assert router_strides() == (1, 8)  # off: laid out for cuBLAS like every linear
+    monkeypatch.setenv("NINFER_NORM_ROUTER", "1")
+    assert router_strides() == (64, 1)  # on: the one op's programs read whole rows
 
 
 def test_shared_expert_of_another_width_keeps_the_separate_path(monkeypatch):

@@ -25,7 +25,8 @@ from ninfer_plugins.models.layers import ExpertRows, Linear, RMSNorm, empty_para
 
 def norm_router_enabled() -> bool:
     """``NINFER_NORM_ROUTER=1``: decode batches run the norm before a MoE block and its
-    router's matmul as one op (:meth:`SparseMoE.from_residual`); off until timed on a GPU."""
+    router's matmul as one op (:meth:`SparseMoE.from_residual`); off, since on an H100 it
+    replayed the 35B-A3B's step 2% slower (the 30B-A3B's 1.7% faster; docs/moe.md)."""
     return os.environ.get("NINFER_NORM_ROUTER", "0") == "1"
 
 
@@ -73,6 +74,10 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         self.gate = Linear(hidden_size, num_experts)
         self.gate.quantizable = False  # routing is decided by small logit gaps: keep it exact
+        # the one op reads router rows: row-major, its programs take 4 contiguous rows each (64 a
+        # token at 256 experts); column-major (CUDA's layout for cuBLAS) they need 16 rows to fill
+        # a sector, so only 16 programs a token read the whole router (session 42: slower)
+        self.gate.keep_row_major = norm_router_enabled()
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
 
     def weight_bytes_read(self, num_tokens: int) -> int:
