@@ -1,5 +1,5 @@
 """A MoE block's residual add, input norm and router matmul as one op
-(``ops.rms_norm_router``, ``NINFER_NORM_ROUTER=1``): the reference against the two ops it
+(``ops.rms_norm_router``, on unless ``NINFER_NORM_ROUTER=0``): the reference against the two ops it
 replaces, the Triton kernel against the reference (in the interpreter), the routing with
 the shared gate's logit among the logits, and blocks and whole models with and without it."""
 
@@ -121,9 +121,10 @@ def test_block_from_residual_is_the_norm_then_the_block(shared, monkeypatch):
     calls = []
     real = ops.rms_norm_router
     monkeypatch.setattr(ops, "rms_norm_router", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setenv("NINFER_NORM_ROUTER", "0")
     want, want_residual = block.from_residual(norm_layer, x, residual)  # off: the norm, then the block
     assert not calls
-    monkeypatch.setenv("NINFER_NORM_ROUTER", "1")
+    monkeypatch.delenv("NINFER_NORM_ROUTER")  # on by default
     got, got_residual = block.from_residual(norm_layer, x, residual)
     assert len(calls) == 1 and (calls[0][5] is not None) == shared
     assert isinstance(got, ExpertRows) and torch.equal(got.rows, want.rows)
@@ -143,9 +144,10 @@ def test_the_flag_keeps_the_router_row_major(monkeypatch):
         store_linears_column_major(block)
         return block.gate.weight.stride()
 
+    monkeypatch.delenv("NINFER_NORM_ROUTER", raising=False)
+    assert router_strides() == (64, 1)  # on (the default): the one op's programs read whole rows
+    monkeypatch.setenv("NINFER_NORM_ROUTER", "0")
     assert router_strides() == (1, 8)  # off: laid out for cuBLAS like every linear
-    monkeypatch.setenv("NINFER_NORM_ROUTER", "1")
-    assert router_strides() == (64, 1)  # on: the one op's programs read whole rows
 
 
 def test_shared_expert_of_another_width_keeps_the_separate_path(monkeypatch):
@@ -174,11 +176,12 @@ def test_models_decode_the_same_with_the_one_op(tiny_moe, monkeypatch):
         prompts = [{"prompt_token_ids": tok.encode(p)} for p in ("Hello", "def add(a, b):\n    return", "A")]
         return [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
 
+    monkeypatch.setenv("NINFER_NORM_ROUTER", "0")
     want = generate()
     calls = []
     real = ops.rms_norm_router
     monkeypatch.setattr(ops, "rms_norm_router", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setenv("NINFER_NORM_ROUTER", "1")
+    monkeypatch.delenv("NINFER_NORM_ROUTER")  # on by default
     assert generate() == want
     # the tiny hybrid's shared expert is wider than a routed one: its blocks keep the two ops
     assert bool(calls) == (tiny_moe.name.startswith("tiny-qwen3_moe"))

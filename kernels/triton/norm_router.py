@@ -28,9 +28,10 @@ from ninfer_kernels.norm import NORM_ROUTER_MAX_TOKENS as MAX_TOKENS
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
-#: router rows a program takes (the 35B-A3B's 256 experts: 64 programs a token); routers
-#: laid out column-major (as CUDA models store their linears, for cuBLAS) take 16, so that a
-#: block's values at one hidden index fill a 32-byte sector (16 programs a token)
+#: router rows a program takes (the 35B-A3B's 256 experts: 64 programs a token); a router
+#: laid out column-major (CUDA models' layout for cuBLAS, which the MoE blocks no longer give
+#: their routers: that read measured slower, docs/moe.md) takes 16, so that a block's values
+#: at one hidden index fill a 32-byte sector (16 programs a token)
 BLOCK_E = 4
 BLOCK_E_COLUMN_MAJOR = 16
 

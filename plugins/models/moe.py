@@ -24,10 +24,11 @@ from ninfer_plugins.models.layers import ExpertRows, Linear, RMSNorm, empty_para
 
 
 def norm_router_enabled() -> bool:
-    """``NINFER_NORM_ROUTER=1``: decode batches run the norm before a MoE block and its
-    router's matmul as one op (:meth:`SparseMoE.from_residual`); off, since on an H100 it
-    replayed the 35B-A3B's step 2% slower (the 30B-A3B's 1.7% faster; docs/moe.md)."""
-    return os.environ.get("NINFER_NORM_ROUTER", "0") == "1"
+    """Decode batches run the norm before a MoE block and its router's matmul as one op
+    (:meth:`SparseMoE.from_residual`): 2.5% faster batch-1 steps on the 35B-A3B and 2.2% on
+    the 30B-A3B (H100, docs/moe.md). ``NINFER_NORM_ROUTER=0`` keeps the two launches; read
+    when a block is built (its router's layout follows) and per call."""
+    return os.environ.get("NINFER_NORM_ROUTER", "1") != "0"
 
 
 class Experts(nn.Module):
@@ -76,7 +77,7 @@ class SparseMoE(nn.Module):
         self.gate.quantizable = False  # routing is decided by small logit gaps: keep it exact
         # the one op reads router rows: row-major, its programs take 4 contiguous rows each (64 a
         # token at 256 experts); column-major (CUDA's layout for cuBLAS) they need 16 rows to fill
-        # a sector, so only 16 programs a token read the whole router (session 42: slower)
+        # a sector, so only 16 programs a token read the whole router, slower than two launches
         self.gate.keep_row_major = norm_router_enabled()
         self.experts = Experts(num_experts, hidden_size, intermediate_size)
 
@@ -94,10 +95,10 @@ class SparseMoE(nn.Module):
         return ExpertRows(self.routed(x, summed=False))
 
     def from_residual(self, norm: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> tuple:
-        """``(self(n), new_residual)`` for ``n, new_residual = norm(x, residual)``. With
-        ``NINFER_NORM_ROUTER=1``, a decode batch, a plain router and a block whose output is
-        the expert kernel's alone, the norm and the router's matmul are one op
-        (:func:`ninfer_kernels.ops.rms_norm_router`): one launch fewer a layer on CUDA."""
+        """``(self(n), new_residual)`` for ``n, new_residual = norm(x, residual)``. For a
+        decode batch, a plain router and a block whose output is the expert kernel's alone,
+        the norm and the router's matmul are one op (:func:`ninfer_kernels.ops.rms_norm_router`,
+        unless :func:`norm_router_enabled` says no): one launch fewer a layer on CUDA."""
         # the block's own checks last, and only for batches the op serves
         fusable = (norm_router_enabled() and isinstance(norm, RMSNorm) and residual is not None and x.dim() == 2
                    and x.shape[0] <= NORM_ROUTER_MAX_TOKENS and self._plain_router())
