@@ -14,6 +14,8 @@
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included,
 #                                   per PROFILE_PDL (1; "1 0": without PDL too, each kernel's own time)
+#   scripts/gpu_session.sh gdn-splits  GDN_MODEL (35B-A3B) decode at GDN_C (1) per Gated DeltaNet value split
+#                                   count GDN_SPLITS (4 2 1 8; NINFER_GDN_VALUE_SPLITS)
 #   scripts/gpu_session.sh launch-floor  one link of a replayed chain of dependent launches, PDL on and off
 #   scripts/gpu_session.sh pdl-ab     kernels triggering the next launch at their exit (NINFER_PDL_TRIGGER=0)
 #                                   against after their wait (the default): PDL_MODEL (35B-A3B) at PDL_C (1,8)
@@ -346,6 +348,15 @@ profile35)
         NINFER_PDL=$pdl_on timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b \
             --concurrency "${PROFILE_C:-1}" --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b_pdl$pdl_on.jsonl" \
             | cut -c1-9000 | tail -80
+    done
+    ;;
+gdn-splits)
+    # the Gated DeltaNet decode launch's value splits inside whole steps (NINFER_GDN_VALUE_SPLITS):
+    # GDN_MODEL (35B-A3B) at GDN_C (1) per GDN_SPLITS, the default (4 at batch 1) first
+    for splits in ${GDN_SPLITS:-4 2 1 8}; do
+        echo "{\"gdn_value_splits\": $splits}" | tee -a "$OUT/bench.jsonl"
+        NINFER_GDN_VALUE_SPLITS=$splits bench 100 "random:${GDN_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 --only decode \
+            --concurrency "${GDN_C:-1}" --no-transformers
     done
     ;;
 launch-floor)

@@ -180,6 +180,20 @@ def test_triton_matches_reference(case, dtype, splits):
 
 
 @cpu_only
+def test_launch_shape_splits_small_batches_and_takes_a_forced_count(monkeypatch):
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import gated_delta_decode as tri
+
+    cuda = torch.device("cuda")  # only its type is read: no GPU needed
+    monkeypatch.delenv("NINFER_GDN_VALUE_SPLITS", raising=False)
+    assert tri.launch_shape(1, 32, 128, cuda) == (4, 4)  # the 35B-A3B at batch 1: 32 columns a program
+    assert tri.launch_shape(64, 32, 128, cuda) == (tri.NUM_WARPS, 1)  # enough programs already
+    assert tri.launch_shape(1, 32, 128, torch.device("cpu")) == (tri.NUM_WARPS, 1)
+    monkeypatch.setenv("NINFER_GDN_VALUE_SPLITS", "8")
+    assert tri.launch_shape(1, 32, 128, cuda) == (4, 8)
+    assert tri.launch_shape(1, 32, 4, cuda) == (4, 4)  # never more splits than columns
+
+
 def test_triton_steps_chain_like_the_reference():
     """A verify step, then decode on the states it left: the history each program wrote is
     what the next call reads (a group of two, so the counter decides who writes q/k)."""

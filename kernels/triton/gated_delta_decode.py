@@ -52,6 +52,8 @@ graph once the counter buffer exists (the warm-up passes allocate it).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -82,12 +84,19 @@ MANY_PROGRAMS = 1024
 
 
 def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> tuple[int, int]:
-    """(warps, value splits) for a launch; CPU (the interpreter) runs whole heads."""
+    """(warps, value splits) for a launch; CPU (the interpreter) runs whole heads.
+    ``NINFER_GDN_VALUE_SPLITS`` (read per launch, for benchmarks) fixes the splits: inside
+    whole steps PDL hides the state's read behind the projection before, which timings of
+    the launch alone cannot show."""
     if device.type != "cuda":
         return NUM_WARPS, 1
-    splits = 1
-    while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
-        splits *= 2
+    forced = os.environ.get("NINFER_GDN_VALUE_SPLITS")
+    if forced:
+        splits = min(int(forced), triton.next_power_of_2(head_v_dim))
+    else:
+        splits = 1
+        while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
+            splits *= 2
     if splits == 1:
         return NUM_WARPS, 1
     return (2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4), splits
