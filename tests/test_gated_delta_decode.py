@@ -179,7 +179,6 @@ def test_triton_matches_reference(case, dtype, splits):
     assert not counters.any(), "counters are left at zero for the next call"
 
 
-@cpu_only
 def test_launch_shape_splits_small_batches_and_takes_a_forced_count(monkeypatch):
     pytest.importorskip("triton")
     from ninfer_kernels.triton import gated_delta_decode as tri
@@ -194,6 +193,7 @@ def test_launch_shape_splits_small_batches_and_takes_a_forced_count(monkeypatch)
     assert tri.launch_shape(1, 32, 4, cuda) == (4, 4)  # never more splits than columns
 
 
+@cpu_only
 def test_triton_steps_chain_like_the_reference():
     """A verify step, then decode on the states it left: the history each program wrote is
     what the next call reads (a group of two, so the counter decides who writes q/k)."""
