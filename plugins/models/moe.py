@@ -109,9 +109,13 @@ class SparseMoE(nn.Module):
         gate_row, shared = plan
         x, residual, logits = ops.rms_norm_router(x, residual, norm.weight, norm.eps, self.gate.weight, gate_row)
         weights, ids = ops.moe_route(logits, self.top_k, self.norm_topk_prob, gate_in_logits=gate_row is not None)
-        rows = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, *shared,
-                             summed=False)
-        return ExpertRows(rows), residual
+        return self._expert_rows(x, weights, ids, shared), residual
+
+    def _expert_rows(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: tuple = ()) -> ExpertRows:
+        """The chosen experts' weighted rows (``shared``: the shared expert's weights, which
+        ``ids`` name as expert ``E``), left for the norm after the layer to sum."""
+        return ExpertRows(ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, *shared,
+                                        summed=False))
 
     def _kernel_only_plan(self) -> tuple | None:
         """(the shared expert's gate row or None, the shared expert's weights for the expert

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_kernels import ops
 from ninfer_kernels import quant_rows
 from ninfer_plugins.models.layers import ExpertRows, GatedMLP, Linear
 from ninfer_plugins.models.moe import SparseMoE
@@ -70,8 +69,7 @@ class SharedExpertMoE(SparseMoE):
             shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
             return self.routed(x) + shared
         weights, ids = self.route(x, self.shared_expert_gate.weight[0])
-        return ExpertRows(ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
-                                        *in_kernel, summed=False))
+        return self._expert_rows(x, weights, ids, in_kernel)
 
 
 def _kernel_weight(layer) -> object | None:
