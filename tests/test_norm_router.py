@@ -1,7 +1,8 @@
 """A MoE block's residual add, input norm and router matmul as one op
-(``ops.rms_norm_router``, on unless ``NINFER_NORM_ROUTER=0``): the reference against the two ops it
-replaces, the Triton kernel against the reference (in the interpreter), the routing with
-the shared gate's logit among the logits, and blocks and whole models with and without it."""
+(``ops.rms_norm_router``, on unless ``NINFER_NORM_ROUTER=0``), and with the routing too
+(``ops.rms_norm_route``, ``NINFER_NORM_ROUTE=1``): the references against the ops they
+replace, the Triton kernel against them (in the interpreter), the routing with the shared
+gate's logit among the logits, and blocks and whole models with and without them."""
 
 from __future__ import annotations
 
@@ -70,6 +71,39 @@ def test_triton_kernel_matches_the_reference(tokens, dtype, shared, column_major
         assert torch.allclose(g.float(), w.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_triton_route_picks_what_the_routing_kernel_picks(tokens, shared, column_major):
+    # the token's last program routes from the logits the launch stored: the same ids and
+    # weights as the routing kernel run on them; twice, so the reset counter is checked too
+    x, residual, weight, router, gate = _inputs(tokens, 96, 18 if column_major else 10, torch.bfloat16, seed=tokens)
+    if column_major:
+        router = router.t().contiguous().t()
+    gate = gate if shared else None
+    for _ in range(2):
+        out, new_residual, weights, ids = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 3, True, gate)
+        want_out, want_residual, logits = t_norm_router.rms_norm_router(x, residual, weight, EPS, router, gate)
+        want_weights, want_ids = t_route.moe_route(logits, 3, True, gate_in_logits=shared)
+        assert torch.equal(out, want_out) and torch.equal(new_residual, want_residual)
+        assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+    assert ids.shape == (tokens, 3 + shared) and weights.dtype == torch.float32
+    # and as the reference routes them (the logits equal to within their rounding)
+    ref = norm.rms_norm_route(x, residual, weight, EPS, router, 3, True, gate)
+    assert torch.allclose(weights, ref[2], atol=2e-2)
+    with pytest.raises(ValueError, match="top_k"):
+        t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 0, True)
+
+
+def test_reference_route_is_the_one_op_then_the_routing():
+    x, residual, weight, router, gate = _inputs(4, 48, 6, torch.float32)
+    out, new_residual, logits = norm.rms_norm_router(x, residual, weight, EPS, router, gate)
+    got = norm.rms_norm_route(x, residual, weight, EPS, router, 2, False, gate)
+    want = moe.moe_route(logits, 2, False, gate_in_logits=True)
+    assert torch.equal(got[0], out) and torch.equal(got[1], new_residual)
+    assert torch.equal(got[2], want[0]) and torch.equal(got[3], want[1])
+
+
 def test_triton_routing_reads_the_gate_logit_from_the_logits():
     gen = torch.Generator().manual_seed(1)
     logits = torch.stack([torch.randperm(9, generator=gen).float() * 0.37 - 1 for _ in range(4)])
@@ -101,6 +135,10 @@ def test_cuda_kernel_at_the_35b_a3b_shape(tokens, column_major):
     routed = t_route.moe_route(got[2], 8, True, gate_in_logits=True)
     reference = moe.moe_route(got[2], 8, True, gate_in_logits=True)
     assert torch.equal(routed[1], reference[1]) and torch.allclose(routed[0], reference[0], atol=1e-5)
+    for _ in range(2):  # the one launch routes as the routing kernel does, its counter reset after
+        fused = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 8, True, gate)
+        assert torch.equal(fused[0], got[0]) and torch.equal(fused[1], got[1])
+        assert torch.equal(fused[3], routed[1]) and torch.equal(fused[2], routed[0])
 
 
 def _block(shared: bool) -> SparseMoE:
@@ -133,6 +171,23 @@ def test_block_from_residual_is_the_norm_then_the_block(shared, monkeypatch):
     big = torch.randn(norm.NORM_ROUTER_MAX_TOKENS + 1, 64)
     block.from_residual(norm_layer, big, big)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_block_routes_in_the_one_op_with_the_flag(shared, monkeypatch):
+    block = _block(shared)
+    norm_layer = ZeroCentredRMSNorm(64, EPS)
+    norm_layer.weight.data = 0.1 * torch.randn(64)
+    x, residual = torch.randn(3, 64), torch.randn(3, 64)
+    want, want_residual = block.from_residual(norm_layer, x, residual)
+    calls = []
+    real = ops.rms_norm_route
+    monkeypatch.setattr(ops, "rms_norm_route", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(ops, "rms_norm_router", lambda *a: pytest.fail("took the op without the routing"))
+    monkeypatch.setenv("NINFER_NORM_ROUTE", "1")
+    got, got_residual = block.from_residual(norm_layer, x, residual)
+    assert len(calls) == 1 and calls[0][5:7] == (2, True)
+    assert torch.equal(got.rows, want.rows) and torch.equal(got_residual, want_residual)
 
 
 def test_the_flag_keeps_the_router_row_major(monkeypatch):
@@ -185,3 +240,5 @@ def test_models_decode_the_same_with_the_one_op(tiny_moe, monkeypatch):
     assert generate() == want
     # the tiny hybrid's shared expert is wider than a routed one: its blocks keep the two ops
     assert bool(calls) == (tiny_moe.name.startswith("tiny-qwen3_moe"))
+    monkeypatch.setenv("NINFER_NORM_ROUTE", "1")  # the routing in the same op
+    assert generate() == want

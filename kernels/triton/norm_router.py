@@ -16,6 +16,12 @@ launch wrote before its own wait.
 
 The router rows and the norm weight are never what the kernel before wrote: under PDL
 they are read before the wait, overlapping the end of the projection before.
+
+:func:`rms_norm_route` (``ROUTE``) also takes the routing launch's work: each program
+stores its logits, then bumps its token's arrival counter, and the program that arrives
+last reads the token's whole logits row back (through L2) and picks the experts as
+:mod:`.moe_route` does, from the same rounded logits, so the weights and ids are the two
+launches' bit for bit; it resets the counter for the next call.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import triton.language as tl
 
 from ninfer_kernels.norm import NORM_ROUTER_MAX_TOKENS as MAX_TOKENS
 from ninfer_kernels.triton import pdl
+from ninfer_kernels.triton.counters import counter_buffer
+from ninfer_kernels.triton.moe_route import pick_experts
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: router rows a program takes (the 35B-A3B's 256 experts: 64 programs a token); a router
@@ -38,10 +46,11 @@ BLOCK_E_COLUMN_MAJOR = 16
 
 @triton.jit
 def _norm_router_kernel(
-    x_ptr, res_ptr, w_ptr, router_ptr, gate_ptr, out_ptr, sum_ptr, logits_ptr,
+    x_ptr, res_ptr, w_ptr, router_ptr, gate_ptr, out_ptr, sum_ptr, logits_ptr, rw_ptr, ids_ptr, count_ptr,
     num_experts, eps, stride_x, stride_r, stride_re, stride_rh, stride_l,
     N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr,
-    ROUND: tl.constexpr,
+    ROUND: tl.constexpr, ROUTE: tl.constexpr = False, TOP_K: tl.constexpr = 1, K_OUT: tl.constexpr = 1,
+    RENORM: tl.constexpr = False, BLOCK_ALL: tl.constexpr = 16, BLOCK_KO: tl.constexpr = 2,
 ):
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
@@ -76,6 +85,20 @@ def _norm_router_kernel(
         if block == last_block:
             gate = tl.sum(of * g.to(tl.float32), 0)
             tl.store(logits_ptr + t * stride_l + num_experts, round_to(gate, logits_ptr.dtype.element_ty, ROUND))
+    if ROUTE:
+        tl.debug_barrier()  # every thread's logits are stored before the counter moves
+        counter = count_ptr + t
+        if tl.atomic_add(counter, 1, sem="acq_rel") == last_block:  # the token's last program
+            every = tl.arange(0, BLOCK_ALL)
+            every_ok = every < num_experts
+            row = logits_ptr + t * stride_l
+            logits_all = tl.load(row + every, mask=every_ok, other=float("-inf"), cache_modifier=".cg")
+            gate_logit = 0.0
+            if HAS_GATE:
+                gate_logit = tl.load(row + num_experts, cache_modifier=".cg").to(tl.float32)
+            pick_experts(logits_all.to(tl.float32), every_ok, gate_logit, rw_ptr + t * K_OUT, ids_ptr + t * K_OUT,
+                         num_experts, TOP_K, K_OUT, RENORM, HAS_GATE, BLOCK_ALL, BLOCK_KO)
+            tl.store(counter, 0)
 
 
 def rms_norm_router(
@@ -88,6 +111,30 @@ def rms_norm_router(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Same contract as :func:`ninfer_kernels.norm.rms_norm_router` (x and residual [T, H],
     T at most :data:`MAX_TOKENS`)."""
+    out, new_residual, logits, _ = _launch(x, residual, weight, eps, router, shared_gate, None, False)
+    return out, new_residual, logits
+
+
+def rms_norm_route(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    shared_gate: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`ninfer_kernels.norm.rms_norm_route` (one launch)."""
+    num_experts = router.shape[0]
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    out, new_residual, _, routing = _launch(x, residual, weight, eps, router, shared_gate, top_k, renormalize)
+    return (out, new_residual, *routing)
+
+
+def _launch(x, residual, weight, eps, router, shared_gate, top_k: int | None, renormalize: bool) -> tuple:
+    """(out, new_residual, logits, (weights, ids) when routing with ``top_k`` else None)."""
     tokens, n = x.shape
     if tokens > MAX_TOKENS:
         raise ValueError(f"rms_norm_router serves decode batches of up to {MAX_TOKENS} tokens, got {tokens}")
@@ -101,16 +148,25 @@ def rms_norm_router(
     num_experts = router.shape[0]
     has_gate = shared_gate is not None
     logits = torch.empty(tokens, num_experts + has_gate, dtype=x.dtype, device=x.device)
+    route = top_k is not None
+    k_out = (top_k or 0) + has_gate
+    routing = (torch.empty(tokens, k_out, dtype=torch.float32, device=x.device),
+               torch.empty(tokens, k_out, dtype=torch.int32, device=x.device)) if route else None
     if tokens == 0:
-        return out, new_residual, logits
+        return out, new_residual, logits, routing
     gate = shared_gate.reshape(-1).contiguous() if has_gate else router
     use_pdl = pdl.enabled(x.device)
     column_major = router.stride(1) != 1
     block_e = BLOCK_E_COLUMN_MAJOR if column_major else BLOCK_E
+    # one arrival counter a token (reset by its last program), allocated before any capture
+    counters = counter_buffer("rms_norm_route", x.device, MAX_TOKENS, MAX_TOKENS) if route else out
+    weights, ids = routing if route else (out, out)
     _norm_router_kernel[(tokens, triton.cdiv(num_experts, block_e))](
-        x, residual, weight.contiguous(), router, gate, out, new_residual, logits,
+        x, residual, weight.contiguous(), router, gate, out, new_residual, logits, weights, ids, counters,
         num_experts, eps, x.stride(0), residual.stride(0), router.stride(0), router.stride(1), logits.stride(0),
         N=n, BLOCK_N=triton.next_power_of_2(n), BLOCK_E=block_e, HAS_GATE=has_gate, USE_PDL=use_pdl,
-        ROUND=interpreted_bf16(x), num_warps=8 if column_major else 4, **pdl.launch_options(use_pdl),
+        ROUND=interpreted_bf16(x), ROUTE=route, TOP_K=top_k or 1, K_OUT=max(k_out, 1), RENORM=renormalize,
+        BLOCK_ALL=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(max(k_out, 2)),
+        num_warps=8 if column_major else 4, **pdl.launch_options(use_pdl),
     )
-    return out, new_residual, logits
+    return out, new_residual, logits, routing
