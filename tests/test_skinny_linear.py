@@ -97,3 +97,40 @@ def test_skinny_linear_on_the_gpu_equals_cublas(rows):
         for swap in (False, True):
             got = sk.skinny_linear(x, w, None, sk.SkinnyConfig(64, 128, splits, swap=swap))
             assert rel_err(got, want) <= 1e-2
+
+
+def test_prefetch_lines_cover_each_line_of_a_tile_once():
+    from ninfer_kernels.triton.l2_prefetch import line_grid
+
+    # a bf16 line holds 64 values: along the contiguous dimension one position a line
+    assert line_grid(64, 128, 2, k_contiguous=True) == (64, 1, 2, 64)
+    assert line_grid(64, 128, 2, k_contiguous=False) == (1, 64, 128, 1)
+    # narrower than a line: one position a row (the line holding it)
+    assert line_grid(32, 32, 2, k_contiguous=False) == (1, 64, 32, 1)
+    assert line_grid(16, 256, 4, k_contiguous=True) == (16, 1, 8, 32)
+
+
+def test_prefetch_switch_is_read_per_call(monkeypatch):
+    monkeypatch.delenv("NINFER_SKINNY_PREFETCH", raising=False)
+    assert sk.prefetch_tiles() == 0
+    monkeypatch.setenv("NINFER_SKINNY_PREFETCH", "3")
+    assert sk.prefetch_tiles() == 3
+    # on the CPU (no PDL, no inline PTX) the switch leaves the product alone
+    x, w = torch.randn(2, 96), torch.randn(40, 96)
+    got = sk.skinny_linear(x, w, None, sk.SkinnyConfig(16, 32, 1))
+    assert rel_err(got, F.linear(x, w)) <= TOL[torch.float32]
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [1, 3, 99])
+def test_prefetching_leaves_the_product_bit_equal(prefetch, monkeypatch):
+    # the 35B-A3B's out_proj (2048 x 4096) as CUDA models store it, and its in_proj row-major
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    for w in ((torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16) * 0.02).t().contiguous().t(),
+              torch.randn(12352, 4096, device="cuda", dtype=torch.bfloat16) * 0.02):
+        for config in (sk.SkinnyConfig(64, 256, 8, swap=True), sk.SkinnyConfig(64, 128, 2)):
+            monkeypatch.setenv("NINFER_SKINNY_PREFETCH", "0")
+            want = sk.skinny_linear(x, w, None, config)
+            monkeypatch.setenv("NINFER_SKINNY_PREFETCH", str(prefetch))
+            assert torch.equal(sk.skinny_linear(x, w, None, config), want)
