@@ -253,10 +253,12 @@ def rms_norm_route(
     top_k: int,
     renormalize: bool,
     shared_gate: torch.Tensor | None = None,
+    prefetch: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`rms_norm_router` and the routing of its logits
     (:func:`ninfer_kernels.norm.rms_norm_route`): one launch for decode batches on CUDA."""
-    return choose("rms_norm_route", x.device.type)(x, residual, weight, eps, router, top_k, renormalize, shared_gate)
+    return choose("rms_norm_route", x.device.type)(x, residual, weight, eps, router, top_k, renormalize, shared_gate,
+                                                   prefetch)
 
 
 def route_tokens(

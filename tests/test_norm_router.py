@@ -95,6 +95,23 @@ def test_triton_route_picks_what_the_routing_kernel_picks(tokens, shared, column
         t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 0, True)
 
 
+def test_route_prefetch_takes_dense_expert_weights_only():
+    experts = torch.zeros(4, 64, 32, dtype=torch.bfloat16)  # 4 KB an expert
+    shared = torch.zeros(64, 32, dtype=torch.bfloat16)
+    on, as_bytes, shared_bytes, stride, nbytes, chunk, chunks = t_norm_router._prefetch_args((experts, shared), True)
+    assert on and as_bytes.dtype == torch.uint8 and shared_bytes.data_ptr() == shared.data_ptr()
+    assert (stride, nbytes) == (4096, 4096) and chunk * chunks >= nbytes and chunk % 16 == 0
+    # a shared expert laid out column-major (a CUDA linear) is one dense range too
+    column_major = shared.t().contiguous().t()
+    assert t_norm_router._prefetch_args((experts, column_major), True)[0]
+    # without PDL (the interpreter), a strided or other-sized shared expert, or quantized experts: none
+    assert not t_norm_router._prefetch_args((experts, shared), False)[0]
+    assert not t_norm_router._prefetch_args((experts, torch.zeros(64, 64, dtype=torch.bfloat16)[:, ::2]), True)[0]
+    assert not t_norm_router._prefetch_args((experts, torch.zeros(32, 32, dtype=torch.bfloat16)), True)[0]
+    assert not t_norm_router._prefetch_args((object(), None), True)[0]
+    assert t_norm_router._prefetch_args((experts, None), True)[0]
+
+
 def test_reference_route_is_the_one_op_then_the_routing():
     x, residual, weight, router, gate = _inputs(4, 48, 6, torch.float32)
     out, new_residual, logits = norm.rms_norm_router(x, residual, weight, EPS, router, gate)
@@ -135,9 +152,11 @@ def test_cuda_kernel_at_the_35b_a3b_shape(tokens, column_major):
     routed = t_route.moe_route(got[2], 8, True, gate_in_logits=True)
     reference = moe.moe_route(got[2], 8, True, gate_in_logits=True)
     assert torch.equal(routed[1], reference[1]) and torch.allclose(routed[0], reference[0], atol=1e-5)
-    for _ in range(2):  # the one launch routes as the routing kernel does, its counter reset after
-        fused = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 8, True, gate)
-        assert torch.equal(fused[0], got[0]) and torch.equal(fused[1], got[1])
+    experts = torch.randn(256, 1024, 2048, device="cuda", dtype=torch.bfloat16)
+    shared = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16).t()  # column-major, as CUDA linears
+    for prefetch in (None, (experts, shared), None):  # the one launch routes as the routing kernel does,
+        fused = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 8, True, gate, prefetch)
+        assert torch.equal(fused[0], got[0]) and torch.equal(fused[1], got[1])  # its counter reset after
         assert torch.equal(fused[3], routed[1]) and torch.equal(fused[2], routed[0])
 
 
@@ -186,8 +205,12 @@ def test_block_routes_in_the_one_op_with_the_flag(shared, monkeypatch):
     monkeypatch.setattr(ops, "rms_norm_router", lambda *a: pytest.fail("took the op without the routing"))
     monkeypatch.setenv("NINFER_NORM_ROUTE", "1")
     got, got_residual = block.from_residual(norm_layer, x, residual)
-    assert len(calls) == 1 and calls[0][5:7] == (2, True)
+    assert len(calls) == 1 and calls[0][5:7] == (2, True) and calls[0][8] is None
     assert torch.equal(got.rows, want.rows) and torch.equal(got_residual, want_residual)
+    monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "1")  # the hint names the experts the kernel reads next
+    got, _ = block.from_residual(norm_layer, x, residual)
+    assert calls[1][8][0] is block.experts.gate_up_proj and (calls[1][8][1] is not None) == shared
+    assert torch.equal(got.rows, want.rows)
 
 
 def test_the_flag_keeps_the_router_row_major(monkeypatch):

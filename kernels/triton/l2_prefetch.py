@@ -8,8 +8,9 @@ it can also ask for the tiles after that, so their bytes stream into L2 while th
 before still runs, and its loop then reads them from L2. A prefetch is fire-and-forget:
 the program does not wait for it, and a line that is evicted again is only read twice.
 
-Triton has no prefetch of its own, so this is PTX (``prefetch.global.L2``) per lane, one
-lane per 128-byte line; callers pass pointers spaced a line apart. Only on the GPU: the
+Triton has no prefetch of its own, so this is PTX: ``prefetch.global.L2`` per lane, one
+lane per 128-byte line (callers pass pointers spaced a line apart), or a bulk prefetch of
+a whole range per lane. Only on the GPU: the
 interpreter has no inline assembly, so callers gate it on a constexpr that is false there.
 """
 
@@ -31,6 +32,18 @@ def prefetch_l2(ptrs, mask):
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
         "=r,l,r", [addrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def prefetch_l2_bulk(ptrs, nbytes, mask):
+    """Prefetch ``nbytes`` (int32, a multiple of 16, as are the addresses) from each of
+    ``ptrs`` into L2 where ``mask`` holds: Hopper's bulk prefetch, one instruction a range,
+    so one program can ask for megabytes (``cp.async.bulk.prefetch.L2``, sm_90)."""
+    addrs = ptrs.to(tl.int64)
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addrs, nbytes.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
     )
 
 

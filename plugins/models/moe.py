@@ -38,6 +38,12 @@ def norm_route_enabled() -> bool:
     return os.environ.get("NINFER_NORM_ROUTE", "0") == "1"
 
 
+def route_prefetch_enabled() -> bool:
+    """With :func:`norm_route_enabled`, ``NINFER_ROUTE_PREFETCH=1`` lets the routing program ask
+    L2 for the chosen experts' gate/up weights (read per call; an A/B switch until measured)."""
+    return os.environ.get("NINFER_ROUTE_PREFETCH", "0") == "1"
+
+
 class Experts(nn.Module):
     """``gate_up_proj`` and ``down_proj``: stacked tensors, or, from a quantized checkpoint,
     stacked quantized weights (:meth:`set_quantized`) that ``ops.fused_moe`` takes as they are."""
@@ -116,8 +122,9 @@ class SparseMoE(nn.Module):
             return self(x), residual
         gate_row, shared = plan
         if norm_route_enabled():
+            prefetch = (self.experts.gate_up_proj, shared[0] if shared else None) if route_prefetch_enabled() else None
             x, residual, weights, ids = ops.rms_norm_route(x, residual, norm.weight, norm.eps, self.gate.weight,
-                                                           self.top_k, self.norm_topk_prob, gate_row)
+                                                           self.top_k, self.norm_topk_prob, gate_row, prefetch)
             return self._expert_rows(x, weights, ids, shared), residual
         x, residual, logits = ops.rms_norm_router(x, residual, norm.weight, norm.eps, self.gate.weight, gate_row)
         weights, ids = ops.moe_route(logits, self.top_k, self.norm_topk_prob, gate_in_logits=gate_row is not None)
