@@ -9,7 +9,8 @@
 #                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
 #   scripts/gpu_session.sh ab       AB="VAR=v1,v2 [VAR=...]": AB_MODEL (35B-A3B) decode at AB_C (1,8) per value of
-#                                   each switch, in order (AB_TESTS: GPU test files to run first)
+#                                   each switch, in order (A=1+B=1: one run with both; AB_TESTS: GPU test
+#                                   files to run first)
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh router-ab  MoE blocks' norm and router matmul as one launch (NINFER_NORM_ROUTER=1)
 #                                   against two: its GPU tests, then ROUTER_MODELS (35B-A3B, 30B-A3B) at c=1, 8
@@ -296,13 +297,23 @@ ab)
     # AB_MODEL (35B-A3B) at AB_C (1,8) once per value, in order; AB_TESTS first (files or node
     # ids, their GPU tests; none by default)
     [ -n "${AB_TESTS:-}" ] && timeout 150 python3 -m pytest -q -m gpu $AB_TESTS 2>&1 | tail -3
+    ab_bench() {
+        echo "{\"ab\": \"$1\", \"model\": \"${AB_MODEL:-qwen3.6-35b-a3b}\"}" | tee -a "$OUT/bench.jsonl"
+        bench 150 "random:${AB_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 --only decode --concurrency "${AB_C:-1,8}" \
+            --no-transformers
+    }
     for group in ${AB:?AB=VAR=v1,v2 [VAR=...]}; do
+        if [[ $group == *+* ]]; then  # A=1+B=2: one run with both set
+            IFS=+ read -ra pairs <<< "$group"
+            for pair in "${pairs[@]}"; do export "$pair"; done
+            ab_bench "$group"
+            for pair in "${pairs[@]}"; do unset "${pair%%=*}"; done
+            continue
+        fi
         var=${group%%=*}
         for value in $(echo "${group#*=}" | tr , ' '); do
-            echo "{\"ab\": \"$var=$value\", \"model\": \"${AB_MODEL:-qwen3.6-35b-a3b}\"}" | tee -a "$OUT/bench.jsonl"
             export "$var=$value"
-            bench 150 "random:${AB_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 --only decode --concurrency "${AB_C:-1,8}" \
-                --no-transformers
+            ab_bench "$var=$value"
         done
         unset "$var"
     done
