@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ninfer_kernels.moe import moe_route
-
 
 def rms_norm(
     x: torch.Tensor,
@@ -62,23 +60,3 @@ def rms_norm_router(
         gate = (out.float() @ shared_gate.reshape(-1).float()).to(out.dtype)
         logits = torch.cat([logits, gate[:, None]], dim=1)
     return out, new_residual, logits
-
-
-def rms_norm_route(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    router: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared_gate: torch.Tensor | None = None,
-    prefetch: tuple | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`rms_norm_router` and then the routing of its logits
-    (:func:`ninfer_kernels.moe.moe_route`, the shared expert's gate read from the logits):
-    ``(out, new_residual, weights, ids)``, as the two ops give them. ``prefetch`` (the expert
-    weights the chosen experts' kernel reads next) is a hint only the CUDA kernel takes."""
-    out, new_residual, logits = rms_norm_router(x, residual, weight, eps, router, shared_gate)
-    weights, ids = moe_route(logits, top_k, renormalize, gate_in_logits=shared_gate is not None)
-    return out, new_residual, weights, ids

@@ -30,7 +30,6 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "linear": {"reference": torch.nn.functional.linear, "triton": None},
     "rms_norm": {"reference": norm.rms_norm, "triton": None},
     "rms_norm_router": {"reference": norm.rms_norm_router, "triton": None},
-    "rms_norm_route": {"reference": norm.rms_norm_route, "triton": None},
     "apply_rope": {"reference": rope.apply_rope, "triton": None},
     "silu_and_mul": {"reference": activation.silu_and_mul, "triton": None},
     "write_kv": {"reference": attention.write_kv, "triton": None},
@@ -242,23 +241,6 @@ def rms_norm_router(
     """A MoE block's residual add, input norm and router matmul
     (:func:`ninfer_kernels.norm.rms_norm_router`): one launch for decode batches on CUDA."""
     return choose("rms_norm_router", x.device.type)(x, residual, weight, eps, router, shared_gate)
-
-
-def rms_norm_route(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    router: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared_gate: torch.Tensor | None = None,
-    prefetch: tuple | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`rms_norm_router` and the routing of its logits
-    (:func:`ninfer_kernels.norm.rms_norm_route`): one launch for decode batches on CUDA."""
-    return choose("rms_norm_route", x.device.type)(x, residual, weight, eps, router, top_k, renormalize, shared_gate,
-                                                   prefetch)
 
 
 def route_tokens(

@@ -14,7 +14,6 @@
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh router-ab  MoE blocks' norm and router matmul as one launch (NINFER_NORM_ROUTER=1)
 #                                   against two: its GPU tests, then ROUTER_MODELS (35B-A3B, 30B-A3B) at c=1, 8
-#                                   (ROUTER_SWITCH=NINFER_NORM_ROUTE: the routing in that launch too, or not)
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included,
 #                                   per PROFILE_PDL (1; "1 0": without PDL too, each kernel's own time)
@@ -279,17 +278,14 @@ moe)
 router-ab)
     # a MoE block's residual add, norm and router matmul in one launch (NINFER_NORM_ROUTER=1,
     # kernels/triton/norm_router.py) against the two launches: its GPU tests, then each of
-    # ROUTER_MODELS at c=1 and 8 both ways, the two launches first (ROUTER_TESTS=0: no tests).
-    # ROUTER_SWITCH=NINFER_NORM_ROUTE: that launch routing too against the routing launch after it
-    switch=${ROUTER_SWITCH:-NINFER_NORM_ROUTER}
+    # ROUTER_MODELS at c=1 and 8 both ways, the two launches first (ROUTER_TESTS=0: no tests)
     [ "${ROUTER_TESTS:-1}" = 1 ] && timeout 120 python3 -m pytest -q -m gpu tests/test_norm_router.py 2>&1 | tail -3
     for model in ${ROUTER_MODELS:-qwen3.6-35b-a3b qwen3-30b-a3b}; do
         for fused in 0 1; do
-            echo "{\"switch\": \"$switch\", \"on\": $fused, \"model\": \"$model\"}" | tee -a "$OUT/bench.jsonl"
-            export "$switch=$fused"
-            bench 150 "random:$model" --dtype bf16 --only decode --concurrency 1,8 --no-transformers
+            echo "{\"norm_router\": $fused, \"model\": \"$model\"}" | tee -a "$OUT/bench.jsonl"
+            NINFER_NORM_ROUTER=$fused bench 150 "random:$model" --dtype bf16 --only decode --concurrency 1,8 \
+                --no-transformers
         done
-        unset "$switch"
     done
     ;;
 ab)

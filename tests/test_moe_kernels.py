@@ -404,9 +404,3 @@ def test_single_token_kernels_staged_equal_unstaged_at_the_35b_shape():
     staged = t_one.expert_rows_one_token(x, w13, w2, weights, ids, s13, s2,
                                          replace(t_one.DEFAULT_CONFIG, gate_up_stages=3, down_stages=3))
     assert torch.equal(plain, staged)
-    # the down kernel reading its expert id and prefetching its rows before its wait: the same rows
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("NINFER_EXPERT_PREFETCH", "1")
-        assert t_one.expert_prefetch()
-        prefetched = t_one.expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, t_one.DEFAULT_CONFIG)
-    assert torch.equal(plain, prefetched)

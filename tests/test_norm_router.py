@@ -1,8 +1,7 @@
 """A MoE block's residual add, input norm and router matmul as one op
-(``ops.rms_norm_router``, on unless ``NINFER_NORM_ROUTER=0``), and with the routing too
-(``ops.rms_norm_route``, ``NINFER_NORM_ROUTE=1``): the references against the ops they
-replace, the Triton kernel against them (in the interpreter), the routing with the shared
-gate's logit among the logits, and blocks and whole models with and without them."""
+(``ops.rms_norm_router``, on unless ``NINFER_NORM_ROUTER=0``): the reference against the two ops it
+replaces, the Triton kernel against the reference (in the interpreter), the routing with
+the shared gate's logit among the logits, and blocks and whole models with and without it."""
 
 from __future__ import annotations
 
@@ -71,56 +70,6 @@ def test_triton_kernel_matches_the_reference(tokens, dtype, shared, column_major
         assert torch.allclose(g.float(), w.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("tokens", [1, 3])
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("column_major", [False, True])
-def test_triton_route_picks_what_the_routing_kernel_picks(tokens, shared, column_major):
-    # the token's last program routes from the logits the launch stored: the same ids and
-    # weights as the routing kernel run on them; twice, so the reset counter is checked too
-    x, residual, weight, router, gate = _inputs(tokens, 96, 18 if column_major else 10, torch.bfloat16, seed=tokens)
-    if column_major:
-        router = router.t().contiguous().t()
-    gate = gate if shared else None
-    for _ in range(2):
-        out, new_residual, weights, ids = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 3, True, gate)
-        want_out, want_residual, logits = t_norm_router.rms_norm_router(x, residual, weight, EPS, router, gate)
-        want_weights, want_ids = t_route.moe_route(logits, 3, True, gate_in_logits=shared)
-        assert torch.equal(out, want_out) and torch.equal(new_residual, want_residual)
-        assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
-    assert ids.shape == (tokens, 3 + shared) and weights.dtype == torch.float32
-    # and as the reference routes them (the logits equal to within their rounding)
-    ref = norm.rms_norm_route(x, residual, weight, EPS, router, 3, True, gate)
-    assert torch.allclose(weights, ref[2], atol=2e-2)
-    with pytest.raises(ValueError, match="top_k"):
-        t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 0, True)
-
-
-def test_route_prefetch_takes_dense_expert_weights_only():
-    experts = torch.zeros(4, 64, 32, dtype=torch.bfloat16)  # 4 KB an expert
-    shared = torch.zeros(64, 32, dtype=torch.bfloat16)
-    on, as_bytes, shared_bytes, stride, nbytes, chunk, chunks = t_norm_router._prefetch_args((experts, shared), True)
-    assert on and as_bytes.dtype == torch.uint8 and shared_bytes.data_ptr() == shared.data_ptr()
-    assert (stride, nbytes) == (4096, 4096) and chunk * chunks >= nbytes and chunk % 16 == 0
-    # a shared expert laid out column-major (a CUDA linear) is one dense range too
-    column_major = shared.t().contiguous().t()
-    assert t_norm_router._prefetch_args((experts, column_major), True)[0]
-    # without PDL (the interpreter), a strided or other-sized shared expert, or quantized experts: none
-    assert not t_norm_router._prefetch_args((experts, shared), False)[0]
-    assert not t_norm_router._prefetch_args((experts, torch.zeros(64, 64, dtype=torch.bfloat16)[:, ::2]), True)[0]
-    assert not t_norm_router._prefetch_args((experts, torch.zeros(32, 32, dtype=torch.bfloat16)), True)[0]
-    assert not t_norm_router._prefetch_args((object(), None), True)[0]
-    assert t_norm_router._prefetch_args((experts, None), True)[0]
-
-
-def test_reference_route_is_the_one_op_then_the_routing():
-    x, residual, weight, router, gate = _inputs(4, 48, 6, torch.float32)
-    out, new_residual, logits = norm.rms_norm_router(x, residual, weight, EPS, router, gate)
-    got = norm.rms_norm_route(x, residual, weight, EPS, router, 2, False, gate)
-    want = moe.moe_route(logits, 2, False, gate_in_logits=True)
-    assert torch.equal(got[0], out) and torch.equal(got[1], new_residual)
-    assert torch.equal(got[2], want[0]) and torch.equal(got[3], want[1])
-
-
 def test_triton_routing_reads_the_gate_logit_from_the_logits():
     gen = torch.Generator().manual_seed(1)
     logits = torch.stack([torch.randperm(9, generator=gen).float() * 0.37 - 1 for _ in range(4)])
@@ -152,12 +101,6 @@ def test_cuda_kernel_at_the_35b_a3b_shape(tokens, column_major):
     routed = t_route.moe_route(got[2], 8, True, gate_in_logits=True)
     reference = moe.moe_route(got[2], 8, True, gate_in_logits=True)
     assert torch.equal(routed[1], reference[1]) and torch.allclose(routed[0], reference[0], atol=1e-5)
-    experts = torch.randn(256, 1024, 2048, device="cuda", dtype=torch.bfloat16)
-    shared = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16).t()  # column-major, as CUDA linears
-    for prefetch in (None, (experts, shared), None):  # the one launch routes as the routing kernel does,
-        fused = t_norm_router.rms_norm_route(x, residual, weight, EPS, router, 8, True, gate, prefetch)
-        assert torch.equal(fused[0], got[0]) and torch.equal(fused[1], got[1])  # its counter reset after
-        assert torch.equal(fused[3], routed[1]) and torch.equal(fused[2], routed[0])
 
 
 def _block(shared: bool) -> SparseMoE:
@@ -190,27 +133,6 @@ def test_block_from_residual_is_the_norm_then_the_block(shared, monkeypatch):
     big = torch.randn(norm.NORM_ROUTER_MAX_TOKENS + 1, 64)
     block.from_residual(norm_layer, big, big)
     assert len(calls) == 1
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_block_routes_in_the_one_op_with_the_flag(shared, monkeypatch):
-    block = _block(shared)
-    norm_layer = ZeroCentredRMSNorm(64, EPS)
-    norm_layer.weight.data = 0.1 * torch.randn(64)
-    x, residual = torch.randn(3, 64), torch.randn(3, 64)
-    want, want_residual = block.from_residual(norm_layer, x, residual)
-    calls = []
-    real = ops.rms_norm_route
-    monkeypatch.setattr(ops, "rms_norm_route", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(ops, "rms_norm_router", lambda *a: pytest.fail("took the op without the routing"))
-    monkeypatch.setenv("NINFER_NORM_ROUTE", "1")
-    got, got_residual = block.from_residual(norm_layer, x, residual)
-    assert len(calls) == 1 and calls[0][5:7] == (2, True) and calls[0][8] is None
-    assert torch.equal(got.rows, want.rows) and torch.equal(got_residual, want_residual)
-    monkeypatch.setenv("NINFER_ROUTE_PREFETCH", "1")  # the hint names the experts the kernel reads next
-    got, _ = block.from_residual(norm_layer, x, residual)
-    assert calls[1][8][0] is block.experts.gate_up_proj and (calls[1][8][1] is not None) == shared
-    assert torch.equal(got.rows, want.rows)
 
 
 def test_the_flag_keeps_the_router_row_major(monkeypatch):
@@ -263,5 +185,3 @@ def test_models_decode_the_same_with_the_one_op(tiny_moe, monkeypatch):
     assert generate() == want
     # the tiny hybrid's shared expert is wider than a routed one: its blocks keep the two ops
     assert bool(calls) == (tiny_moe.name.startswith("tiny-qwen3_moe"))
-    monkeypatch.setenv("NINFER_NORM_ROUTE", "1")  # the routing in the same op
-    assert generate() == want

@@ -20,7 +20,6 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("linear", skinny_linear.linear)
     ops.register_triton("rms_norm", norm.rms_norm)
     ops.register_triton("rms_norm_router", norm_router.rms_norm_router)
-    ops.register_triton("rms_norm_route", norm_router.rms_norm_route)
     ops.register_triton("apply_rope", rope.apply_rope)
     ops.register_triton("silu_and_mul", activation.silu_and_mul)
     ops.register_triton("write_kv", kv_write.write_kv)

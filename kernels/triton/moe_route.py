@@ -49,7 +49,7 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
                  RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
     """Store one token's ``K_OUT`` weights and expert ids at ``w_out`` / ``ids_out`` from its
     float32 router ``logits`` [BLOCK_E] (lanes past ``e_ok`` -inf) and, with a shared
-    expert, its rounded gate logit ``g``; returns the ids [BLOCK_KO] (lanes past K_OUT 0)."""
+    expert, its rounded gate logit ``g``."""
     offs_e = tl.arange(0, BLOCK_E)
     # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
     # one reduction of a 64-bit key: the logit's bits made to order as signed integers
@@ -82,7 +82,6 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
         ids = tl.where(cols == TOP_K, num_experts, ids)
     tl.store(w_out + cols, weights, mask=cols < K_OUT)
     tl.store(ids_out + cols, ids, mask=cols < K_OUT)
-    return ids
 
 
 @triton.jit

@@ -19,15 +19,10 @@ many more, smaller programs:
    are the reference's.
 
 Both launch with PDL where available (the ids come from the routing kernel before).
-With ``NINFER_EXPERT_PREFETCH=1`` (read per call; an A/B switch until a GPU run decides)
-the down kernel reads its pair's expert id before its wait (the routing ran two launches
-back, so it has finished by then) and asks L2 for its weight rows (:mod:`.l2_prefetch`),
-which then stream in while the gate/up kernel still runs.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +30,6 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.l2_prefetch import LINE_BYTES, prefetch_l2
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 
@@ -131,22 +125,14 @@ def _down_one_kernel(
     h_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1, PREFETCH: tl.constexpr = False, PF_K: tl.constexpr = 1,
-    STEP_K: tl.constexpr = 1,
+    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1,
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    if USE_PDL and PREFETCH:
-        # the ids were written two launches back: finished once this kernel may start
-        rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
-        offs_k = tl.arange(0, PF_K) * STEP_K  # one lane per line of each row (rows are contiguous)
-        prefetch_l2(rows + offs_k[None, :], n_ok[:, None] & (offs_k < K)[None, :])
-        pdl.wait()  # the intermediate comes from the gate_up kernel just before
-    else:
-        if USE_PDL:
-            pdl.wait()
-        rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
+    if USE_PDL:  # the intermediate comes from the gate_up kernel just before
+        pdl.wait()
+    rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
     scaled = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * N + offs_n, round_to(scaled, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
@@ -190,16 +176,8 @@ def expert_rows_one_token(
         num_warps=config.gate_up_warps, **options)
     rows = torch.empty(top_k, hidden, dtype=x.dtype, device=x.device)
     block_n = _tile(config.down_n, hidden)
-    per_line = LINE_BYTES // w2.element_size()
-    prefetch = use_pdl and expert_prefetch() and w2.stride(2) == 1
     _down_one_kernel[(top_k, triton.cdiv(hidden, block_n))](
         h, w2, s2, rows, weights, ids, num_experts, hidden, inter, w2.stride(0), w2.stride(1), w2.stride(2),
         BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), STAGES=config.down_stages,
-        PREFETCH=prefetch, PF_K=triton.next_power_of_2(triton.cdiv(inter, per_line)), STEP_K=per_line,
         num_warps=config.down_warps, **options)
     return rows
-
-
-def expert_prefetch() -> bool:
-    """``NINFER_EXPERT_PREFETCH=1``: the down kernel asks L2 for its weight rows before its wait."""
-    return os.environ.get("NINFER_EXPERT_PREFETCH", "0") == "1"

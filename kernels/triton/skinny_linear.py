@@ -13,9 +13,6 @@ waiting for the kernel that wrote ``x``. With ``swap`` a program computes ``W x^
 instead, the weight tile as the first operand: compiled for sm_90 that runs Hopper's
 warpgroup MMA on the weight tile as the pipeline put it in shared memory, where ``x W^T``
 runs the 16-row MMA on tiles loaded into registers first (a sweep candidate, untimed).
-With ``NINFER_SKINNY_PREFETCH=n`` (read per call; an A/B switch until a GPU run decides)
-each program also asks L2 for its next ``n`` weight tiles before the wait
-(:mod:`.l2_prefetch`), so they stream in while the latency-bound kernel before still runs.
 
 :func:`choose` decides per call from the shapes alone (so a CUDA graph replays the same
 choice): an entry of the tuned table ``linear_configs/<device>.json`` (written by
@@ -36,7 +33,6 @@ import triton.language as tl
 
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.l2_prefetch import line_grid, prefetch_l2
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 from ninfer_kernels.triton.tuned_tables import device_name, read_table
 
@@ -87,12 +83,6 @@ def choose(x: torch.Tensor, weight: torch.Tensor) -> SkinnyConfig | None:
 def enabled() -> bool:
     """``NINFER_SKINNY_LINEAR=0`` keeps every matmul on cuBLAS (read per call, for benchmarks)."""
     return os.environ.get("NINFER_SKINNY_LINEAR", "1") != "0"
-
-
-def prefetch_tiles() -> int:
-    """``NINFER_SKINNY_PREFETCH``: weight tiles past the first each program asks L2 for before
-    its wait (0, the default: none). Read per call, for benchmarks."""
-    return int(os.environ.get("NINFER_SKINNY_PREFETCH", "0") or 0)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -159,27 +149,13 @@ def _partial_swapped(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, s
     return tl.trans(acc_t)
 
 
-@triton.jit
-def _prefetch_tiles(w_ptr, offs_n0, N, k_begin, k_end, stride_wn, stride_wk, BLOCK_K: tl.constexpr,
-                    PREFETCH: tl.constexpr, PF_N: tl.constexpr, STEP_N: tl.constexpr, PF_K: tl.constexpr,
-                    STEP_K: tl.constexpr):
-    """Ask L2 for this program's weight tiles 1..``PREFETCH`` of its part (tile 0 the loop
-    loads itself before the wait), one lane per 128-byte line (:func:`.l2_prefetch.line_grid`)."""
-    offs_n = offs_n0 + tl.arange(0, PF_N) * STEP_N
-    rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    for j in tl.static_range(1, PREFETCH + 1):
-        offs_k = k_begin + j * BLOCK_K + tl.arange(0, PF_K) * STEP_K
-        prefetch_l2(rows + offs_k[None, :].to(tl.int64) * stride_wk, (offs_n < N)[:, None] & (offs_k < k_end)[None, :])
-
-
 @triton.jit(do_not_specialize=["M"])
 def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
-    SWAP: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_N: tl.constexpr = 1, STEP_N: tl.constexpr = 1,
-    PF_K: tl.constexpr = 1, STEP_K: tl.constexpr = 1,
+    SWAP: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -189,9 +165,6 @@ def _skinny_kernel(
     n_ok = offs_n < N
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
-    if USE_PDL and PREFETCH > 0:  # (only with PDL: then on a GPU, where inline PTX exists)
-        _prefetch_tiles(w_ptr, pid_n * BLOCK_N, N, k_begin, k_end, stride_wn, stride_wk, BLOCK_K, PREFETCH,
-                        PF_N, STEP_N, PF_K, STEP_K)
     if SWAP:
         acc = _partial_swapped(x_ptr, w_ptr, offs_m, m_ok, offs_n, n_ok, k_begin, k_end, stride_xm, stride_xk,
                                stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST, USE_PDL)
@@ -242,14 +215,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     else:
         parts = counters = out  # unused
     use_pdl = pdl.enabled(x.device)
-    prefetch = min(prefetch_tiles(), triton.cdiv(k_per_split, block_k) - 1) if use_pdl else 0
-    pf_n, step_n, pf_k, step_k = line_grid(block_n, block_k, x.element_size(), weight.stride(1) == 1)
     _skinny_kernel[(col_blocks, splits)](
         x, weight, bias if bias is not None else out, out, parts, counters, rows, n, inner, k_per_split,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, UPCAST=interpreted_bf16(x), USE_PDL=use_pdl, SWAP=config.swap,
-        PREFETCH=max(prefetch, 0), PF_N=pf_n, STEP_N=step_n, PF_K=pf_k, STEP_K=step_k,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(use_pdl),
     )
     return out

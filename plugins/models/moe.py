@@ -31,19 +31,6 @@ def norm_router_enabled() -> bool:
     return os.environ.get("NINFER_NORM_ROUTER", "1") != "0"
 
 
-def norm_route_enabled() -> bool:
-    """With the one op above, its launch also routes (:func:`ninfer_kernels.ops.rms_norm_route`:
-    the token's last program picks the experts), one launch fewer again a layer.
-    ``NINFER_NORM_ROUTE=1`` turns it on (read per call) until a GPU A/B decides the default."""
-    return os.environ.get("NINFER_NORM_ROUTE", "0") == "1"
-
-
-def route_prefetch_enabled() -> bool:
-    """With :func:`norm_route_enabled`, ``NINFER_ROUTE_PREFETCH=1`` lets the routing program ask
-    L2 for the chosen experts' gate/up weights (read per call; an A/B switch until measured)."""
-    return os.environ.get("NINFER_ROUTE_PREFETCH", "0") == "1"
-
-
 class Experts(nn.Module):
     """``gate_up_proj`` and ``down_proj``: stacked tensors, or, from a quantized checkpoint,
     stacked quantized weights (:meth:`set_quantized`) that ``ops.fused_moe`` takes as they are."""
@@ -111,8 +98,7 @@ class SparseMoE(nn.Module):
         """``(self(n), new_residual)`` for ``n, new_residual = norm(x, residual)``. For a
         decode batch, a plain router and a block whose output is the expert kernel's alone,
         the norm and the router's matmul are one op (:func:`ninfer_kernels.ops.rms_norm_router`,
-        unless :func:`norm_router_enabled` says no): one launch fewer a layer on CUDA; with
-        :func:`norm_route_enabled` the routing joins them (:func:`ninfer_kernels.ops.rms_norm_route`)."""
+        unless :func:`norm_router_enabled` says no): one launch fewer a layer on CUDA."""
         # the block's own checks last, and only for batches the op serves
         fusable = (norm_router_enabled() and isinstance(norm, RMSNorm) and residual is not None and x.dim() == 2
                    and x.shape[0] <= NORM_ROUTER_MAX_TOKENS and self._plain_router())
@@ -121,11 +107,6 @@ class SparseMoE(nn.Module):
             x, residual = norm(x, residual)
             return self(x), residual
         gate_row, shared = plan
-        if norm_route_enabled():
-            prefetch = (self.experts.gate_up_proj, shared[0] if shared else None) if route_prefetch_enabled() else None
-            x, residual, weights, ids = ops.rms_norm_route(x, residual, norm.weight, norm.eps, self.gate.weight,
-                                                           self.top_k, self.norm_topk_prob, gate_row, prefetch)
-            return self._expert_rows(x, weights, ids, shared), residual
         x, residual, logits = ops.rms_norm_router(x, residual, norm.weight, norm.eps, self.gate.weight, gate_row)
         weights, ids = ops.moe_route(logits, self.top_k, self.norm_topk_prob, gate_in_logits=gate_row is not None)
         return self._expert_rows(x, weights, ids, shared), residual
