@@ -45,6 +45,18 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
     assert counters is None or not counters.any()  # the merging program reset every counter
 
 
+def test_the_split_switch_takes_the_place_of_the_heuristic(monkeypatch):
+    args, k_cache, v_cache, batch = decode_case([40, 200], 1, 6, 1, 32, 32, torch.float32, seed=1)
+    want = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.2, num_splits=4)
+    monkeypatch.setenv("NINFER_DECODE_SPLITS", "4")
+    calls = []
+    real = t_decode_attention._decode_kernel
+    monkeypatch.setattr(t_decode_attention, "_decode_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.2)
+    assert calls[0][2] == 4 and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 1),
                                           (torch.bfloat16, 4)])
 def test_decode_attention_applies_the_output_gate(dtype, splits):

@@ -38,6 +38,7 @@ which read a position and then its rotary row per token after the wait (81 loads
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -319,7 +320,9 @@ def decode_attention(
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Same contract as the reference (batches :func:`fits_rows` admits). ``num_splits``
-    overrides the key-split heuristic."""
+    overrides the key-split heuristic, as ``NINFER_DECODE_SPLITS`` does (read per call, for
+    A/B runs inside whole steps)."""
+    num_splits = num_splits or int(os.environ.get("NINFER_DECODE_SPLITS", "0") or 0) or None
     num_tokens, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
