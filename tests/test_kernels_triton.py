@@ -158,6 +158,16 @@ def _as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
+def test_rms_norm_fit_switch_gives_the_same_rows(monkeypatch):
+    # NINFER_NORM_FIT=1: programs of no more rows than the batch has (one token: one row)
+    gen = torch.Generator().manual_seed(5)
+    rows, res, w = torch.randn(1, 3, 256, generator=gen), torch.randn(1, 256, generator=gen), torch.randn(256)
+    want = t_norm.rms_norm(rows, w, 1e-6, res, expert_rows=True)
+    monkeypatch.setenv("NINFER_NORM_FIT", "1")
+    got = t_norm.rms_norm(rows, w, 1e-6, res, expert_rows=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_rms_norm_per_head_on_strided_view():
     gen = torch.Generator().manual_seed(12)
     fused = torch.randn(5, 3 * 64, generator=gen).to(DEVICE)

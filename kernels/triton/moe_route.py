@@ -22,6 +22,8 @@ host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -155,10 +157,18 @@ def moe_route(
         TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
         BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
-        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=4 if num_experts > 128 else 2,
+        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=route_warps(num_experts),
         **pdl.launch_options(use_pdl),
     )
     return weights, ids
+
+
+def route_warps(num_experts: int) -> int:
+    """Warps of a routing program: ``NINFER_ROUTE_WARPS`` (read per call, an A/B switch: one
+    warp reduces by shuffles alone, more go through shared memory each top-k round), else
+    4 above 128 experts and 2 up to it."""
+    forced = int(os.environ.get("NINFER_ROUTE_WARPS", "0") or 0)
+    return forced or (4 if num_experts > 128 else 2)
 
 
 @triton.jit(do_not_specialize=["pairs", "rows"])
