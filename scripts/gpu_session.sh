@@ -46,7 +46,7 @@
 #   scripts/gpu_session.sh spec2    a TRAIN_PRESET (gpu) model trained on the GPU for at most TRAIN_S (300) seconds of
 #                                   its loop (TRAIN_STEPS: steps instead of the preset's; SPEC_TESTS=1: the spec GPU
 #                                   tests first; TRAIN_TESTS=0: not the captured step's; .corpus carried: on the
-#                                   whole stdlib, scripts/stdlib_corpus.sh), then MTP k=DRAFTS (1..5) at c=1 and 8 on
+#                                   whole stdlib, scripts/stdlib_corpus.sh), then MTP k=DRAFTS (1..5) at SPEC_C (1,8) on
 #                                   held-out stdlib prompts (device rounds; SPEC_BENCH_S=0: none; SPEC_AB="NINFER_PDL=0":
 #                                   k=3 again per VAR=value[,VAR=value] set), then k=3 with the
 #                                   host driving every round (NINFER_DEVICE_ROUNDS=0; SPEC_HOST_PEER=0 skips it),
@@ -495,7 +495,7 @@ spec2)
     fi
     write_heldout $trained
     bench "${SPEC_BENCH_S:-200}" $trained --dtype bf16 --only decode --spec mtp --draft-tokens "${DRAFTS:-1,2,3,4,5}" \
-        --concurrency 1,8 --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
+        --concurrency "${SPEC_C:-1,8}" --decode-prompt-len 128 --decode-output-len 256 --spec-prompts $trained/heldout.txt \
         --no-transformers
     # SPEC_AB: k=3 again under each VAR=value[,VAR=value] (e.g. NINFER_PDL=0: session 40's
     # speculating engine replays its decode graph faster without PDL than in the slow state)
