@@ -185,12 +185,15 @@ def test_launch_shape_splits_small_batches_and_takes_a_forced_count(monkeypatch)
 
     cuda = torch.device("cuda")  # only its type is read: no GPU needed
     monkeypatch.delenv("NINFER_GDN_VALUE_SPLITS", raising=False)
+    monkeypatch.delenv("NINFER_GDN_WARPS", raising=False)
     assert tri.launch_shape(1, 32, 128, cuda) == (4, 4)  # the 35B-A3B at batch 1: 32 columns a program
     assert tri.launch_shape(64, 32, 128, cuda) == (tri.NUM_WARPS, 1)  # enough programs already
     assert tri.launch_shape(1, 32, 128, torch.device("cpu")) == (tri.NUM_WARPS, 1)
     monkeypatch.setenv("NINFER_GDN_VALUE_SPLITS", "8")
     assert tri.launch_shape(1, 32, 128, cuda) == (4, 8)
     assert tri.launch_shape(1, 32, 4, cuda) == (4, 4)  # never more splits than columns
+    monkeypatch.setenv("NINFER_GDN_WARPS", "2")
+    assert tri.launch_shape(1, 32, 128, cuda) == (2, 8)
 
 
 @cpu_only

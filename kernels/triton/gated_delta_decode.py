@@ -85,9 +85,9 @@ MANY_PROGRAMS = 1024
 
 def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch.device) -> tuple[int, int]:
     """(warps, value splits) for a launch; CPU (the interpreter) runs whole heads.
-    ``NINFER_GDN_VALUE_SPLITS`` (read per launch, for benchmarks) fixes the splits: inside
-    whole steps PDL hides the state's read behind the projection before, which timings of
-    the launch alone cannot show."""
+    ``NINFER_GDN_WARPS`` fixes the warps, ``NINFER_GDN_VALUE_SPLITS`` the splits (both read
+    per launch, for benchmarks): inside whole steps PDL hides the state's read behind the
+    projection before, which timings of the launch alone cannot show."""
     if device.type != "cuda":
         return NUM_WARPS, 1
     forced = os.environ.get("NINFER_GDN_VALUE_SPLITS")
@@ -97,9 +97,8 @@ def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch
         splits = 1
         while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
             splits *= 2
-    if splits == 1:
-        return NUM_WARPS, 1
-    return (2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4), splits
+    warps = NUM_WARPS if splits == 1 else 2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4
+    return int(os.environ.get("NINFER_GDN_WARPS", "0") or 0) or warps, splits
 
 
 # one variant for every batch: the counts only bound loops and masks, and each value Triton
