@@ -38,7 +38,6 @@ which read a position and then its rotary row per token after the wait (81 loads
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -49,6 +48,7 @@ from ninfer_kernels.decode_attention import MAX_GROUP_ROWS, MAX_ROWS, fits_rows
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_launch import tuned_launch
+from ninfer_kernels.triton.tuned_tables import forced
 from ninfer_kernels.triton.decode_rows import (
     _fold_new_key, _new_keys_tile, _norm_rope_factors, _norm_rope_rows, _norm_rope_tile, _tile_factors,
 )
@@ -322,7 +322,7 @@ def decode_attention(
     """Same contract as the reference (batches :func:`fits_rows` admits). ``num_splits``
     overrides the key-split heuristic, as ``NINFER_DECODE_SPLITS`` does (read per call, for
     A/B runs inside whole steps)."""
-    num_splits = num_splits or int(os.environ.get("NINFER_DECODE_SPLITS", "0") or 0) or None
+    num_splits = num_splits or forced("NINFER_DECODE_SPLITS") or None
     num_tokens, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]

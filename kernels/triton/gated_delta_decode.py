@@ -52,8 +52,6 @@ graph once the counter buffer exists (the warm-up passes allocate it).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -66,6 +64,7 @@ from ninfer_kernels.triton.gated_delta_parts import (
     _conv_row, _delta_step, _gated_norm, _new_history, _round, _store_history, _store_output,
 )
 from ninfer_kernels.triton.gated_delta_verify import _verify_tokens
+from ninfer_kernels.triton.tuned_tables import forced
 
 #: warps per program, from scripts/gpu_gdn_decode_check.py on an H200 (Dk = Dv = 128, the
 #: state tile 16K floats): 4 warps beat 8 and 16 everywhere, e.g. at the 27B shape 18.2 /
@@ -90,15 +89,14 @@ def launch_shape(num_seqs: int, num_v_heads: int, head_v_dim: int, device: torch
     projection before, which timings of the launch alone cannot show."""
     if device.type != "cuda":
         return NUM_WARPS, 1
-    forced = os.environ.get("NINFER_GDN_VALUE_SPLITS")
-    if forced:
-        splits = min(int(forced), triton.next_power_of_2(head_v_dim))
+    if pinned := forced("NINFER_GDN_VALUE_SPLITS"):
+        splits = min(pinned, triton.next_power_of_2(head_v_dim))
     else:
         splits = 1
         while num_seqs * num_v_heads * splits < TARGET_PROGRAMS and head_v_dim // (2 * splits) >= MIN_SPLIT_COLUMNS:
             splits *= 2
     warps = NUM_WARPS if splits == 1 else 2 if num_seqs * num_v_heads * splits >= MANY_PROGRAMS else 4
-    return int(os.environ.get("NINFER_GDN_WARPS", "0") or 0) or warps, splits
+    return forced("NINFER_GDN_WARPS") or warps, splits
 
 
 # one variant for every batch: the counts only bound loops and masks, and each value Triton

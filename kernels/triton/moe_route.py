@@ -22,8 +22,6 @@ host: every buffer is sized from the pair count alone (see :mod:`ninfer_kernels.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +30,7 @@ from ninfer_kernels.moe import max_padded_rows
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_align_grid import align_grid, store_runs
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
+from ninfer_kernels.triton.tuned_tables import forced
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
 CHUNK = 128
@@ -167,8 +166,7 @@ def route_warps(num_experts: int) -> int:
     """Warps of a routing program: ``NINFER_ROUTE_WARPS`` (read per call, an A/B switch: one
     warp reduces by shuffles alone, more go through shared memory each top-k round), else
     4 above 128 experts and 2 up to it."""
-    forced = int(os.environ.get("NINFER_ROUTE_WARPS", "0") or 0)
-    return forced or (4 if num_experts > 128 else 2)
+    return forced("NINFER_ROUTE_WARPS") or (4 if num_experts > 128 else 2)
 
 
 @triton.jit(do_not_specialize=["pairs", "rows"])

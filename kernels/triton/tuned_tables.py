@@ -2,13 +2,15 @@
 
 A table is ``<dir>/<device name>.json``: keys starting with "_" are comments, every other
 key names a shape. The MoE kernels (:mod:`.moe_shapes`) and the few-row linear kernel
-(:mod:`.skinny_linear`) each keep one folder of them.
+(:mod:`.skinny_linear`) each keep one folder of them. :func:`forced` reads the
+environment switches that pin one launch parameter for A/B runs inside whole steps.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -20,6 +22,12 @@ def device_name(device: torch.device) -> str:
     if device.type != "cuda":
         return device.type
     return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def forced(name: str) -> int:
+    """The launch parameter that switch ``name`` pins (warps, splits), or 0 when it is unset
+    or empty. Read per call, so one benchmark process can compare values."""
+    return int(os.environ.get(name) or 0)
 
 
 #: a card without a table of its own uses its stand-in's: the H200 is the H100's chip (132
