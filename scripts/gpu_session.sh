@@ -370,12 +370,13 @@ skinny-ab)
     bench 150 random:qwen3.6-35b-a3b --dtype bf16 --only decode --concurrency 1,8 --no-transformers
     ;;
 profile35)
-    # the 35B-A3B step at PROFILE_C (1) under the profiler, the host's side included (where the
+    # PROFILE_MODEL's step (35B-A3B) at PROFILE_C (1) under the profiler, the host's side included (where the
     # bench's step and its graph replay part), once per PROFILE_PDL value (1: launched with PDL,
     # as served; 0: without, where each kernel's time is its own and not its wait for the one before)
     for pdl_on in ${PROFILE_PDL:-1}; do
-        NINFER_PDL=$pdl_on timeout 200 python3 scripts/gpu_step_profile.py random:qwen3.6-35b-a3b \
-            --concurrency "${PROFILE_C:-1}" --steps 20 --top 30 --host 2>&1 | tee "$OUT/profile_35b_pdl$pdl_on.jsonl" \
+        NINFER_PDL=$pdl_on timeout 200 python3 scripts/gpu_step_profile.py "random:${PROFILE_MODEL:-qwen3.6-35b-a3b}" \
+            --concurrency "${PROFILE_C:-1}" --steps 20 --top 30 --host 2>&1 \
+            | tee "$OUT/profile_${PROFILE_MODEL:-qwen3.6-35b-a3b}_pdl$pdl_on.jsonl" \
             | cut -c1-9000 | tail -80
     done
     ;;

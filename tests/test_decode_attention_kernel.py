@@ -26,7 +26,7 @@ torch.set_num_threads(2)
         ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
         ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
         ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
-        # small key tiles, a merge in two passes, and a sequence whose 31 other splits exit
+        # small key tiles, and a sequence whose 31 other splits exit (two passes: the test below)
         ([1000, 7, 600], 16, (8, 2), 16, 16, torch.float32, 32),
     ],
 )
@@ -43,6 +43,23 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
     assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
     counters = counters_module._buffers.get(("decode_attention", got.device))
     assert counters is None or not counters.any()  # the merging program reset every counter
+
+
+@pytest.mark.parametrize("one_pass_keys", ["1", "128"], ids=["two-passes", "one-pass"])
+def test_short_contexts_merge_in_one_pass(one_pass_keys, monkeypatch):
+    """With 32 splits, 1,000 and 600 keys fill 32 and 19 of them (a merge in two passes);
+    with NINFER_DECODE_ONE_PASS_KEYS=128 no more than 16 hold keys, merged in one pass. Both
+    give the reference's rows, the merging programs reset their counters, and the cache is
+    the same."""
+    monkeypatch.setenv("NINFER_DECODE_ONE_PASS_KEYS", one_pass_keys)
+    args, k_cache, v_cache, batch = decode_case([1000, 7, 600], 16, 8, 2, 16, 16, torch.float32, seed=16)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=32)
+    assert rel_err(got, want) < TOL[torch.float32]
+    assert torch.equal(v_cache.nan_to_num(7.0), want_v.nan_to_num(7.0))
+    counters = counters_module._buffers.get(("decode_attention", got.device))
+    assert counters is None or not counters.any()
 
 
 def test_the_split_switch_takes_the_place_of_the_heuristic(monkeypatch):

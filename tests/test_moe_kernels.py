@@ -152,16 +152,6 @@ def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
     assert (got_w - want_w).abs().max() <= 1e-6
 
 
-def test_route_warps_switch(monkeypatch):
-    monkeypatch.delenv("NINFER_ROUTE_WARPS", raising=False)
-    assert (t_route.route_warps(256), t_route.route_warps(128)) == (4, 2)
-    monkeypatch.setenv("NINFER_ROUTE_WARPS", "1")
-    assert t_route.route_warps(256) == 1
-    logits = distinct_logits(2, 256, torch.Generator().manual_seed(3))
-    got, want = t_route.moe_route(logits, 8, True), moe.moe_route(logits, 8, True)
-    assert torch.equal(got[1], want[1])
-
-
 def test_triton_route_ties_go_to_the_lower_id():
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0],
                            [-0.0, 0.0, -1.0, -1.0, -1.0]])

@@ -71,6 +71,17 @@ LAUNCH_SHAPES = {128: (2, 1, 64, 32, 32), 256: (4, 1, 32, 16, 16)}
 #: and shorter splits than the prefill kernel's, since at batch 1 memory latency, not work,
 #: bounds each program)
 MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
+#: up to this many keys a split, a sequence's keys go to at most ``MERGE_S`` splits, so the
+#: last of them merges the partials in one pass (:func:`_merge_one_pass`). A graph is
+#: captured with the splits its max context wants; at short contexts the rest stay empty.
+#: Inside whole 35B-A3B steps at batch 1 and 512-767 keys (H100, session 44): 32 splits
+#: (20-24 of them holding keys, merged in two passes) ran 320-329 tok/s; 16 splits (one
+#: pass) 331-338; 8 splits of 96 keys 327; 32 splits of at least 48 keys each (active
+#: ones in one pass, but a 32-split merge still ran both passes) 324-326. Off (1) until
+#: timed: the merge's second path raised its spills from 292 to 536 bytes (ptxas, sm_90,
+#: head dim 256). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read per call, for
+#: A/B runs). Speculative verify rows never take it.
+ONE_PASS_KEYS = 1
 #: partials the merging program reads per pass
 MERGE_SPLITS = 16
 
@@ -82,12 +93,12 @@ MERGE_SPLITS = 16
 # steps that run outside the graphs (a speculating engine's verify rows beside a prefill
 # chunk): one of their combinations compiled while serving, 2.1 s (session 39). Neither
 # feeds a vector access: page ids and LSEs are read and written a few scalars at a time
-@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "stride_ls", "stride_bt"])
+@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "one_pass_keys", "stride_ls", "stride_bt"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr,
-    qk_scale, eps, num_kv_heads, num_splits,
+    qk_scale, eps, num_kv_heads, num_splits, one_pass_keys,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt, stride_gt, stride_gh,
@@ -96,7 +107,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
-    ROWS: tl.constexpr = 1, KROWS: tl.constexpr = 2,
+    ROWS: tl.constexpr = 1, KROWS: tl.constexpr = 2, ONE_PASS: tl.constexpr = False,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -108,7 +119,8 @@ def _decode_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N, ROWS)
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N, MERGE_S, ROWS,
+                                                 ONE_PASS)
     table = block_tables_ptr + seq * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kch
     v_base = v_cache_ptr + kv_head * stride_vch
@@ -191,18 +203,24 @@ def _decode_kernel(
     _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
                  active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
                  stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S,
-                 BLOCK_DV, SPLIT, True, GATED, ROWS)
+                 BLOCK_DV, SPLIT, True, GATED, ROWS, ONE_PASS)
 
 
 @triton.jit
-def _split_keys(seq_len, split, num_splits, BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 1):
+def _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N: tl.constexpr, MERGE_S: tl.constexpr,
+                ROWS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False):
     """A decode program's share of its sequence's keys: ``lo..hi`` (the same ranges as the
-    prefill/decode kernel's), the last new key's position ``new``, ``cached_hi`` (its share
+    prefill/decode kernel's; with ``ONE_PASS`` a sequence whose keys fit ``MERGE_S`` splits
+    of ``one_pass_keys`` keys fills no more than ``MERGE_S``), the last
+    new key's position ``new``, ``cached_hi`` (its share
     without the ``ROWS`` new keys, which are never read back from the page: the split
     holding the last folds them all in from registers, so no load waits for their store),
     and how many splits hold keys at all (``active``: the rest store nothing and the merge
     does not count them)."""
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(seq_len, num_splits)
+    if ONE_PASS:
+        chunk = tl.maximum(chunk, tl.minimum(tl.cdiv(seq_len, MERGE_S), one_pass_keys))
+    chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(seq_len, lo + chunk)
     new = seq_len - 1
@@ -222,7 +240,8 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, ga
                  active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
                  stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP: tl.constexpr, HEAD_DV: tl.constexpr,
                  BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                 SPLIT: tl.constexpr, MERGE: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1):
+                 SPLIT: tl.constexpr, MERGE: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1,
+                 ONE_PASS: tl.constexpr = False):
     """A decode program's normalised rows (row ``r``: token ``tok[r]``, query head
     ``head[r]``): the output itself without splits; else its partial and log-sum-exp, and
     with ``MERGE`` the last of the ``active`` splits of its (sequence, KV head) to arrive
@@ -249,7 +268,7 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, ga
                 _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, active,
                                 stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh,
                                 stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, GATED,
-                                ROWS)
+                                ROWS, ONE_PASS)
                 tl.store(counter, 0)
 
 
@@ -257,12 +276,14 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, ga
 def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, num_parts,
                     stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_gt, stride_gh,
                     GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1):
+                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1,
+                    ONE_PASS: tl.constexpr = False):
     """Weight each of the first ``num_parts`` partials by its share of the row's softmax
     mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
     heads (of each of the sequence's ``ROWS`` tokens). Up to ``MERGE_S`` splits, the
-    log-sum-exps and the partial outputs are read together; past that, the outputs are
-    read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
+    log-sum-exps and the partial outputs are read together (with ``ONE_PASS`` also in a
+    launch of more splits when at most ``MERGE_S`` of them hold keys); past that, the outputs are read
+    ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
     2-warp program's registers)."""
     g = tl.arange(0, BLOCK_G)
     g_ok = g < GROUP * ROWS
@@ -270,36 +291,66 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, n
     toks = seq * ROWS + g // GROUP
     dv = tl.arange(0, BLOCK_DV)
     dv_ok = dv < HEAD_DV
-    s = tl.arange(0, BLOCK_S)
     lse_rows = part_lse_ptr + toks[None, :] * stride_lt + heads[None, :]
     part_rows = part_o_ptr + toks[None, :, None] * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
-    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
-    # .cg: read through L2, where the other programs' partials are, never a stale L1 line
-    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
     if MERGE_S == BLOCK_S:
-        parts = tl.load(part_rows + s[:, None, None] * stride_ps, mask=sg_ok[:, :, None] & dv_ok[None, None, :],
-                        other=0.0, cache_modifier=".cg")
-    # Split 0 always holds key 0, which every row sees, so a real row's max is finite.
-    top = tl.where(g_ok, tl.max(lse, 0), 0.0)
-    w = tl.exp2(lse - top[None, :])
-    total = tl.sum(w, 0)
-    scale = 1.0 / tl.where(total > 0, total, 1.0)
-    if MERGE_S == BLOCK_S:
-        merged = tl.sum(parts * (w * scale[None, :])[:, :, None], 0)
+        merged = _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, MERGE_S)
+    elif ONE_PASS:
+        if num_parts <= MERGE_S:  # a short context: few splits hold keys (see _split_keys)
+            merged = _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, MERGE_S)
+        else:
+            merged = _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G,
+                                      BLOCK_S, MERGE_S, BLOCK_DV)
     else:
-        merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
-        for first in tl.static_range(0, BLOCK_S, MERGE_S):
-            sc = first + tl.arange(0, MERGE_S)
-            sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
-            lse_c = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
-            parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
-                            other=0.0, cache_modifier=".cg")
-            merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
+        merged = _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G,
+                                  BLOCK_S, MERGE_S, BLOCK_DV)
     dest = out_ptr + toks[:, None] * stride_ot + heads[:, None] * stride_oh + dv[None, :]
     mask = g_ok[:, None] & dv_ok[None, :]
     if GATED:
         merged = _gate_rows(merged, gate_ptr, toks, heads, dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
     tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+
+@triton.jit
+def _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, S: tl.constexpr):
+    """The merge of at most ``S`` partials, their log-sum-exps and outputs read together:
+    one round trip to L2 (.cg: where the other programs' partials are, never a stale L1
+    line), where the passes of the general merge wait for one after another."""
+    s = tl.arange(0, S)
+    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
+    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
+    parts = tl.load(part_rows + s[:, None, None] * stride_ps, mask=sg_ok[:, :, None] & dv_ok[None, None, :],
+                    other=0.0, cache_modifier=".cg")
+    # Split 0 always holds key 0, which every row sees, so a real row's max is finite.
+    top = tl.where(g_ok, tl.max(lse, 0), 0.0)
+    w = tl.exp2(lse - top[None, :])
+    total = tl.sum(w, 0)
+    scale = 1.0 / tl.where(total > 0, total, 1.0)
+    return tl.sum(parts * (w * scale[None, :])[:, :, None], 0)
+
+
+
+@triton.jit
+def _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G: tl.constexpr,
+                     BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The merge of up to ``BLOCK_S`` partials: every log-sum-exp first, then the outputs
+    ``MERGE_S`` splits a pass."""
+    s = tl.arange(0, BLOCK_S)
+    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
+    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
+    top = tl.where(g_ok, tl.max(lse, 0), 0.0)  # (finite for a real row, see _merge_one_pass)
+    total = tl.sum(tl.exp2(lse - top[None, :]), 0)
+    scale = 1.0 / tl.where(total > 0, total, 1.0)
+    merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+    for first in tl.static_range(0, BLOCK_S, MERGE_S):
+        sc = first + tl.arange(0, MERGE_S)
+        sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
+        lse_c = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
+                        other=0.0, cache_modifier=".cg")
+        merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
+    return merged
 
 
 def decode_attention(
@@ -369,11 +420,13 @@ def decode_attention(
         num_warps = max(num_warps, 8 if head_dim > 128 else 4)
         merge_s = 1 if head_dim > 128 else merge_s
     use_pdl = pdl.enabled(q.device)
+    one_pass_keys = (forced("NINFER_DECODE_ONE_PASS_KEYS") or ONE_PASS_KEYS) if rows == 1 else 1
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,
         k_cache, v_cache, batch.slot_mapping, batch.seq_lens, batch.block_tables,
         out, part_o, part_lse, counters, gate_arg,
         scale * math.log2(math.e), eps, num_kv_heads, splits,
+        one_pass_keys,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -387,8 +440,8 @@ def decode_attention(
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gate is not None, USE_PDL=use_pdl,
-        ROWS=rows, KROWS=max(2, triton.next_power_of_2(rows)), num_warps=num_warps, num_stages=num_stages,
-        **pdl.launch_options(use_pdl),
+        ROWS=rows, KROWS=max(2, triton.next_power_of_2(rows)), ONE_PASS=one_pass_keys > 1, num_warps=num_warps,
+        num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     return out
 

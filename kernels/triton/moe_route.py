@@ -30,7 +30,6 @@ from ninfer_kernels.moe import max_padded_rows
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.moe_align_grid import align_grid, store_runs
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
-from ninfer_kernels.triton.tuned_tables import forced
 
 #: pairs per chunk of the align kernel (the rank comparison holds CHUNK x CHUNK flags)
 CHUNK = 128
@@ -156,17 +155,10 @@ def moe_route(
         TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
         BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
-        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=route_warps(num_experts),
+        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=4 if num_experts > 128 else 2,
         **pdl.launch_options(use_pdl),
     )
     return weights, ids
-
-
-def route_warps(num_experts: int) -> int:
-    """Warps of a routing program: ``NINFER_ROUTE_WARPS`` (read per call, an A/B switch: one
-    warp reduces by shuffles alone, more go through shared memory each top-k round), else
-    4 above 128 experts and 2 up to it."""
-    return forced("NINFER_ROUTE_WARPS") or (4 if num_experts > 128 else 2)
 
 
 @triton.jit(do_not_specialize=["pairs", "rows"])
