@@ -78,7 +78,7 @@ MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: (20-24 of them holding keys, merged in two passes) ran 320-329 tok/s; 16 splits (one
 #: pass) 331-338; 8 splits of 96 keys 327; 32 splits of at least 48 keys each (active
 #: ones in one pass, but a 32-split merge still ran both passes) 324-326. Off (1) until
-#: timed: the merge's second path raised its spills from 292 to 536 bytes (ptxas, sm_90,
+#: timed: the merge's second path raises its spills from 270 to 536 bytes (ptxas, sm_90,
 #: head dim 256). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read per call, for
 #: A/B runs). Speculative verify rows never take it.
 ONE_PASS_KEYS = 1
@@ -211,12 +211,11 @@ def _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N: tl.constexpr
                 ROWS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False):
     """A decode program's share of its sequence's keys: ``lo..hi`` (the same ranges as the
     prefill/decode kernel's; with ``ONE_PASS`` a sequence whose keys fit ``MERGE_S`` splits
-    of ``one_pass_keys`` keys fills no more than ``MERGE_S``), the last
-    new key's position ``new``, ``cached_hi`` (its share
-    without the ``ROWS`` new keys, which are never read back from the page: the split
-    holding the last folds them all in from registers, so no load waits for their store),
-    and how many splits hold keys at all (``active``: the rest store nothing and the merge
-    does not count them)."""
+    of ``one_pass_keys`` keys fills no more than ``MERGE_S``), the last new key's position
+    ``new``, ``cached_hi`` (its share without the ``ROWS`` new keys, which are never read
+    back from the page: the split holding the last folds them all in from registers, so no
+    load waits for their store), and how many splits hold keys at all (``active``: the
+    rest store nothing and the merge does not count them)."""
     chunk = tl.cdiv(seq_len, num_splits)
     if ONE_PASS:
         chunk = tl.maximum(chunk, tl.minimum(tl.cdiv(seq_len, MERGE_S), one_pass_keys))
@@ -282,9 +281,9 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, n
     mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
     heads (of each of the sequence's ``ROWS`` tokens). Up to ``MERGE_S`` splits, the
     log-sum-exps and the partial outputs are read together (with ``ONE_PASS`` also in a
-    launch of more splits when at most ``MERGE_S`` of them hold keys); past that, the outputs are read
-    ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
-    2-warp program's registers)."""
+    launch of more splits when at most ``MERGE_S`` of them hold keys); past that, the
+    outputs are read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would
+    not fit a 2-warp program's registers)."""
     g = tl.arange(0, BLOCK_G)
     g_ok = g < GROUP * ROWS
     heads = kv_head * GROUP + g % GROUP
@@ -328,7 +327,6 @@ def _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stri
     total = tl.sum(w, 0)
     scale = 1.0 / tl.where(total > 0, total, 1.0)
     return tl.sum(parts * (w * scale[None, :])[:, :, None], 0)
-
 
 
 @triton.jit

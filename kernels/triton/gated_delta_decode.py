@@ -368,6 +368,7 @@ def _launch(proj, conv_weight, conv_states, ssm_states, a_log, dt_bias, norm_wei
         BK=triton.next_power_of_2(head_k_dim), BV=triton.next_power_of_2(head_v_dim) // splits, NV=splits,
         BH=triton.next_power_of_2(head_v_dim), ROUND_SCALE=round_scale, BF16=proj.dtype == torch.bfloat16,
         USE_PDL=use_pdl, PER_POSITION=position_rows is not None, W=rows.shape[1],
-        WP=max(2, triton.next_power_of_2(rows.shape[1])), GP=triton.next_power_of_2(num_v_heads // num_k_heads), num_warps=warps, **pdl.launch_options(use_pdl),
+        WP=max(2, triton.next_power_of_2(rows.shape[1])), GP=triton.next_power_of_2(num_v_heads // num_k_heads),
+        num_warps=warps, **pdl.launch_options(use_pdl),
     )
     return out
