@@ -45,14 +45,15 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
     assert counters is None or not counters.any()  # the merging program reset every counter
 
 
+@pytest.mark.parametrize("contexts", [[1000, 7, 600], [5000, 300]], ids=["short", "long"])
 @pytest.mark.parametrize("one_pass_keys", ["1", "128"], ids=["two-passes", "one-pass"])
-def test_short_contexts_merge_in_one_pass(one_pass_keys, monkeypatch):
+def test_short_contexts_merge_in_one_pass(one_pass_keys, contexts, monkeypatch):
     """With 32 splits, 1,000 and 600 keys fill 32 and 19 of them (a merge in two passes);
-    with NINFER_DECODE_ONE_PASS_KEYS=128 no more than 16 hold keys, merged in one pass. Both
-    give the reference's rows, the merging programs reset their counters, and the cache is
-    the same."""
+    with NINFER_DECODE_ONE_PASS_KEYS=128 no more than 16 hold keys, merged in one pass, and
+    5,000 keys still fill all 32 (the online merge's two passes). Each way the rows are the
+    reference's, the merging programs reset their counters, and the cache is the same."""
     monkeypatch.setenv("NINFER_DECODE_ONE_PASS_KEYS", one_pass_keys)
-    args, k_cache, v_cache, batch = decode_case([1000, 7, 600], 16, 8, 2, 16, 16, torch.float32, seed=16)
+    args, k_cache, v_cache, batch = decode_case(contexts, 16, 8, 2, 16, 16, torch.float32, seed=16)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
     got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=32)

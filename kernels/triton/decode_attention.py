@@ -72,15 +72,16 @@ LAUNCH_SHAPES = {128: (2, 1, 64, 32, 32), 256: (4, 1, 32, 16, 16)}
 #: bounds each program)
 MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: up to this many keys a split, a sequence's keys go to at most ``MERGE_S`` splits, so the
-#: last of them merges the partials in one pass (:func:`_merge_one_pass`). A graph is
-#: captured with the splits its max context wants; at short contexts the rest stay empty.
-#: Inside whole 35B-A3B steps at batch 1 and 512-767 keys (H100, session 44): 32 splits
-#: (20-24 of them holding keys, merged in two passes) ran 320-329 tok/s; 16 splits (one
-#: pass) 331-338; 8 splits of 96 keys 327; 32 splits of at least 48 keys each (active
-#: ones in one pass, but a 32-split merge still ran both passes) 324-326. Off (1) until
-#: timed: the merge's second path raises its spills from 270 to 536 bytes (ptxas, sm_90,
-#: head dim 256). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read per call, for
-#: A/B runs). Speculative verify rows never take it.
+#: last of them merges the partials in one pass (:func:`_merge_online`, which also merges
+#: longer contexts a round trip a pass). A graph is captured with the splits its max
+#: context wants; at short contexts the rest stay empty. Inside whole 35B-A3B steps at
+#: batch 1 and 512-767 keys (H100, session 44): 32 splits (20-24 of them holding keys,
+#: the log-sum-exps then two passes) ran 320-329 tok/s; 16 splits (one pass) 331-338; 8
+#: splits of 96 keys 327; 32 splits of at least 48 keys each (about 14 holding keys, but
+#: still merged as 32) 324-326. Off (1) until timed as a whole (ptxas, sm_90: 300 bytes
+#: of spills in the merge at head dim 256 on 4 warps, 270 without; 484 and 608 at head
+#: dim 128 on 2). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read per call, for A/B
+#: runs). Speculative verify rows never take it.
 ONE_PASS_KEYS = 1
 #: partials the merging program reads per pass
 MERGE_SPLITS = 16
@@ -280,10 +281,9 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, n
     """Weight each of the first ``num_parts`` partials by its share of the row's softmax
     mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
     heads (of each of the sequence's ``ROWS`` tokens). Up to ``MERGE_S`` splits, the
-    log-sum-exps and the partial outputs are read together (with ``ONE_PASS`` also in a
-    launch of more splits when at most ``MERGE_S`` of them hold keys); past that, the
-    outputs are read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would
-    not fit a 2-warp program's registers)."""
+    log-sum-exps and the partial outputs are read together; past that, the outputs are
+    read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
+    2-warp program's registers), or with ``ONE_PASS`` in :func:`_merge_online`'s passes."""
     g = tl.arange(0, BLOCK_G)
     g_ok = g < GROUP * ROWS
     heads = kv_head * GROUP + g % GROUP
@@ -294,12 +294,9 @@ def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, n
     part_rows = part_o_ptr + toks[None, :, None] * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
     if MERGE_S == BLOCK_S:
         merged = _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, MERGE_S)
-    elif ONE_PASS:
-        if num_parts <= MERGE_S:  # a short context: few splits hold keys (see _split_keys)
-            merged = _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, MERGE_S)
-        else:
-            merged = _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G,
-                                      BLOCK_S, MERGE_S, BLOCK_DV)
+    elif ONE_PASS:  # one pass at short contexts, where few splits hold keys (see _split_keys)
+        merged = _merge_online(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G, MERGE_S,
+                               BLOCK_DV)
     else:
         merged = _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G,
                                   BLOCK_S, MERGE_S, BLOCK_DV)
@@ -349,6 +346,33 @@ def _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, str
                         other=0.0, cache_modifier=".cg")
         merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
     return merged
+
+
+@triton.jit
+def _merge_online(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G: tl.constexpr,
+                  MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The merge in passes of ``MERGE_S`` partials, each pass's log-sum-exps and outputs
+    read together and folded in with a running max (as attention folds key tiles): one
+    round trip a pass, and only as many passes as splits hold keys, where
+    :func:`_merge_in_passes` reads every log-sum-exp first and then runs all its passes."""
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
+    for first in range(0, num_parts, MERGE_S):
+        sc = first + tl.arange(0, MERGE_S)
+        sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
+        lse = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
+                        other=0.0, cache_modifier=".cg")
+        # a padding row's max stays -inf: take 0 for it, so no -inf - -inf
+        top = tl.maximum(m, tl.max(lse, 0))
+        top = tl.where(top == float("-inf"), 0.0, top)
+        alpha = tl.exp2(m - top)
+        w = tl.exp2(lse - top[None, :])
+        total = total * alpha + tl.sum(w, 0)
+        merged = merged * alpha[:, None] + tl.sum(parts * w[:, :, None], 0)
+        m = top
+    return merged / tl.where(total > 0, total, 1.0)[:, None]
 
 
 def decode_attention(
