@@ -289,30 +289,33 @@ router-ab)
     done
     ;;
 ab)
-    # switches A/B'd inside whole steps: for each VAR=v1,v2,... group of AB (space-separated),
-    # AB_MODEL (35B-A3B) at AB_C (1,8) once per value, in order; AB_TESTS first (files or node
-    # ids, their GPU tests; none by default)
+    # switches A/B'd inside whole steps: for each of AB_MODELS (default AB_MODEL, else the
+    # 35B-A3B), for each VAR=v1,v2,... group of AB (space-separated), the model at AB_C (1,8)
+    # once per value, in order; AB_TESTS first (files or node ids, their GPU tests; none by
+    # default). The table at the end (scripts/ab_table.py) is the comparison.
     [ -n "${AB_TESTS:-}" ] && timeout 150 python3 -m pytest -q -m gpu $AB_TESTS 2>&1 | tail -3
     ab_bench() {
-        echo "{\"ab\": \"$1\", \"model\": \"${AB_MODEL:-qwen3.6-35b-a3b}\"}" | tee -a "$OUT/bench.jsonl"
-        bench 150 "random:${AB_MODEL:-qwen3.6-35b-a3b}" --dtype bf16 --only decode --concurrency "${AB_C:-1,8}" \
-            --no-transformers
+        echo "{\"ab\": \"$1\", \"model\": \"$2\"}" | tee -a "$OUT/bench.jsonl"
+        bench 150 "random:$2" --dtype bf16 --only decode --concurrency "${AB_C:-1,8}" --no-transformers
     }
-    for group in ${AB:?AB=VAR=v1,v2 [VAR=...]}; do
-        if [[ $group == *+* ]]; then  # A=1+B=2: one run with both set
-            IFS=+ read -ra pairs <<< "$group"
-            for pair in "${pairs[@]}"; do export "$pair"; done
-            ab_bench "$group"
-            for pair in "${pairs[@]}"; do unset "${pair%%=*}"; done
-            continue
-        fi
-        var=${group%%=*}
-        for value in $(echo "${group#*=}" | tr , ' '); do
-            export "$var=$value"
-            ab_bench "$var=$value"
+    for model in ${AB_MODELS:-${AB_MODEL:-qwen3.6-35b-a3b}}; do
+        for group in ${AB:?AB=VAR=v1,v2 [VAR=...]}; do
+            if [[ $group == *+* ]]; then  # A=1+B=2: one run with both set
+                IFS=+ read -ra pairs <<< "$group"
+                for pair in "${pairs[@]}"; do export "$pair"; done
+                ab_bench "$group" "$model"
+                for pair in "${pairs[@]}"; do unset "${pair%%=*}"; done
+                continue
+            fi
+            var=${group%%=*}
+            for value in $(echo "${group#*=}" | tr , ' '); do
+                export "$var=$value"
+                ab_bench "$var=$value" "$model"
+            done
+            unset "$var"
         done
-        unset "$var"
     done
+    python3 scripts/ab_table.py "$OUT/bench.jsonl"  # the comparison, in the call's output tail
     ;;
 moe35)
     # the 35B-A3B decode alone, from the committed tables (no tests, no sweep)
