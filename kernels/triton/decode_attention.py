@@ -48,11 +48,12 @@ from ninfer_kernels.decode_attention import MAX_GROUP_ROWS, MAX_ROWS, fits_rows
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
 from ninfer_kernels.triton.decode_launch import tuned_launch
+from ninfer_kernels.triton.decode_merge import _gate_rows, _merge_partials
 from ninfer_kernels.triton.tuned_tables import forced
 from ninfer_kernels.triton.decode_rows import (
     _fold_new_key, _new_keys_tile, _norm_rope_factors, _norm_rope_rows, _norm_rope_tile, _tile_factors,
 )
-from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits, gate_tile
+from ninfer_kernels.triton.paged_attention import _attend_range, _fold_kv_tile, _load_kv_tile, _num_splits
 from ninfer_kernels.triton.qk_norm_rope import check_rotary_dim
 
 #: launch shape per head dim: (warps, stages, key tile, the key tile of launches with at
@@ -72,16 +73,16 @@ LAUNCH_SHAPES = {128: (2, 1, 64, 32, 32), 256: (4, 1, 32, 16, 16)}
 #: bounds each program)
 MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: up to this many keys a split, a sequence's keys go to at most ``MERGE_S`` splits, so the
-#: last of them merges the partials in one pass (:func:`_merge_online`, which also merges
-#: longer contexts a round trip a pass). A graph is captured with the splits its max
-#: context wants; at short contexts the rest stay empty. Inside whole 35B-A3B steps at
-#: batch 1 and 512-767 keys (H100, session 44): 32 splits (20-24 of them holding keys,
-#: the log-sum-exps then two passes) ran 320-329 tok/s; 16 splits (one pass) 331-338; 8
-#: splits of 96 keys 327; 32 splits of at least 48 keys each (about 14 holding keys, but
-#: still merged as 32) 324-326. Off (1) until timed as a whole (ptxas, sm_90: 300 bytes
-#: of spills in the merge at head dim 256 on 4 warps, 270 without; 484 and 608 at head
-#: dim 128 on 2). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read per call, for A/B
-#: runs). Speculative verify rows never take it.
+#: last of them merges the partials in one pass (:func:`.decode_merge._merge_online`,
+#: which also merges longer contexts a round trip a pass). A graph is captured with the
+#: splits its max context wants; at short contexts the rest stay empty. Inside whole
+#: 35B-A3B steps at batch 1 and 512-767 keys (H100, session 44): 32 splits (20-24 of them
+#: holding keys, the log-sum-exps then two passes) ran 320-329 tok/s; 16 splits (one
+#: pass) 331-338; 8 splits of 96 keys 327; 32 splits of at least 48 keys each (about 14
+#: holding keys, but still merged as 32) 324-326. Off (1) until timed as a whole (ptxas,
+#: sm_90: 300 bytes of spills in the merge at head dim 256 on 4 warps, 270 without; 484
+#: and 608 at head dim 128 on 2). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read
+#: per call, for A/B runs). Speculative verify rows never take it.
 ONE_PASS_KEYS = 1
 #: partials the merging program reads per pass
 MERGE_SPLITS = 16
@@ -228,14 +229,6 @@ def _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _gate_rows(o, gate_ptr, toks, heads, offs_dv, mask, stride_gt, stride_gh, DT: tl.constexpr):
-    """Output rows ``o`` (fp32; token ``toks``, head ``heads`` each) times ``sigmoid(gate)``,
-    both rounded to the output dtype first, as the unfused ops
-    (:func:`ninfer_kernels.attention.output_gate`) round them."""
-    return gate_tile(o, gate_ptr, toks.to(tl.int64) * stride_gt + heads.to(tl.int64) * stride_gh, offs_dv, mask, DT)
-
-
-@triton.jit
 def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
                  active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
                  stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP: tl.constexpr, HEAD_DV: tl.constexpr,
@@ -270,109 +263,6 @@ def _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, ga
                                 stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S, BLOCK_DV, GATED,
                                 ROWS, ONE_PASS)
                 tl.store(counter, 0)
-
-
-@triton.jit
-def _merge_partials(part_o_ptr, part_lse_ptr, out_ptr, gate_ptr, seq, kv_head, num_parts,
-                    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_ot, stride_oh, stride_gt, stride_gh,
-                    GROUP: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
-                    MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr, GATED: tl.constexpr, ROWS: tl.constexpr = 1,
-                    ONE_PASS: tl.constexpr = False):
-    """Weight each of the first ``num_parts`` partials by its share of the row's softmax
-    mass (as the separate merge kernel of :mod:`.paged_attention` does), for one group of
-    heads (of each of the sequence's ``ROWS`` tokens). Up to ``MERGE_S`` splits, the
-    log-sum-exps and the partial outputs are read together; past that, the outputs are
-    read ``MERGE_S`` splits at a time after the log-sum-exps (all at once would not fit a
-    2-warp program's registers), or with ``ONE_PASS`` in :func:`_merge_online`'s passes."""
-    g = tl.arange(0, BLOCK_G)
-    g_ok = g < GROUP * ROWS
-    heads = kv_head * GROUP + g % GROUP
-    toks = seq * ROWS + g // GROUP
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < HEAD_DV
-    lse_rows = part_lse_ptr + toks[None, :] * stride_lt + heads[None, :]
-    part_rows = part_o_ptr + toks[None, :, None] * stride_pt + heads[None, :, None] * stride_ph + dv[None, None, :]
-    if MERGE_S == BLOCK_S:
-        merged = _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, MERGE_S)
-    elif ONE_PASS:  # one pass at short contexts, where few splits hold keys (see _split_keys)
-        merged = _merge_online(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G, MERGE_S,
-                               BLOCK_DV)
-    else:
-        merged = _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G,
-                                  BLOCK_S, MERGE_S, BLOCK_DV)
-    dest = out_ptr + toks[:, None] * stride_ot + heads[:, None] * stride_oh + dv[None, :]
-    mask = g_ok[:, None] & dv_ok[None, :]
-    if GATED:
-        merged = _gate_rows(merged, gate_ptr, toks, heads, dv, mask, stride_gt, stride_gh, out_ptr.dtype.element_ty)
-    tl.store(dest, merged.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-
-@triton.jit
-def _merge_one_pass(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, S: tl.constexpr):
-    """The merge of at most ``S`` partials, their log-sum-exps and outputs read together:
-    one round trip to L2 (.cg: where the other programs' partials are, never a stale L1
-    line), where the passes of the general merge wait for one after another."""
-    s = tl.arange(0, S)
-    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
-    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
-    parts = tl.load(part_rows + s[:, None, None] * stride_ps, mask=sg_ok[:, :, None] & dv_ok[None, None, :],
-                    other=0.0, cache_modifier=".cg")
-    # Split 0 always holds key 0, which every row sees, so a real row's max is finite.
-    top = tl.where(g_ok, tl.max(lse, 0), 0.0)
-    w = tl.exp2(lse - top[None, :])
-    total = tl.sum(w, 0)
-    scale = 1.0 / tl.where(total > 0, total, 1.0)
-    return tl.sum(parts * (w * scale[None, :])[:, :, None], 0)
-
-
-@triton.jit
-def _merge_in_passes(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G: tl.constexpr,
-                     BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """The merge of up to ``BLOCK_S`` partials: every log-sum-exp first, then the outputs
-    ``MERGE_S`` splits a pass."""
-    s = tl.arange(0, BLOCK_S)
-    sg_ok = (s < num_parts)[:, None] & g_ok[None, :]
-    lse = tl.load(lse_rows + s[:, None] * stride_ls, mask=sg_ok, other=float("-inf"), cache_modifier=".cg")
-    top = tl.where(g_ok, tl.max(lse, 0), 0.0)  # (finite for a real row, see _merge_one_pass)
-    total = tl.sum(tl.exp2(lse - top[None, :]), 0)
-    scale = 1.0 / tl.where(total > 0, total, 1.0)
-    merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
-    for first in tl.static_range(0, BLOCK_S, MERGE_S):
-        sc = first + tl.arange(0, MERGE_S)
-        sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
-        lse_c = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
-                        other=0.0, cache_modifier=".cg")
-        merged += tl.sum(parts * (tl.exp2(lse_c - top[None, :]) * scale[None, :])[:, :, None], 0)
-    return merged
-
-
-@triton.jit
-def _merge_online(lse_rows, part_rows, num_parts, g_ok, dv_ok, stride_ls, stride_ps, BLOCK_G: tl.constexpr,
-                  MERGE_S: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """The merge in passes of ``MERGE_S`` partials, each pass's log-sum-exps and outputs
-    read together and folded in with a running max (as attention folds key tiles): one
-    round trip a pass, and only as many passes as splits hold keys, where
-    :func:`_merge_in_passes` reads every log-sum-exp first and then runs all its passes."""
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    total = tl.zeros([BLOCK_G], dtype=tl.float32)
-    merged = tl.zeros([BLOCK_G, BLOCK_DV], dtype=tl.float32)
-    for first in range(0, num_parts, MERGE_S):
-        sc = first + tl.arange(0, MERGE_S)
-        sc_ok = (sc < num_parts)[:, None] & g_ok[None, :]
-        lse = tl.load(lse_rows + sc[:, None] * stride_ls, mask=sc_ok, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(part_rows + sc[:, None, None] * stride_ps, mask=sc_ok[:, :, None] & dv_ok[None, None, :],
-                        other=0.0, cache_modifier=".cg")
-        # a padding row's max stays -inf: take 0 for it, so no -inf - -inf
-        top = tl.maximum(m, tl.max(lse, 0))
-        top = tl.where(top == float("-inf"), 0.0, top)
-        alpha = tl.exp2(m - top)
-        w = tl.exp2(lse - top[None, :])
-        total = total * alpha + tl.sum(w, 0)
-        merged = merged * alpha[:, None] + tl.sum(parts * w[:, :, None], 0)
-        m = top
-    return merged / tl.where(total > 0, total, 1.0)[:, None]
 
 
 def decode_attention(

@@ -14,7 +14,7 @@ each (sequence, KV head, key split) program
    it and the value into their page, and folds the stored (dequantized) key and value
    in from registers: nothing reads that slot back in this launch;
 4. with several splits, stores its partial, and the last program of a (sequence, KV
-   head) to arrive merges them (:func:`.decode_attention._merge_partials`); past
+   head) to arrive merges them (:func:`.decode_merge._merge_partials`); past
    :data:`MERGE_INSIDE_SPLITS` splits a second launch merges instead.
 
 With PDL the launch overlaps the end of the projection before it (:mod:`.pdl`).
