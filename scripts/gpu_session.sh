@@ -8,14 +8,14 @@
 #                                   the grouped shapes too), kernel check, 35B-A3B decode (30B-A3B with MOE_30B=1;
 #                                   MOE_TESTS=0: no tests nor kernel check)
 #   scripts/gpu_session.sh dense    the 8B shape (must not regress), prefix reuse on graphs
-#   scripts/gpu_session.sh ab       AB="VAR=v1,v2 [VAR=...]": AB_MODEL (35B-A3B) decode at AB_C (1,8) per value of
-#                                   each switch, in order (A=1+B=1: one run with both; AB_TESTS: GPU test
-#                                   files to run first)
+#   scripts/gpu_session.sh ab       AB="VAR=v1,v2 [VAR=...]": each of AB_MODELS (AB_MODEL, 35B-A3B) decode at
+#                                   AB_C (1,8) per value of each switch, in order (A=1+B=1: one run with both;
+#                                   AB_TESTS: GPU test files to run first); the table printed at the end
 #   scripts/gpu_session.sh moe35    the 35B-A3B decode at c=1 and 8 alone (committed tables)
 #   scripts/gpu_session.sh router-ab  MoE blocks' norm and router matmul as one launch (NINFER_NORM_ROUTER=1)
 #                                   against two: its GPU tests, then ROUTER_MODELS (35B-A3B, 30B-A3B) at c=1, 8
 #   scripts/gpu_session.sh moe30    the 30B-A3B decode at c=1 and 8 alone (committed tables)
-#   scripts/gpu_session.sh profile35  the 35B-A3B step at PROFILE_C (1) profiled, the host's side included,
+#   scripts/gpu_session.sh profile35  PROFILE_MODEL's step (35B-A3B) at PROFILE_C (1) profiled, the host's side included,
 #                                   per PROFILE_PDL (1; "1 0": without PDL too, each kernel's own time)
 #   scripts/gpu_session.sh gdn-splits  GDN_MODEL (35B-A3B) decode at GDN_C (1) per Gated DeltaNet value split
 #                                   count GDN_SPLITS (4 2 1 8; NINFER_GDN_VALUE_SPLITS)
