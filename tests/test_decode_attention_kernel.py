@@ -26,7 +26,7 @@ torch.set_num_threads(2)
         ([5, 17, 0, 150], 4, (8, 2), 16, 8, torch.float32, 8),  # partial rotary; most splits empty
         ([40, 200], 1, (6, 1), 32, 32, torch.float32, 2),  # 6-way group: padded to 8 rows
         ([63, 64, 129], 16, (8, 8), 24, 12, torch.bfloat16, 4),  # head_dim not a power of two
-        # small key tiles, and a sequence whose 31 other splits exit (two passes: the test below)
+        # small key tiles, a merge in two passes, and a sequence whose 31 other splits exit
         ([1000, 7, 600], 16, (8, 2), 16, 16, torch.float32, 32),
     ],
 )
