@@ -14,7 +14,6 @@ import sys
 def rows(lines: list[str]) -> list[tuple[str, int, float, float, float | None]]:
     """(variant, concurrency, tok/s, step ms, graph replay ms) per decode figure; a
     variant is named with its model when the figures cover more than one."""
-    named, out = "(before any variant)", []
     records = []
     for line in lines:
         try:
@@ -22,6 +21,7 @@ def rows(lines: list[str]) -> list[tuple[str, int, float, float, float | None]]:
         except ValueError:
             continue  # a bench's stray output
     models = {r["model"] for r in records if "ab" in r and "model" in r}
+    named, out = "(before any variant)", []
     for record in records:
         if "ab" in record:
             named = record["ab"] + (f" ({record['model']})" if len(models) > 1 else "")

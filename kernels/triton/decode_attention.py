@@ -95,12 +95,12 @@ MERGE_SPLITS = 16
 # steps that run outside the graphs (a speculating engine's verify rows beside a prefill
 # chunk): one of their combinations compiled while serving, 2.1 s (session 39). Neither
 # feeds a vector access: page ids and LSEs are read and written a few scalars at a time
-@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "one_pass_keys", "stride_ls", "stride_bt"])
+@triton.jit(do_not_specialize=["num_kv_heads", "num_splits", "stride_ls", "stride_bt"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, cos_sin_ptr,
     k_cache_ptr, v_cache_ptr, slot_ptr, seq_lens_ptr, block_tables_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr,
-    qk_scale, eps, num_kv_heads, num_splits, one_pass_keys,
+    qk_scale, eps, num_kv_heads, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     stride_ot, stride_oh, stride_ps, stride_pt, stride_ph, stride_ls, stride_lt, stride_bt, stride_gt, stride_gh,
@@ -109,7 +109,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, MERGE_S: tl.constexpr,
     SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
-    ROWS: tl.constexpr = 1, KROWS: tl.constexpr = 2, ONE_PASS: tl.constexpr = False,
+    ROWS: tl.constexpr = 1, KROWS: tl.constexpr = 2, ONE_PASS_KEYS: tl.constexpr = 1,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -121,8 +121,7 @@ def _decode_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < HEAD_D
     dv_ok = offs_dv < HEAD_DV
-    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N, MERGE_S, ROWS,
-                                                 ONE_PASS)
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N, ROWS, ONE_PASS_KEYS, MERGE_S)
     table = block_tables_ptr + seq * stride_bt
     k_base = k_cache_ptr + kv_head * stride_kch
     v_base = v_cache_ptr + kv_head * stride_vch
@@ -205,22 +204,22 @@ def _decode_kernel(
     _finish_rows(acc, m_i, l_i, out_ptr, part_o_ptr, part_lse_ptr, count_ptr, gate_ptr, seq, tok, kv_head, split,
                  active, num_kv_heads, head, row_ok, offs_dv, dv_ok, stride_ot, stride_oh, stride_ps, stride_pt,
                  stride_ph, stride_ls, stride_lt, stride_gt, stride_gh, GROUP, HEAD_DV, BLOCK_G, BLOCK_S, MERGE_S,
-                 BLOCK_DV, SPLIT, True, GATED, ROWS, ONE_PASS)
+                 BLOCK_DV, SPLIT, True, GATED, ROWS, ONE_PASS_KEYS > 1)
 
 
 @triton.jit
-def _split_keys(seq_len, split, num_splits, one_pass_keys, BLOCK_N: tl.constexpr, MERGE_S: tl.constexpr,
-                ROWS: tl.constexpr = 1, ONE_PASS: tl.constexpr = False):
+def _split_keys(seq_len, split, num_splits, BLOCK_N: tl.constexpr, ROWS: tl.constexpr = 1,
+                ONE_PASS_KEYS: tl.constexpr = 1, MERGE_S: tl.constexpr = 1):
     """A decode program's share of its sequence's keys: ``lo..hi`` (the same ranges as the
-    prefill/decode kernel's; with ``ONE_PASS`` a sequence whose keys fit ``MERGE_S`` splits
-    of ``one_pass_keys`` keys fills no more than ``MERGE_S``), the last new key's position
+    prefill/decode kernel's; past 1 ``ONE_PASS_KEYS``, a sequence whose keys fit ``MERGE_S``
+    splits of that many keys fills no more than ``MERGE_S``), the last new key's position
     ``new``, ``cached_hi`` (its share without the ``ROWS`` new keys, which are never read
     back from the page: the split holding the last folds them all in from registers, so no
     load waits for their store), and how many splits hold keys at all (``active``: the
     rest store nothing and the merge does not count them)."""
     chunk = tl.cdiv(seq_len, num_splits)
-    if ONE_PASS:
-        chunk = tl.maximum(chunk, tl.minimum(tl.cdiv(seq_len, MERGE_S), one_pass_keys))
+    if ONE_PASS_KEYS > 1:
+        chunk = tl.maximum(chunk, tl.minimum(tl.cdiv(seq_len, MERGE_S), ONE_PASS_KEYS))
     chunk = tl.cdiv(chunk, BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(seq_len, lo + chunk)
@@ -332,13 +331,11 @@ def decode_attention(
         num_warps = max(num_warps, 8 if head_dim > 128 else 4)
         merge_s = 1 if head_dim > 128 else merge_s
     use_pdl = pdl.enabled(q.device)
-    one_pass_keys = (forced("NINFER_DECODE_ONE_PASS_KEYS") or ONE_PASS_KEYS) if rows == 1 else 1
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, q_weight.contiguous(), k_weight.contiguous(), positions, cos_sin,
         k_cache, v_cache, batch.slot_mapping, batch.seq_lens, batch.block_tables,
         out, part_o, part_lse, counters, gate_arg,
         scale * math.log2(math.e), eps, num_kv_heads, splits,
-        one_pass_keys,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -352,7 +349,8 @@ def decode_attention(
         SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
         # Triton's interpreter (CPU tensors) multiplies bf16 dot operands as raw bits.
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16, GATED=gate is not None, USE_PDL=use_pdl,
-        ROWS=rows, KROWS=max(2, triton.next_power_of_2(rows)), ONE_PASS=one_pass_keys > 1, num_warps=num_warps,
+        ROWS=rows, KROWS=max(2, triton.next_power_of_2(rows)), num_warps=num_warps,
+        ONE_PASS_KEYS=(forced("NINFER_DECODE_ONE_PASS_KEYS") or ONE_PASS_KEYS) if rows == 1 else 1,
         num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     return out

@@ -78,7 +78,7 @@ def _decode_quant_kernel(
     cs_row = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, 1, BLOCK_N, 1)  # the general ranges
+    lo, hi, new, cached_hi, active = _split_keys(seq_len, split, num_splits, BLOCK_N)
     table = block_tables_ptr + seq * stride_bt
     strides = (s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss)
     kd_h, ks_h = kd + kv_head * s_kdh, ks + kv_head * s_ksh
