@@ -8,14 +8,13 @@ takes two row strides instead of asking for a contiguous copy.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
+from ninfer_kernels.triton.tuned_tables import forced
 
 #: elements one program aims to hold (rows x row width): short rows are batched up
 TILE_ELEMENTS = 4096
@@ -104,7 +103,7 @@ def rms_norm(
         x_strides, r_strides = (rows.stride(0), rows.stride(1)), (res.stride(0), res.stride(1))
     block_n = triton.next_power_of_2(n)
     per_program = max(1, min(64, TILE_ELEMENTS // block_n))
-    if os.environ.get("NINFER_NORM_FIT") == "1":  # (an A/B switch, read per call) no masked rows
+    if forced("NINFER_NORM_FIT"):  # (an A/B switch, read per call) no masked rows
         per_program = min(per_program, triton.next_power_of_2(num_rows))
     use_pdl = pdl.enabled(x.device)
     _rms_norm_kernel[(triton.cdiv(num_rows, per_program),)](
