@@ -47,12 +47,16 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
 
 @pytest.mark.parametrize("contexts", [[1000, 7, 600], [5000, 300]], ids=["short", "long"])
 @pytest.mark.parametrize("one_pass_keys", ["1", "128"], ids=["two-passes", "one-pass"])
-def test_short_contexts_merge_in_one_pass(one_pass_keys, contexts, monkeypatch):
+@pytest.mark.parametrize("merge_splits", ["16", "4"], ids=["merge16", "merge4"])
+def test_short_contexts_merge_in_one_pass(one_pass_keys, merge_splits, contexts, monkeypatch):
     """With 32 splits, 1,000 and 600 keys fill 32 and 19 of them (a merge in two passes);
     with NINFER_DECODE_ONE_PASS_KEYS=128 no more than 16 hold keys, merged in one pass, and
-    5,000 keys still fill all 32 (the online merge's two passes). Each way the rows are the
-    reference's, the merging programs reset their counters, and the cache is the same."""
+    5,000 keys still fill all 32 (the online merge's two passes). Four partials a merge
+    pass (NINFER_DECODE_MERGE_SPLITS=4) take eight passes of each kind, or fewer splits.
+    Each way the rows are the reference's, the merging programs reset their counters, and
+    the cache is the same."""
     monkeypatch.setenv("NINFER_DECODE_ONE_PASS_KEYS", one_pass_keys)
+    monkeypatch.setenv("NINFER_DECODE_MERGE_SPLITS", merge_splits)
     args, k_cache, v_cache, batch = decode_case(contexts, 16, 8, 2, 16, 16, torch.float32, seed=16)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
@@ -159,7 +163,9 @@ def test_decode_attention_padding_rows_store_nothing():
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("contexts", [[2047] * 8, [640], [5, 3000, 17, 64]], ids=["batch8", "batch1", "mixed"])
-def test_decode_attention_real_shapes(contexts):
+@pytest.mark.parametrize("merge_splits", ["", "8"], ids=["merge-default", "merge8"])
+def test_decode_attention_real_shapes(contexts, merge_splits, monkeypatch):
+    monkeypatch.setenv("NINFER_DECODE_MERGE_SPLITS", merge_splits)
     args, k_cache, v_cache, batch = decode_case(contexts, 16, 32, 8, 128, 128, torch.bfloat16, seed=2, device="cuda")
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want = decode_attention.decode_attention(*args, want_k, want_v, batch, 128**-0.5)

@@ -84,8 +84,16 @@ MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: and 608 at head dim 128 on 2). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read
 #: per call, for A/B runs). Speculative verify rows never take it.
 ONE_PASS_KEYS = 1
-#: partials the merging program reads per pass
+#: partials the merging program reads per pass. Sixteen hold 256 floats a thread at batch
+#: 1 on both shapes (8 query heads a KV head; head dim 128 on 2 warps, 256 on 4): ptxas
+#: (sm_90, triton 3.6) spills 408 and 384 bytes there, 116 and 68 with 16 splits; eight
+#: spill nothing. ``NINFER_DECODE_MERGE_SPLITS`` overrides it (read per call, for A/B runs).
 MERGE_SPLITS = 16
+
+
+def merge_splits() -> int:
+    """Partials a merge pass reads: :data:`MERGE_SPLITS`, or its switch."""
+    return forced("NINFER_DECODE_MERGE_SPLITS") or MERGE_SPLITS
 
 
 
@@ -323,7 +331,7 @@ def decode_attention(
     counters = counter_buffer("decode_attention", q.device, num_seqs * num_kv_heads, minimum=1 << 16)
     row_tile = triton.next_power_of_2(group * rows)  # (token, head-in-group) rows of a program
     # the merge holds MERGE_S partials of every row at once: as many values with more rows
-    merge_s = max(1, min(MERGE_SPLITS, triton.next_power_of_2(splits)) // triton.next_power_of_2(rows))
+    merge_s = max(1, min(merge_splits(), triton.next_power_of_2(splits)) // triton.next_power_of_2(rows))
     if rows > 1:
         # verify rows hold several tokens' rows a program: at decode's warps the registers
         # spill (ptxas, triton 3.6, sm_90: 192 bytes at the 8B's head dim 128 on 2 warps,

@@ -34,7 +34,7 @@ from ninfer_kernels import kv_quant as ref
 from ninfer_kernels.attention import output_gate
 from ninfer_kernels.triton import pdl
 from ninfer_kernels.triton.counters import counter_buffer
-from ninfer_kernels.triton.decode_attention import MERGE_SPLITS, _finish_rows, _split_keys, gate_args
+from ninfer_kernels.triton.decode_attention import _finish_rows, _split_keys, gate_args, merge_splits
 from ninfer_kernels.triton.decode_rows import _fold_new_key, _norm_rope_factors, _norm_rope_rows
 from ninfer_kernels.triton.decode_launch import DecodeLaunch, tuned_launch
 from ninfer_kernels.triton.kv_quant import _format_id, _half_products, _store_kv_head, kv_format_name, part_strides
@@ -186,7 +186,7 @@ def decode_attention_quant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, no
         GROUP=group, PAGE=page_size, HEAD_D=head_dim, HALF=n.rotary_dim // 2, ROT=n.rotary_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim,
         BLOCK_G=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
-        MERGE_S=min(MERGE_SPLITS, triton.next_power_of_2(splits)),
+        MERGE_S=min(merge_splits(), triton.next_power_of_2(splits)),
         SPLIT=splits > 1, MERGE=merge_inside, IEEE=q.dtype == torch.float32,
         UPCAST=q.device.type != "cuda" and q.dtype == torch.bfloat16 and not half, F16=half,
         KFMT=_format_id(k_codec), VFMT=_format_id(v_codec), KGROUP=k_codec.group(head_dim),
