@@ -76,25 +76,27 @@ MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: last of them merges the partials in one pass (:func:`.decode_merge._merge_online`,
 #: which also merges longer contexts a round trip a pass). A graph is captured with the
 #: splits its max context wants; at short contexts the rest stay empty. Inside whole
-#: 35B-A3B steps at batch 1 and 512-767 keys (H100, session 44): 32 splits (20-24 of them
-#: holding keys, the log-sum-exps then two passes) ran 320-329 tok/s; 16 splits (one
-#: pass) 331-338; 8 splits of 96 keys 327; 32 splits of at least 48 keys each (about 14
-#: holding keys, but still merged as 32) 324-326. Off (1) until timed as a whole (ptxas,
-#: sm_90: 300 bytes of spills in the merge at head dim 256 on 4 warps, 270 without; 484
-#: and 608 at head dim 128 on 2). ``NINFER_DECODE_ONE_PASS_KEYS=128`` turns it on (read
-#: per call, for A/B runs). Speculative verify rows never take it.
-ONE_PASS_KEYS = 1
+#: batch-1 steps at 512-767 keys (H100, session 45, two calls each against 32 splits
+#: merged as the log-sum-exps then two passes): the 30B-A3B (head dim 128) 285.1 / 285.3
+#: tok/s against 272.4 / 272.0 (+4.8%), the 35B-A3B (head dim 256) 331.0 / 332.7 against
+#: 327.9 / 329.4 (+1.0%). There 16 splits in all ran faster on the 35B-A3B (335.9 /
+#: 336.4) and slower on the 30B-A3B (279.2 / 279.4), but a graph's split count follows
+#: its max context (64 at batch 1 past 16k keys, from the H200 table), so only this rule
+#: fits the splits to the keys a step has. ``NINFER_DECODE_ONE_PASS_KEYS=1`` turns it
+#: off (read per call, for A/B runs). Speculative verify rows never take it.
+ONE_PASS_KEYS = 128
 #: partials the merging program reads per pass. Sixteen hold 256 floats a thread at batch
-#: 1 on both shapes (8 query heads a KV head; head dim 128 on 2 warps, 256 on 4): ptxas
-#: (sm_90, triton 3.6) spills 408 and 384 bytes there, 116 and 68 with 16 splits; eight
-#: spill nothing. ``NINFER_DECODE_MERGE_SPLITS`` overrides it (read per call, for A/B runs).
+#: 1 on both MoE shapes (8 query heads a KV head; head dim 128 on 2 warps, 256 on 4):
+#: ptxas (sm_90, triton 3.6) spills 408 and 384 bytes there, eight spill nothing, yet
+#: eight were no faster in whole steps (H100, session 45: 326.0 against 327.9 tok/s on
+#: the 35B-A3B, 272.4 both on the 30B-A3B; with 16 splits 333.3 / 274.0 against 335.9 /
+#: 279.2). ``NINFER_DECODE_MERGE_SPLITS`` overrides it (read per call, for A/B runs).
 MERGE_SPLITS = 16
 
 
 def merge_splits() -> int:
     """Partials a merge pass reads: :data:`MERGE_SPLITS`, or its switch."""
     return forced("NINFER_DECODE_MERGE_SPLITS") or MERGE_SPLITS
-
 
 
 # the split count varies with the batch and the longest context: one variant for all of them

@@ -4,10 +4,12 @@ mass (the separate merge kernel of :mod:`.paged_attention` does the same in its 
 launch), and applies the output gate. Shared by the plain cache's kernel
 (:mod:`.decode_attention`) and the quantized one (:mod:`.kv_quant_decode`).
 
-Three ways to read the partials, by how many there are: all at once (a launch of at most
-``MERGE_S`` splits), every log-sum-exp first and then passes of ``MERGE_S`` (the default
-for more), or passes with a running max, each reading its log-sum-exps and partials
-together (``ONE_PASS``, an A/B switch: see ``ONE_PASS_KEYS`` in :mod:`.decode_attention`).
+Three ways to read the partials: all at once (a launch of at most ``MERGE_S`` splits);
+passes with a running max, each reading its log-sum-exps and partials together
+(``ONE_PASS``, the plain cache's one-token rows by default: short contexts then fill at
+most ``MERGE_S`` splits and merge in one pass, see ``ONE_PASS_KEYS`` in
+:mod:`.decode_attention`); or every log-sum-exp first and then passes of ``MERGE_S``
+(the quantized kernel and verify rows).
 """
 
 from __future__ import annotations
