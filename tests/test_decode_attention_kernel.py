@@ -67,6 +67,19 @@ def test_short_contexts_merge_in_one_pass(one_pass_keys, merge_splits, contexts,
     assert counters is None or not counters.any()
 
 
+def test_the_table_split_count_merges_in_running_passes():
+    """At 64 splits (the H200 table's batch-1 count once the max context passes 16k keys)
+    9,000 keys fill 63 of them, merged by the default rule in four passes with a running
+    max, while 40 keys fill three; the rows are still the reference's."""
+    args, k_cache, v_cache, batch = decode_case([9000, 40], 16, 8, 2, 16, 16, torch.float32, seed=17)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
+    got = t_decode_attention.decode_attention(*args, k_cache, v_cache, batch, 0.25, num_splits=64)
+    assert rel_err(got, want) < TOL[torch.float32]
+    counters = counters_module._buffers.get(("decode_attention", got.device))
+    assert counters is None or not counters.any()
+
+
 def test_the_split_switch_takes_the_place_of_the_heuristic(monkeypatch):
     args, k_cache, v_cache, batch = decode_case([40, 200], 1, 6, 1, 32, 32, torch.float32, seed=1)
     want = t_decode_attention.decode_attention(*args, k_cache.clone(), v_cache.clone(), batch, 0.2, num_splits=4)
