@@ -51,10 +51,11 @@ def test_decode_attention_matches_reference(contexts, page, heads, head_dim, rot
 def test_short_contexts_merge_in_one_pass(one_pass_keys, merge_splits, contexts, monkeypatch):
     """With 32 splits, 1,000 and 600 keys fill 32 and 19 of them (a merge in two passes);
     with NINFER_DECODE_ONE_PASS_KEYS=128 no more than 16 hold keys, merged in one pass, and
-    5,000 keys still fill all 32 (the online merge's two passes). Four partials a merge
-    pass (NINFER_DECODE_MERGE_SPLITS=4) take eight passes of each kind, or fewer splits.
-    Each way the rows are the reference's, the merging programs reset their counters, and
-    the cache is the same."""
+    5,000 keys still fill all 32 (the online merge's two passes). At four partials a pass
+    (NINFER_DECODE_MERGE_SPLITS=4) the general merge runs eight passes after the
+    log-sum-exps, and the one-pass rule gives 1,000 and 600 keys 8 and 5 splits, merged in
+    two running passes (5,000 keys: eight). Each way the rows are the reference's, the
+    merging programs reset their counters, and the cache is the same."""
     monkeypatch.setenv("NINFER_DECODE_ONE_PASS_KEYS", one_pass_keys)
     monkeypatch.setenv("NINFER_DECODE_MERGE_SPLITS", merge_splits)
     args, k_cache, v_cache, batch = decode_case(contexts, 16, 8, 2, 16, 16, torch.float32, seed=16)
@@ -69,8 +70,8 @@ def test_short_contexts_merge_in_one_pass(one_pass_keys, merge_splits, contexts,
 
 def test_the_table_split_count_merges_in_running_passes():
     """At 64 splits (the H200 table's batch-1 count once the max context passes 16k keys)
-    9,000 keys fill 63 of them, merged by the default rule in four passes with a running
-    max, while 40 keys fill three; the rows are still the reference's."""
+    9,000 keys fill 57 of them, merged by the default rule in four passes with a running
+    max, while 40 keys fill two; the rows are still the reference's."""
     args, k_cache, v_cache, batch = decode_case([9000, 40], 16, 8, 2, 16, 16, torch.float32, seed=17)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     want = decode_attention.decode_attention(*args, want_k, want_v, batch, 0.25)
