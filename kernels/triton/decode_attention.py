@@ -83,7 +83,9 @@ MAX_SPLITS, MIN_KEYS_PER_SPLIT = 32, 64
 #: 336.4) and slower on the 30B-A3B (279.2 / 279.4), but a graph's split count follows
 #: its max context (64 at batch 1 past 16k keys, from the H200 table), so only this rule
 #: fits the splits to the keys a step has. ``NINFER_DECODE_ONE_PASS_KEYS=1`` turns it
-#: off (read per call, for A/B runs). Speculative verify rows never take it.
+#: off (read per call, for A/B runs). Speculative verify rows never take it. Since those
+#: runs, a one-pass merge reads its partials all at once instead of through the loop
+#: (fewer spills, :mod:`.decode_merge`; untimed).
 ONE_PASS_KEYS = 128
 #: partials the merging program reads per pass. Sixteen hold 256 floats a thread at batch
 #: 1 on both MoE shapes (8 query heads a KV head; head dim 128 on 2 warps, 256 on 4):
