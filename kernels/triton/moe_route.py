@@ -50,6 +50,17 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
     """Store one token's ``K_OUT`` weights and expert ids at ``w_out`` / ``ids_out`` from its
     float32 router ``logits`` [BLOCK_E] (lanes past ``e_ok`` -inf) and, with a shared
     expert, its rounded gate logit ``g``."""
+    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
+    cols = tl.arange(0, BLOCK_KO)
+    tl.store(w_out + cols, weights, mask=cols < K_OUT)
+    tl.store(ids_out + cols, ids, mask=cols < K_OUT)
+
+
+@triton.jit
+def top_experts(logits, e_ok, g, num_experts, TOP_K: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
+    """:func:`pick_experts`' weights and ids [BLOCK_KO] (float32, int32), kept in registers:
+    the top ``TOP_K`` picks, then the shared expert (id ``num_experts``) when there is one."""
     offs_e = tl.arange(0, BLOCK_E)
     # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
     # one reduction of a 64-bit key: the logit's bits made to order as signed integers
@@ -80,8 +91,7 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
     if HAS_SHARED:
         weights = tl.where(cols == TOP_K, 1.0 / (1.0 + tl.exp(-g)), weights)
         ids = tl.where(cols == TOP_K, num_experts, ids)
-    tl.store(w_out + cols, weights, mask=cols < K_OUT)
-    tl.store(ids_out + cols, ids, mask=cols < K_OUT)
+    return weights, ids
 
 
 @triton.jit
