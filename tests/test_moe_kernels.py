@@ -161,6 +161,25 @@ def test_triton_route_ties_go_to_the_lower_id():
     assert moe.moe_route(logits, 3, True)[1].tolist() == ids.tolist()
 
 
+@pytest.mark.parametrize("e", [5, 256])
+def test_bf16_logits_rank_on_32_bit_keys_as_on_64_bit_ones(e):
+    """bf16 logits (the router's output dtype) take the 32-bit keys: every sign, both
+    zeros, ties among equal values, the largest finite value, tiny ones and -inf pick
+    the same experts, at the same weights, as the 64-bit keys of their float32 copies."""
+    gen = torch.Generator().manual_seed(e)
+    values = (torch.randint(-6, 7, (16, e), generator=gen) * 0.75).to(torch.bfloat16)  # many ties
+    values[0, :3] = torch.tensor([-0.0, 0.0, -0.0])
+    values[1, :4] = torch.tensor([3.3895e38, -1e30, float("-inf"), 1e-38])
+    values[2] = float("-inf")
+    values[2, -1] = -1.0
+    for top_k in (1, 3, min(e, 8)):
+        for renorm in (False, True):
+            w16, ids16 = t_route.moe_route(values, top_k, renorm)
+            w32, ids32 = t_route.moe_route(values.float(), top_k, renorm)
+            assert torch.equal(ids16, ids32) and torch.equal(w16, w32)
+            assert torch.equal(ids16, moe.moe_route(values, top_k, renorm)[1])
+
+
 def test_route_ranks_logits_whose_probabilities_round_equal():
     """Two distinct logits near zero beside a large one: their float32 probabilities are
     equal, and both the reference and the kernel keep the larger logit."""

@@ -46,11 +46,12 @@ KERNEL_MAX_PAIRS = 1024
 
 @triton.jit
 def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constexpr, K_OUT: tl.constexpr,
-                 RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
+                 RENORM: tl.constexpr, HAS_SHARED: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr,
+                 KEY32: tl.constexpr = False):
     """Store one token's ``K_OUT`` weights and expert ids at ``w_out`` / ``ids_out`` from its
     float32 router ``logits`` [BLOCK_E] (lanes past ``e_ok`` -inf) and, with a shared
     expert, its rounded gate logit ``g``."""
-    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
+    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO, KEY32)
     cols = tl.arange(0, BLOCK_KO)
     tl.store(w_out + cols, weights, mask=cols < K_OUT)
     tl.store(ids_out + cols, ids, mask=cols < K_OUT)
@@ -58,31 +59,47 @@ def pick_experts(logits, e_ok, g, w_out, ids_out, num_experts, TOP_K: tl.constex
 
 @triton.jit
 def top_experts(logits, e_ok, g, num_experts, TOP_K: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
-                BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr):
+                BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, KEY32: tl.constexpr = False):
     """:func:`pick_experts`' weights and ids [BLOCK_KO] (float32, int32), kept in registers:
-    the top ``TOP_K`` picks, then the shared expert (id ``num_experts``) when there is one."""
+    the top ``TOP_K`` picks, then the shared expert (id ``num_experts``) when there is one.
+    ``KEY32``: the logits are bf16 values (their float32 bits' low half is zero)."""
     offs_e = tl.arange(0, BLOCK_E)
     # The softmax keeps the logits' order, so the top-k is taken on the logits, each round
-    # one reduction of a 64-bit key: the logit's bits made to order as signed integers
-    # (negative floats' magnitude bits flipped) above the lane's reversed index, so the
-    # largest key is the largest logit at its lowest expert id (the reference's tie-break).
-    # Two reductions a round (the value, then its lowest index) made this kernel most of
-    # the routing's 4.6 us a layer at batch 1 (docs/performance.md, session 7).
+    # one reduction of a key: the logit's bits made to order as signed integers (negative
+    # floats' magnitude bits flipped) above the lane's reversed index, so the largest key
+    # is the largest logit at its lowest expert id (the reference's tie-break). Two
+    # reductions a round (the value, then its lowest index) made this kernel most of the
+    # routing's 4.6 us a layer at batch 1 (docs/performance.md, session 7).
     bits = (logits + 0.0).to(tl.int32, bitcast=True)  # -0.0 becomes +0.0: equal logits tie
     order = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    key = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64)
-    key = tl.where(e_ok, key, -9223372036854775807 - 1)  # padding lanes below every expert
     cols = tl.arange(0, BLOCK_KO)
     weights = tl.zeros([BLOCK_KO], dtype=tl.float32)
     ids = tl.zeros([BLOCK_KO], dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        best = tl.max(key, 0)
-        idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
-        picked = (best >> 32).to(tl.int32)
-        value = tl.where(picked < 0, picked ^ 0x7FFFFFFF, picked).to(tl.float32, bitcast=True)
-        weights = tl.where(cols == j, value, weights)  # the logit for now
-        ids = tl.where(cols == j, idx, ids)
-        key = tl.where(offs_e == idx, -9223372036854775807 - 1, key)
+    if KEY32:
+        # A bf16 logit's order fits the high 16 bits exactly (its float32 bits' low half
+        # is zero, all ones once flipped), the index the low 16: a 32-bit key, whose
+        # reduction takes half the shuffles of the 64-bit one, with the same picks.
+        key32 = ((order >> 16) << 16) | (BLOCK_E - 1 - offs_e)
+        key32 = tl.where(e_ok, key32, -2147483647 - 1)  # padding lanes below every expert
+        for j in tl.static_range(TOP_K):
+            best = tl.max(key32, 0)
+            idx = BLOCK_E - 1 - (best & 0xFFFF)
+            picked = best >> 16  # the bf16 order, sign-extended
+            value = (tl.where(picked < 0, picked ^ 0x7FFF, picked) << 16).to(tl.float32, bitcast=True)
+            weights = tl.where(cols == j, value, weights)  # the logit for now
+            ids = tl.where(cols == j, idx, ids)
+            key32 = tl.where(offs_e == idx, -2147483647 - 1, key32)
+    else:
+        key = (order.to(tl.int64) << 32) | (BLOCK_E - 1 - offs_e).to(tl.int64)
+        key = tl.where(e_ok, key, -9223372036854775807 - 1)  # padding lanes below every expert
+        for j in tl.static_range(TOP_K):
+            best = tl.max(key, 0)
+            idx = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+            picked = (best >> 32).to(tl.int32)
+            value = tl.where(picked < 0, picked ^ 0x7FFFFFFF, picked).to(tl.float32, bitcast=True)
+            weights = tl.where(cols == j, value, weights)  # the logit for now
+            ids = tl.where(cols == j, idx, ids)
+            key = tl.where(offs_e == idx, -9223372036854775807 - 1, key)
     top = tl.max(tl.where(cols == 0, weights, float("-inf")), 0)  # the first pick: the largest logit
     total = tl.sum(tl.exp(logits - top), 0)
     weights = tl.where(cols < TOP_K, tl.exp(weights - top) / total, 0.0)
@@ -100,7 +117,7 @@ def _route_kernel(
     num_experts, hidden, stride_lt, stride_xt,
     TOP_K: tl.constexpr, K_OUT: tl.constexpr, RENORM: tl.constexpr, HAS_SHARED: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_H: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, GATE_IN_LOGITS: tl.constexpr = False,
+    USE_PDL: tl.constexpr, GATE_IN_LOGITS: tl.constexpr = False, KEY32: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     g = 0.0
@@ -125,7 +142,7 @@ def _route_kernel(
     if GATE_IN_LOGITS:  # already rounded to the model dtype
         g = tl.load(logits_ptr + t * stride_lt + num_experts).to(tl.float32)
     pick_experts(logits, e_ok, g, w_ptr + t * K_OUT, ids_ptr + t * K_OUT, num_experts,
-                 TOP_K, K_OUT, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
+                 TOP_K, K_OUT, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO, KEY32)
 
 
 def moe_route(
@@ -165,7 +182,8 @@ def moe_route(
         TOP_K=top_k, K_OUT=k_out, RENORM=renormalize, HAS_SHARED=has_shared,
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_KO=triton.next_power_of_2(k_out),
         BLOCK_H=min(1024, triton.next_power_of_2(max(hidden, 16))), ROUND=interpreted_bf16(x),
-        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, num_warps=4 if num_experts > 128 else 2,
+        USE_PDL=use_pdl, GATE_IN_LOGITS=gate_in_logits, KEY32=logits.dtype == torch.bfloat16,
+        num_warps=4 if num_experts > 128 else 2,
         **pdl.launch_options(use_pdl),
     )
     return weights, ids

@@ -135,7 +135,7 @@ def _gate_up_routed_kernel(
     stride_we, stride_wn, stride_wk,
     TOP_K: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1,
+    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1, KEY32: tl.constexpr = False,
 ):
     """:func:`_gate_up_one_kernel` with the routing in it: the pair's expert is picked from
     the token's logits (the shared expert's gate logit after the routed ones)."""
@@ -150,7 +150,7 @@ def _gate_up_routed_kernel(
     g = 0.0
     if HAS_SHARED:  # already rounded to the model dtype
         g = tl.load(logits_ptr + num_experts).to(tl.float32)
-    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO)
+    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO, KEY32)
     cols = tl.arange(0, BLOCK_KO)
     if tl.program_id(1) == 0:  # the down kernel reads the pair's id and weight
         tl.store(route_w_ptr + cols, weights, mask=cols == pair)
@@ -272,5 +272,5 @@ def routed_rows_one_token(
         x, w13, s13, h, logits, weights, ids, num_experts, inter, hidden, w13.stride(0), w13.stride(1), w13.stride(2),
         TOP_K=top_k, RENORM=renormalize, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_KO=triton.next_power_of_2(k_out), BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden),
-        STAGES=config.gate_up_stages, num_warps=config.gate_up_warps, **options)
+        STAGES=config.gate_up_stages, num_warps=config.gate_up_warps, KEY32=logits.dtype == torch.bfloat16, **options)
     return _down_rows(h, w2, s2, weights, ids, hidden, config, options)
