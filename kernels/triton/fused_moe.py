@@ -387,7 +387,7 @@ def routed_moe(
     :func:`fused_moe`, or for one token with :func:`route_in_experts` the routing inside
     the gate_up launch."""
     has_shared = shared13 is not None
-    if (x.shape[0] == 1 and isinstance(w13, torch.Tensor) and route_in_experts() and single_token_kernels()):
+    if x.shape[0] == 1 and isinstance(w13, torch.Tensor) and route_in_experts() and single_token_kernels():
         num_experts, two_i, hidden = w13.shape
         config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k + has_shared, x.dtype, 1)
         s13 = _row_major(shared13, w13[0]) if has_shared else None
