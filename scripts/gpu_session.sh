@@ -244,7 +244,7 @@ esac
 echo "== stage $stage ($(date +%T))"
 case "$stage" in
 check)
-    timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
+    timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py tests/test_moe_routing.py \
         tests/test_gated_delta_decode.py tests/test_prefill_kernels.py tests/test_skinny_linear.py \
         tests/test_lora.py tests/test_sampler.py tests/test_kernels_triton.py tests/test_decode_attention_kernel.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
     timeout 60 python3 scripts/gpu_gdn_decode_check.py --out "$OUT/gdn_decode.jsonl" 2>&1 | tail -14

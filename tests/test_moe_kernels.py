@@ -1,5 +1,6 @@
-"""Mixture-of-experts kernels: the references against the model's per-expert loop and
-naive routing, and the Triton kernels against the references (in Triton's interpreter
+"""Mixture-of-experts kernels: the references against the model's per-expert loop, and
+the Triton kernels (sorting by expert, the grouped and single-token expert kernels,
+their launch tables) against the references; routing is in test_moe_routing.py (in Triton's interpreter
 without a GPU, so shapes stay tiny; the ``gpu`` test repeats it at a real shape)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _attention_cases import gpu, needs_cuda, rel_err
+from _moe_cases import TOL, moe_weights, replayed
 from ninfer_kernels import moe
 
 pytest.importorskip("triton")
@@ -21,35 +24,8 @@ from ninfer_kernels.triton import moe_shapes as t_shapes  # noqa: E402
 from ninfer_kernels.triton import moe_single_token as t_one  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: see conftest
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 #: several row blocks and column blocks, a K loop of several steps, and the swizzle
 SMALL = t_fused.MoeConfig(16, t_fused.GemmConfig(16, 16, 2, 4, 2), t_fused.GemmConfig(16, 16, 2, 4, 2))
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.double()
-    return float((got.double() - want).norm() / want.norm().clamp_min(1e-30))
-
-
-def distinct_logits(t: int, e: int, gen: torch.Generator) -> torch.Tensor:
-    """Rows of well-separated values in random order: top-k order is unambiguous."""
-    return torch.stack([torch.randperm(e, generator=gen).float() * 0.37 for _ in range(t)]) - 1.0
-
-
-def moe_weights(e: int, h: int, i: int, gen: torch.Generator, dtype=torch.float32, shared: bool = False):
-    """Stacked expert weights, plus a shared expert stored column-major (a Linear's weight
-    seen through a transpose) to cover arbitrary strides."""
-    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h**-0.5).to(dtype)
-    w2 = (torch.randn(e, h, i, generator=gen) * i**-0.5).to(dtype)
-    if not shared:
-        return w13, w2, None, None
-    s13 = (torch.randn(h, 2 * i, generator=gen) * h**-0.5).to(dtype).T
-    s2 = (torch.randn(i, h, generator=gen) * i**-0.5).to(dtype).T
-    assert s13.stride() == (1, 2 * i) and s2.stride() == (1, h)
-    return w13, w2, s13, s2
-
 
 def check_layout(ids: torch.Tensor, num_experts: int, block_m: int, layout) -> None:
     """Every property moe_align promises, checked from its definition."""
@@ -75,31 +51,6 @@ def check_layout(ids: torch.Tensor, num_experts: int, block_m: int, layout) -> N
 
 
 # -- references --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("renorm", [False, True])
-def test_reference_route_matches_softmax_topk(renorm):
-    gen = torch.Generator().manual_seed(0)
-    logits = distinct_logits(9, 8, gen)
-    x = torch.randn(9, 16, generator=gen)
-    gate = torch.randn(16, generator=gen)
-    want_w, want_ids = torch.softmax(logits, dim=-1).topk(3, dim=-1)
-    if renorm:
-        want_w = want_w / want_w.sum(-1, keepdim=True)
-    w, ids = moe.moe_route(logits, 3, renorm)
-    assert ids.dtype == torch.int32 and w.dtype == torch.float32
-    assert torch.equal(ids, want_ids.int()) and torch.allclose(w, want_w, atol=1e-7)
-
-    w, ids = moe.moe_route(logits, 3, renorm, x, gate)
-    assert ids.shape == (9, 4) and torch.equal(ids[:, :3], want_ids.int()) and (ids[:, 3] == 8).all()
-    assert torch.allclose(w[:, :3], want_w, atol=1e-7)
-    assert torch.allclose(w[:, 3], torch.sigmoid(x @ gate), atol=1e-6)
-
-
-def test_reference_route_ties_go_to_the_lower_id():
-    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
-    _, ids = moe.moe_route(logits, 3, False)
-    assert ids.tolist() == [[1, 3, 4], [0, 1, 2]]
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -135,59 +86,6 @@ def test_reference_handles_no_tokens():
 
 
 # -- Triton against the references -------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("t,e,top_k,renorm,shared", [(1, 8, 2, True, False), (7, 6, 3, False, True),
-                                                     (5, 37, 8, True, True), (2, 256, 8, True, True)])
-def test_triton_route_equals_reference(t, e, top_k, renorm, shared, dtype):
-    gen = torch.Generator().manual_seed(e)
-    logits = distinct_logits(t, e, gen).to(dtype)
-    x = torch.randn(t, 24, generator=gen).to(dtype)
-    gate = torch.randn(1, 24, generator=gen).to(dtype) if shared else None  # a Linear(H, 1) weight
-    want_w, want_ids = moe.moe_route(logits, top_k, renorm, x, gate)
-    got_w, got_ids = t_route.moe_route(logits, top_k, renorm, x, gate)
-    assert got_w.dtype == torch.float32 and got_ids.dtype == torch.int32
-    assert torch.equal(got_ids, want_ids)
-    assert (got_w - want_w).abs().max() <= 1e-6
-
-
-def test_triton_route_ties_go_to_the_lower_id():
-    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0, 1.0], [-3.0, -0.5, -2.0, -0.5, -0.0],
-                           [-0.0, 0.0, -1.0, -1.0, -1.0]])
-    _, ids = t_route.moe_route(logits, 3, True)
-    # negative logits order as floats do; -0.0 ties +0.0
-    assert ids.tolist() == [[1, 3, 4], [0, 1, 2], [4, 1, 3], [0, 1, 2]]
-    assert moe.moe_route(logits, 3, True)[1].tolist() == ids.tolist()
-
-
-@pytest.mark.parametrize("e", [5, 256])
-def test_bf16_logits_rank_on_32_bit_keys_as_on_64_bit_ones(e):
-    """bf16 logits (the router's output dtype) take the 32-bit keys: every sign, both
-    zeros, ties among equal values, the largest finite value, tiny ones and -inf pick
-    the same experts, at the same weights, as the 64-bit keys of their float32 copies."""
-    gen = torch.Generator().manual_seed(e)
-    values = (torch.randint(-6, 7, (16, e), generator=gen) * 0.75).to(torch.bfloat16)  # many ties
-    values[0, :3] = torch.tensor([-0.0, 0.0, -0.0])
-    values[1, :4] = torch.tensor([3.3895e38, -1e30, float("-inf"), 1e-38])
-    values[2] = float("-inf")
-    values[2, -1] = -1.0
-    for top_k in (1, 3, min(e, 8)):
-        for renorm in (False, True):
-            w16, ids16 = t_route.moe_route(values, top_k, renorm)
-            w32, ids32 = t_route.moe_route(values.float(), top_k, renorm)
-            assert torch.equal(ids16, ids32) and torch.equal(w16, w32)
-            assert torch.equal(ids16, moe.moe_route(values, top_k, renorm)[1])
-
-
-def test_route_ranks_logits_whose_probabilities_round_equal():
-    """Two distinct logits near zero beside a large one: their float32 probabilities are
-    equal, and both the reference and the kernel keep the larger logit."""
-    logits = torch.tensor([[4.0, -3.0035e-08, -2.9802e-08, -30.0]]).to(torch.bfloat16)
-    probs = torch.softmax(logits.float(), dim=-1)
-    assert probs[0, 1] == probs[0, 2] and logits[0, 2] > logits[0, 1]
-    assert moe.moe_route(logits, 2, False)[1].tolist() == [[0, 2]]
-    assert t_route.moe_route(logits, 2, False)[1].tolist() == [[0, 2]]
 
 
 @pytest.mark.parametrize("t,k,e,block_m,chunk", [
@@ -315,32 +213,6 @@ def test_one_token_takes_the_single_token_kernels_unless_switched_off(monkeypatc
     assert calls == [1]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shared,renorm", [(False, True), (True, False), (True, True)])
-def test_routing_inside_the_expert_launch_changes_nothing(shared, renorm, dtype, monkeypatch):
-    """NINFER_ROUTE_IN_EXPERTS=1: one token's gate_up programs pick its experts from the
-    router's logits (the shared expert's gate logit last) and leave each pair's id and
-    weight for the down kernel. The rows are the routing kernel's and then the expert
-    kernels' bit for bit, and both equal the reference op."""
-    gen = torch.Generator().manual_seed(21 + shared)
-    e, h, i, k = 12, 40, 24, 4
-    x = torch.randn(1, 2 * h, generator=gen)[:, ::2].to(dtype)
-    w13, w2, s13, s2 = moe_weights(e, h, i, gen, dtype, shared)
-    logits = distinct_logits(1, e + shared, gen).to(dtype)  # a rounded gate logit, as the router op leaves it
-    want = moe.routed_moe(x, w13, w2, logits, k, renorm, s13, s2, summed=False)
-    apart = t_fused.routed_moe(x, w13, w2, logits, k, renorm, s13, s2, summed=False)
-    launched = []
-    real = t_one._gate_up_routed_kernel
-    monkeypatch.setattr(t_one, "_gate_up_routed_kernel", type("Spy", (), {
-        "__getitem__": lambda self, grid: launched.append(grid) or real[grid]})())
-    monkeypatch.setenv("NINFER_ROUTE_IN_EXPERTS", "1")
-    inside = t_fused.routed_moe(x, w13, w2, logits, k, renorm, s13, s2, summed=False)
-    assert len(launched) == 1 and launched[0][0] == k + shared
-    assert torch.equal(inside, apart)
-    assert inside.shape == want.shape == (1, k + shared, h)
-    assert rel_err(inside.sum(1), want.sum(1)) <= TOL[dtype]
-
-
 # -- config selection --------------------------------------------------------------
 
 
@@ -413,50 +285,8 @@ def test_fused_moe_real_shape_and_graph_capture(t):
         rw, rids = t_route.moe_route(logits, k, True, x, gate)
         return t_fused.fused_moe(x, w13, w2, rw, rids, s13, s2)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    out = replayed(step)
     assert torch.equal(out, eager)
-
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("shape", [(256, 512, True), (128, 768, False)], ids=["35b-a3b", "30b-a3b"])
-def test_routing_inside_the_expert_launch_at_real_shapes_and_in_a_graph(shape, monkeypatch):
-    """NINFER_ROUTE_IN_EXPERTS=1 at both MoE shapes: the same rows as the routing kernel
-    and the expert kernels, eagerly and replayed from a CUDA graph."""
-    e, i, shared = shape
-    h, k, dtype = 2048, 8, torch.bfloat16
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    x = torch.randn(1, h, device="cuda", generator=gen, dtype=dtype)
-    w13 = torch.randn(e, 2 * i, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5
-    w2 = torch.randn(e, h, i, device="cuda", generator=gen, dtype=dtype) * i**-0.5
-    s13 = torch.randn(2 * i, h, device="cuda", generator=gen, dtype=dtype) * h**-0.5 if shared else None
-    s2 = torch.randn(h, i, device="cuda", generator=gen, dtype=dtype) * i**-0.5 if shared else None
-    logits = torch.randn(1, e + shared, device="cuda", generator=gen, dtype=dtype)
-    apart = t_fused.routed_moe(x, w13, w2, logits, k, True, s13, s2, summed=False)
-    monkeypatch.setenv("NINFER_ROUTE_IN_EXPERTS", "1")
-    step = lambda: t_fused.routed_moe(x, w13, w2, logits, k, True, s13, s2, summed=False)  # noqa: E731
-    assert torch.equal(step(), apart)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, apart)
 
 
 @gpu
