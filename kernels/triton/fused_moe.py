@@ -262,6 +262,14 @@ def _row_major(w: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return w if w.stride() == like.stride() else w.contiguous()
 
 
+def _one_token_shared(shared13, shared2, w13, w2) -> tuple:
+    """The shared expert's weights as the single-token kernels read them (:func:`_row_major`),
+    or (None, None)."""
+    if shared13 is None:
+        return None, None
+    return _row_major(shared13, w13[0]), _row_major(shared2, w2[0])
+
+
 def gate_up(x, w13, shared13, align, top_k: int, block_m: int, cfg: GemmConfig,
             pair_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up`` for every pair: [P, I] in ``x``'s dtype (P = T * top_k)."""
@@ -354,8 +362,7 @@ def fused_moe(
         config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k, x.dtype, num_tokens)
     # one token: the matrix-vector kernels, unless a caller forces grouped-GEMM shapes
     if num_tokens == 1 and single_token_kernels() and (chosen or config.one_token is not None):
-        s13 = _row_major(shared13, w13[0]) if has_shared else None
-        s2 = _row_major(shared2, w2[0]) if has_shared else None
+        s13, s2 = _one_token_shared(shared13, shared2, w13, w2)
         rows = expert_rows_one_token(x, w13, w2, weights, ids, s13, s2, config.one_token or DEFAULT_CONFIG)
         return finish_pairs(rows, 1, top_k, summed)
     # one token's pairs name distinct experts: each pair is its own block, no sorting
@@ -390,8 +397,7 @@ def routed_moe(
     if x.shape[0] == 1 and isinstance(w13, torch.Tensor) and route_in_experts() and single_token_kernels():
         num_experts, two_i, hidden = w13.shape
         config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k + has_shared, x.dtype, 1)
-        s13 = _row_major(shared13, w13[0]) if has_shared else None
-        s2 = _row_major(shared2, w2[0]) if has_shared else None
+        s13, s2 = _one_token_shared(shared13, shared2, w13, w2)
         rows = routed_rows_one_token(x, w13, w2, logits.contiguous(), top_k, renormalize, s13, s2,
                                      config.one_token or DEFAULT_CONFIG)
         return finish_pairs(rows, 1, top_k + has_shared, summed)

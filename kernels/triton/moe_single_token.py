@@ -101,14 +101,24 @@ def _gate_up_dots(w_ptrs, x_ptr, up_offset, stride_wk, n_ok, K, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED: tl.constexpr):
-    """Pointers to rows ``offs_n`` (column 0) of pair ``pair``'s expert weight."""
-    expert = tl.load(ids_ptr + pair)
+def _expert_rows(w_ptr, s_ptr, expert, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED: tl.constexpr):
+    """Pointers to rows ``offs_n`` (column 0) of ``expert``'s weight."""
     w = w_ptr + expert.to(tl.int64) * stride_we
     if HAS_SHARED:  # the shared expert: same layout, its own tensor
         if expert == shared_id:
             w = s_ptr
     return w + offs_n[:, None].to(tl.int64) * stride_wn
+
+
+@triton.jit
+def _gate_up_pair(x_ptr, w_ptr, s_ptr, out_ptr, expert, pair, offs_n, n_ok, shared_id, N, K, stride_we, stride_wn,
+                  stride_wk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr,
+                  ROUND: tl.constexpr, STAGES: tl.constexpr):
+    """Store ``silu(gate) * up`` of pair ``pair`` (expert ``expert``) for columns ``offs_n``."""
+    rows = _expert_rows(w_ptr, s_ptr, expert, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
+    gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + pair * N + offs_n, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
 
 
 @triton.jit
@@ -120,13 +130,10 @@ def _gate_up_one_kernel(
 ):
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
     if USE_PDL:  # the ids come from the routing kernel just before
         pdl.wait()
-    rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
-    gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + pair * N + offs_n, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
+    _gate_up_pair(x_ptr, w_ptr, s_ptr, out_ptr, tl.load(ids_ptr + pair), pair, offs_n, offs_n < N, shared_id, N, K,
+                  stride_we, stride_wn, stride_wk, BLOCK_N, BLOCK_K, HAS_SHARED, ROUND, STAGES)
 
 
 @triton.jit
@@ -141,7 +148,6 @@ def _gate_up_routed_kernel(
     the token's logits (the shared expert's gate logit after the routed ones)."""
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
     if USE_PDL:  # the logits come from the norm and router launch just before
         pdl.wait()
     offs_e = tl.arange(0, BLOCK_E)
@@ -156,14 +162,8 @@ def _gate_up_routed_kernel(
         tl.store(route_w_ptr + cols, weights, mask=cols == pair)
         tl.store(route_ids_ptr + cols, ids, mask=cols == pair)
     expert = tl.sum(tl.where(cols == pair, ids, 0), 0)
-    w = w_ptr + expert.to(tl.int64) * stride_we
-    if HAS_SHARED:
-        if expert == num_experts:
-            w = s_ptr
-    rows = w + offs_n[:, None].to(tl.int64) * stride_wn
-    gate, up = _gate_up_dots(rows, x_ptr, N * stride_wn, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
-    h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + pair * N + offs_n, round_to(h, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
+    _gate_up_pair(x_ptr, w_ptr, s_ptr, out_ptr, expert, pair, offs_n, offs_n < N, num_experts, N, K,
+                  stride_we, stride_wn, stride_wk, BLOCK_N, BLOCK_K, HAS_SHARED, ROUND, STAGES)
 
 
 @triton.jit
@@ -178,7 +178,7 @@ def _down_one_kernel(
     n_ok = offs_n < N
     if USE_PDL:  # the intermediate comes from the gate_up kernel just before
         pdl.wait()
-    rows = _expert_rows(w_ptr, s_ptr, ids_ptr, pair, offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
+    rows = _expert_rows(w_ptr, s_ptr, tl.load(ids_ptr + pair), offs_n, shared_id, stride_we, stride_wn, HAS_SHARED)
     acc = _row_dots(rows, h_ptr + pair * K, stride_wk, n_ok, K, BLOCK_N, BLOCK_K, STAGES)
     scaled = acc * tl.load(weights_ptr + pair)
     tl.store(out_ptr + pair * N + offs_n, round_to(scaled, out_ptr.dtype.element_ty, ROUND), mask=n_ok)
@@ -207,13 +207,7 @@ def expert_rows_one_token(
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
     top_k = ids.shape[1]
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    has_shared = shared13 is not None
-    s13 = shared13 if has_shared else w13[0]
-    s2 = shared2 if has_shared else w2[0]
-    use_pdl = pdl.enabled(x.device)
-    options = {"HAS_SHARED": has_shared, "ROUND": interpreted_bf16(x), "USE_PDL": use_pdl,
-               **pdl.launch_options(use_pdl)}
+    x, s13, s2, options = _launch_setup(x, w13, w2, shared13, shared2)
     h = torch.empty(top_k, inter, dtype=x.dtype, device=x.device)
     block_n = _tile(config.gate_up_n, inter)
     _gate_up_one_kernel[(top_k, triton.cdiv(inter, block_n))](
@@ -221,6 +215,17 @@ def expert_rows_one_token(
         BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden), STAGES=config.gate_up_stages,
         num_warps=config.gate_up_warps, **options)
     return _down_rows(h, w2, s2, weights, ids, hidden, config, options)
+
+
+def _launch_setup(x, w13, w2, shared13, shared2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """x with unit column stride, the shared weights (the first expert's standing in, unread,
+    when there are none) and the launch options both kernels share."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    has_shared = shared13 is not None
+    use_pdl = pdl.enabled(x.device)
+    options = {"HAS_SHARED": has_shared, "ROUND": interpreted_bf16(x), "USE_PDL": use_pdl,
+               **pdl.launch_options(use_pdl)}
+    return x, shared13 if has_shared else w13[0], shared2 if has_shared else w2[0], options
 
 
 def _down_rows(h, w2, s2, weights, ids, hidden: int, config: SingleTokenConfig, options: dict) -> torch.Tensor:
@@ -258,12 +263,7 @@ def routed_rows_one_token(
     if logits.shape != (1, num_experts + has_shared) or logits.stride(-1) != 1:
         raise ValueError(f"one token's logits must be contiguous [1, {num_experts + has_shared}], got "
                          f"{tuple(logits.shape)}")
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    s13 = shared13 if has_shared else w13[0]
-    s2 = shared2 if has_shared else w2[0]
-    use_pdl = pdl.enabled(x.device)
-    options = {"HAS_SHARED": has_shared, "ROUND": interpreted_bf16(x), "USE_PDL": use_pdl,
-               **pdl.launch_options(use_pdl)}
+    x, s13, s2, options = _launch_setup(x, w13, w2, shared13, shared2)
     weights = torch.empty(1, k_out, dtype=torch.float32, device=x.device)
     ids = torch.empty(1, k_out, dtype=torch.int32, device=x.device)
     h = torch.empty(k_out, inter, dtype=x.dtype, device=x.device)
