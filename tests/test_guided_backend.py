@@ -143,6 +143,15 @@ def test_the_guide_waits_for_reasoning_and_its_separator():
     assert m.seen == [7] and not st.finished
 
 
+def test_reasoning_drafts_end_with_the_close_marker_and_nothing_past_it_commits():
+    st = GuidedState(_Matcher(), Phase.REASONING, MARKERS, end_ids=(99,))
+    assert st.verifiable([5, 6, 201, 7]) == 3  # the marker is verified, what follows is not
+    assert st.verifiable([5, 99, 6]) == 2  # end-of-sequence too (banned here, never accepted)
+    assert st.verifiable([5, 6]) == 2
+    assert st.committable([5, 201, 7]) == 2  # the separator, not the sampled 7, follows the marker
+    assert st.committable([5, 6, 201]) == 3
+
+
 def test_guide_state_edge_cases():
     m = _Matcher(stop_after=1)
     st = GuidedState(m, Phase.MAY_OPEN, MARKERS)

@@ -39,6 +39,7 @@ DRAFT = TARGET + torch.randn(V + 1, V, generator=_gen) * 1.2
 #: a "grammar": token v may follow context c when ALLOWED[c, v]
 ALLOWED = torch.rand(V + 1, V, generator=_gen) > 0.35
 ALLOWED[torch.arange(V + 1), TARGET.argmin(-1)] = True  # every context allows something
+MARKER = 2  # the "reasoning close marker" of the guided scenarios
 
 
 def row(**kw) -> ResolvedSampling:
@@ -124,9 +125,31 @@ def reference_joint(setting: ResolvedSampling, length: int, masked: bool) -> tor
     return joint
 
 
-def generate(setting, n, length, k, policy="auto", draft=DRAFT, masked=False, draft_masked=True, seed0=0):
+def stopping_drafts(rule: Optional[str], prev: torch.Tensor, drafts: torch.Tensor) -> Optional[torch.Tensor]:
+    """bool [m, k]: the drafts a guided engine row cannot go past (``GuidedState.verifiable``):
+    under ``"refused"`` those the grammar refuses after their context (an active guide), under
+    ``"marker"`` the reasoning close marker ``MARKER``."""
+    if rule == "refused":
+        ctxs = torch.cat([prev.unsqueeze(1), drafts[:, :-1]], 1)
+        return ~ALLOWED[ctxs, drafts]
+    if rule == "marker":
+        return drafts == MARKER
+    return None
+
+
+def first_true(flags: torch.Tensor, default: int) -> torch.Tensor:
+    """int64 [m]: the index of each row's first set flag, ``default`` where none is set."""
+    return torch.where(flags.any(1), flags.int().argmax(1), default)
+
+
+def generate(setting, n, length, k, policy="auto", draft=DRAFT, masked=False, draft_masked=True, seed0=0,
+             stops: Optional[str] = None, cut_before: bool = False):
     """Speculative rounds until every row has ``length`` tokens (no row drafts past it).
-    Returns tokens [n, length], round 1's first drafts [n] and the acceptance rate."""
+    Returns tokens [n, length], round 1's first drafts [n] and the acceptance rate.
+
+    ``stops`` applies a guided row's rules (:func:`stopping_drafts`): its drafts end with
+    the first one it cannot go past (``cut_before``: end just before it instead, which is
+    biased), and under ``"marker"`` nothing past an accepted marker is committed."""
     all_seeds = torch.arange(n, dtype=torch.int64) + seed0 * 7_000_003
     out = torch.full((n, length), PAD_TOKEN)
     lengths = torch.zeros(n, dtype=torch.int64)
@@ -148,6 +171,9 @@ def generate(setting, n, length, k, policy="auto", draft=DRAFT, masked=False, dr
             ctx = proposal.token_ids
         drafts = torch.stack(drafts, 1)
         q = None if qs[0] is None else torch.stack(qs, 1)
+        stopping = stopping_drafts(stops, prev, drafts)
+        if stopping is not None:
+            num_drafts = torch.minimum(num_drafts, first_true(stopping, k) + int(not cut_before))
         ctxs = torch.cat([prev.unsqueeze(1), drafts], 1).flatten()  # verify row j's context
         width = k + 1
         vmeta = make_meta(
@@ -157,13 +183,17 @@ def generate(setting, n, length, k, policy="auto", draft=DRAFT, masked=False, dr
         vmeta = with_draft_history(vmeta, drafts, num_drafts)
         target = processed_distribution(TARGET[ctxs], vmeta, bonus_rows(num_drafts, m, k))
         verdict = verify(drafts, num_drafts, target, q)
+        committed = verdict.num_committed
+        if stops == "marker":  # GuidedState.committable: the separator follows a marker unsampled
+            after = (verdict.token_ids[:, :-1] == MARKER) & (torch.arange(k) < committed.unsqueeze(1) - 1)
+            committed = torch.minimum(committed, first_true(after, k) + 1)
         for j in range(width):
-            sel = j < verdict.num_committed
+            sel = j < committed
             out[live[sel], t[sel] + j] = verdict.token_ids[sel, j]
         first_drafts = drafts[:, 0] if first_drafts is None else first_drafts
         accepted += int(verdict.accepted.sum())
         offered += int(num_drafts.sum())
-        lengths[live] += verdict.num_committed
+        lengths[live] += committed
     return out, first_drafts, accepted / max(offered, 1)
 
 
@@ -226,6 +256,32 @@ def test_speculative_output_is_distributed_as_plain_sampling(name: str) -> None:
     # the test has power: the draft's own first proposals are far from the target
     first = joint.sum((1, 2))
     assert bool((first[first_drafts] == 0).any()) or chi2_pvalue(first_drafts.unsqueeze(1), first) < 1e-6
+
+
+#: a guided engine row's rules on drafts proposed without the guide: the grammar on, or off
+GUIDED_STOPS = {
+    "refused": (row(temperature=0.9, top_k=5), True),  # an active guide
+    "marker": (row(temperature=1.0), False),  # reasoning, before the guide starts
+}
+
+
+@pytest.mark.parametrize("rule", list(GUIDED_STOPS))
+def test_drafts_ending_where_a_guide_stops_them_keep_the_output_exact(rule: str) -> None:
+    """The engine ends a guided row's drafts with the first it cannot go past, a refused
+    one or the close marker, and verifies that one too; past an accepted marker it commits
+    nothing. Drafts from a q that ignores the guide then still give plain sampling."""
+    setting, masked = GUIDED_STOPS[rule]
+    n, length = 100_000, 3
+    joint = reference_joint(setting, length, masked)
+    out, _, rate = generate(setting, n, length, 2, "probabilistic", masked=masked, draft_masked=False, stops=rule)
+    assert 0.15 < rate < 0.95, rate
+    pvalues = {"first": chi2_pvalue(out[:, :1], joint.sum((1, 2))), "all three": chi2_pvalue(out, joint)}
+    assert min(pvalues.values()) > 0.01, pvalues
+    # the test has power: ending the drafts just before that draft draws plainly exactly
+    # where the draft was refused (or the marker), not from the residual max(0, p - q)
+    biased, _, _ = generate(setting, n, length, 2, "probabilistic", masked=masked, draft_masked=False, stops=rule,
+                            cut_before=True)
+    assert chi2_pvalue(biased, joint) < 1e-6
 
 
 def test_greedy_speculation_equals_plain_greedy_with_penalties_and_grammar() -> None:

@@ -151,7 +151,11 @@ def test_verify_masks_are_the_plain_masks_after_each_draft(pair):
     drafts = tok.encode("ab c.")  # completes the guide after "ab c" with the period
     state = GuidedState(compiler.matcher(GuideSpec("regex", r"[a-z]+ [a-z]+\.")), Phase.ACTIVE, None, guided.end_ids)
     assert state.verifiable(drafts + [bad_token(tok)]) == len(drafts)  # cut after the guide's end
-    assert state.verifiable([drafts[0], bad_token(tok), drafts[1]]) == 1  # cut at a refused draft
+    # a refused draft ends the drafts and is verified (its mask refuses it): the cut may not
+    # depend on a draft that is not verified
+    assert state.verifiable([drafts[0], bad_token(tok), drafts[1]]) == 2
+    assert state.verifiable([bad_token(tok)]) == 1
+    assert state.committable(drafts) == len(drafts)  # only reasoning drops tokens
     masks = GuidedMasks(compiler, vocab, torch.device("cpu"))
     masks.track(7, state)
     width = len(drafts) + 2  # wider than the row: padding rows stay unmasked

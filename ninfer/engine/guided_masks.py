@@ -15,7 +15,8 @@ In a speculative verify step a guided row's ``width`` verify rows are masked too
 would mask there had those drafts been committed. The matchers are advanced through
 the drafts on the host (depth by depth, so each depth's rows still fill in one call),
 and rolled back afterwards. Rows still reasoning hold their stops at every position
-(their drafts never reach the close marker: :meth:`GuidedState.verifiable`).
+(their drafts end with the close marker, and nothing sampled after an accepted marker
+is committed: :meth:`GuidedState.committable`).
 
 A guided request may not stop while its guide is pending: rows still reasoning (the
 guide has not started) and rows whose mask does not yet allow end-of-sequence (the

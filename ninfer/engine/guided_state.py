@@ -110,16 +110,24 @@ class GuidedState:
     def verifiable(self, drafts: Sequence[int]) -> int:
         """How many leading ``drafts`` a speculative round may verify from the current state.
 
-        In reasoning the drafts stop before the close marker, whose separator the engine
-        commits unsampled (the round's own token may still close), and before an
-        end-of-sequence id, which is banned there. Once the guide is active they stop at the
-        first one the guide refuses, and after one that ends the request (the guide stops,
-        or end-of-sequence): the verify rows' masks are the guide's states after each kept
-        draft (:meth:`GuidedMasks.verify_masks`), and nothing after an end is committed.
-        The matcher is left as it was."""
+        The round stops *after* the first draft it cannot go past, never before it: the
+        cut then depends only on drafts the round verifies, so exact acceptance holds
+        for drafts sampled from a distribution that knows nothing of the guide. Cutting
+        before a refused draft would give that position a plain draw, made exactly when
+        the draft had landed on a refused token, and bias the output (a draw from the
+        residual ``max(0, p - q)`` is what a rejection owes).
+
+        In reasoning the drafts end with the close marker (after it the engine commits
+        the separator unsampled, so :meth:`committable` drops the round's token past an
+        accepted marker) or an end-of-sequence id (banned there, so never accepted).
+        Once the guide is active they end with the first one the guide refuses (masked
+        out at its verify row, so never accepted) or one that ends the request (the guide
+        stops, or end-of-sequence: nothing after it is committed). The verify rows'
+        masks are the guide's states after each kept draft
+        (:meth:`GuidedMasks.verify_masks`). The matcher is left as it was."""
         if self.phase is Phase.REASONING:
             ends = (self.markers.end_id, *self.end_ids)
-            return next((i for i, t in enumerate(drafts) if t in ends), len(drafts))
+            return next((i + 1 for i, t in enumerate(drafts) if t in ends), len(drafts))
         if self.phase is not Phase.ACTIVE:
             return 0
         valid = self.matcher.validate_tokens(list(drafts))
@@ -132,9 +140,19 @@ class GuidedState:
                 consumed += 1
                 if self.matcher.is_stopped():
                     return i + 1
-            return valid
+            return min(valid + 1, len(drafts))  # the refused draft, if any, stays to be rejected
         finally:
             self.matcher.rollback(consumed)
+
+    def committable(self, tokens: Sequence[int]) -> int:
+        """How many of a round's ``tokens`` (its accepted drafts, then the target's token)
+        to commit: in reasoning, none past an accepted close marker. The separator the
+        chat format puts after the marker is committed unsampled (:meth:`owed`), so the
+        target's token drawn after the marker is dropped; plain decoding would not have
+        sampled that position either."""
+        if self.phase is Phase.REASONING and self.markers is not None:
+            return next((i + 1 for i, t in enumerate(tokens) if t == self.markers.end_id), len(tokens))
+        return len(tokens)
 
     def owed(self) -> list[int]:
         """Separator tokens to commit unsampled now (the close marker came without them)."""

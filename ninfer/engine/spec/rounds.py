@@ -25,8 +25,8 @@ from ninfer.engine.spec.verify_step import query_lens
 class SpeculativeRounds:
     def _drafts(self) -> Optional[dict[int, list[int]]]:
         """This step's proposals, per decode-ready sequence that may speculate: empty for
-        one with nothing to propose (one token left in its output budget, a guide that
-        stops every draft, a proposer that found nothing), which the scheduler then pads
+        one with nothing to propose (one token left in its output budget, a proposer
+        that found nothing), which the scheduler then pads
         into the step's verify rows rather than decoding it beside them, a mix that no
         graph holds."""
         if self.proposer is None:
@@ -75,11 +75,14 @@ class SpeculativeRounds:
         bank given) settled the row's recurrent state already."""
         seq, out = tracked.seq, tracked.out
         try:
+            accepted = len(rows) - 1
+            if tracked.guided is not None:  # nothing past an accepted reasoning close marker
+                rows = rows[: tracked.guided.committable([r.token_id for r in rows])]
             self.scheduler.settle_verified(chunk, len(rows), device_round)
             tracked.timings.last_token = now
-            tracked.timings.record_round(len(chunk.drafts), len(rows) - 1)
+            tracked.timings.record_round(len(chunk.drafts), accepted)
             if chunk.drafts:  # a row padded into another row's verify step proposed nothing
-                self.stats.record_round(len(chunk.drafts), len(rows) - 1)
+                self.stats.record_round(len(chunk.drafts), accepted)
             text, committed = "", []
             for row in rows:
                 self.scheduler.mark_computed(chunk, 1)
@@ -89,8 +92,8 @@ class SpeculativeRounds:
                 if out.finished:
                     self.scheduler.finish(seq, out.finish_reason)
                     return self._final_event(tracked, text, committed)
-            # Drafts stop before a reasoning close marker, so only the round's last token can
-            # close reasoning; the separator then follows unsampled, as after a plain step.
+            # Only the last committed token can close reasoning (committable); the separator
+            # then follows unsampled, as after a plain step.
             text += self._after_sampled(tracked, committed)
             if out.finished:
                 self.scheduler.finish(seq, out.finish_reason)
