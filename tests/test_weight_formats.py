@@ -10,6 +10,8 @@ logits are the oracle too.
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,15 +104,30 @@ def test_quantized_forward_matches_dequantized_reference(family, quant, registry
     assert (ours - expected).abs().max().item() <= 1e-4 * max(1.0, expected.abs().max().item())
 
 
-#: what transformers needs to read each layout on CPU (None: nothing beyond itself)
-HF_NEEDS = {"fp8-block": None, "ct-w4a16": "compressed_tensors", "awq": "awq", "gptq": "gptqmodel"}
+#: the packages transformers (5.x) needs to read each layout on CPU: AWQ goes through
+#: gptqmodel, GPTQ through optimum and gptqmodel (its CPU kernels)
+HF_NEEDS = {"fp8-block": (), "ct-w4a16": ("compressed_tensors",), "awq": ("gptqmodel", "accelerate"),
+            "gptq": ("optimum", "gptqmodel")}
 #: (quant, family) pairs transformers cannot be the oracle for, and why
 HF_CANNOT = {
     ("ct-w4a16", "qwen3_moe"): "compressed-tensors does not reach transformers 5's fused expert modules",
     ("ct-w4a16", "qwen3_5_moe"): "compressed-tensors does not reach transformers 5's fused expert modules",
 }
-ACTIVATION_QUANT = "transformers with compressed-tensors simulates the scheme's activation quantization, which " \
-                   "the CPU reference path does not do (it multiplies in the activation dtype)"
+#: layouts whose schemes also quantize activations, which transformers simulates and the CPU
+#: reference path does not (it multiplies in the activation dtype): transformers reads a copy
+#: whose config drops the activation scheme, the weights as they are
+ACTIVATIONS_DROPPED = {"ct-fp8"}
+NVFP4_CANNOT = "transformers (compressed-tensors 0.20) decompresses NVFP4 weights to bfloat16 inside a float32 " \
+               "model, and its forward fails on the mixed dtypes (with or without the activation scheme)"
+
+
+def without_activation_scheme(path: Path) -> Path:
+    """``path``'s compressed-tensors checkpoint with no ``input_activations`` in its config."""
+    config = json.loads((path / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["input_activations"] = None
+    (path / "config.json").write_text(json.dumps(config))
+    return path
 
 
 @pytest.mark.parametrize("quant", [*HF_NEEDS, "ct-fp8", "ct-nvfp4", "modelopt-nvfp4"])
@@ -118,16 +135,18 @@ ACTIVATION_QUANT = "transformers with compressed-tensors simulates the scheme's 
 def test_quantized_logits_match_transformers(family, quant, registry, tmp_path_factory):
     if quant == "modelopt-nvfp4":
         pytest.skip("transformers has no reader for ModelOpt NVFP4 checkpoints (it only quantizes on Blackwell GPUs)")
-    if quant in ("ct-fp8", "ct-nvfp4"):
-        pytest.skip(ACTIVATION_QUANT)
-    needs = HF_NEEDS[quant]
-    if needs is not None and importlib.util.find_spec(needs) is None:
-        pytest.skip(f"transformers reads {quant} only with the {needs!r} package, not installed here")
+    if quant == "ct-nvfp4":
+        pytest.skip(NVFP4_CANNOT)
+    missing = [name for name in HF_NEEDS.get(quant, ("compressed_tensors",)) if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"transformers reads {quant} only with {', '.join(missing)} installed, not here")
     if (quant, family) in HF_CANNOT:
         pytest.skip(HF_CANNOT[quant, family])
     from transformers import AutoModelForCausalLM
 
     path = quantized_dir(tmp_path_factory, registry, family, quant)
+    if quant in ACTIVATIONS_DROPPED:
+        path = without_activation_scheme(path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model, _, _ = load_model(path, registry, torch.float32)
     ours = prefill_logits(model, registry, PROMPTS[:1])

@@ -89,6 +89,30 @@ def test_compressed_tensors_int4_is_offset_by_eight_and_nvfp4_divides_by_the_glo
     assert weight.dequantize()[0, :3].tolist() == [0.25, 0.5, 0.0]  # e2m1 * 2 / 4
 
 
+def test_overlapping_compressed_tensors_groups_give_a_layer_its_most_specific_target():
+    """As compressed-tensors ranks a layer's matches: an exact name, then a regular
+    expression, then the ``Linear`` class, whatever order the groups come in."""
+    int4 = {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 8}}
+    fp4 = {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "group_size": 16}}
+    fp8 = {"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
+    scheme = compressed_tensors.CompressedTensorsScheme({"config_groups": {
+        "group_0": {"targets": ["Linear"], **int4},
+        "group_1": {"targets": [r"re:.*mlp\.experts.*"], **fp4},
+        "group_2": {"targets": ["model.layers.0.mlp.experts.3.up_proj", r"re:.*self_attn\.o_proj$"], **fp8},
+    }})
+    kind = {name: scheme.group_of(name).name for name in (
+        "model.layers.0.mlp.experts.3.up_proj", "model.layers.0.mlp.experts.4.up_proj",
+        "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj")}
+    assert kind == {"model.layers.0.mlp.experts.3.up_proj": "group_2", "model.layers.0.mlp.experts.4.up_proj": "group_1",
+                    "model.layers.0.self_attn.o_proj": "group_2", "model.layers.0.self_attn.q_proj": "group_0"}
+    packed = torch.tensor([[0x21] + [0] * 7], dtype=torch.uint8)  # an NVFP4 expert loads as NVFP4, not W4A16
+    layer = "model.layers.0.mlp.experts.4.up_proj"
+    tensors = {f"{layer}.weight_packed": packed, f"{layer}.weight_scale": torch.ones(1, 1).to(torch.float8_e4m3fn),
+               f"{layer}.weight_global_scale": torch.tensor([1.0])}
+    [(name, weight)] = [(n, v) for n, v in scheme.convert(tensors.items()) if quant_rows.is_quantized(v)]
+    assert name == f"{layer}.weight" and weight.dequantize()[0, :2].tolist() == [0.5, 1.0]
+
+
 def test_modelopt_weight_scale_2_is_alpha_and_qwen_fp8_scale_inv_multiplies(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(
         {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import attrs
 import torch
@@ -108,9 +108,15 @@ def divides(block: int, size: int, name: str, what: str) -> None:
 def matches_ct(module: str, patterns: Iterable[str]) -> bool:
     """compressed-tensors' module lists: exact names, or ``re:`` regular expressions matched
     from the start of the name (``Linear``, a class name, matches every linear layer)."""
-    for pattern in patterns:
-        if pattern == "Linear" or pattern == module:
-            return True
-        if pattern.startswith("re:") and re.match(pattern[3:], module):
-            return True
-    return False
+    return best_ct_target(module, patterns) is not None
+
+
+def best_ct_target(module: str, patterns: Iterable[str]) -> Optional[str]:
+    """The most specific of ``patterns`` that matches ``module``, ranked as compressed-tensors
+    ranks a layer's matches when config groups overlap: exact names, then regular
+    expressions (each kind in sorted order), then the ``Linear`` class; None when none does."""
+    ranked = sorted(patterns, key=lambda p: (p.startswith("re:"), p))
+    for pattern in ranked:
+        if pattern == module or (pattern.startswith("re:") and re.match(pattern[3:], module)):
+            return pattern
+    return "Linear" if "Linear" in ranked else None

@@ -33,8 +33,8 @@ from ninfer.model.weight_format import WeightFormat, WeightFormatError
 from ninfer_kernels.quant_formats import Fp8Block, Int4Group, Nvfp4, zeros_are_eight
 from ninfer_plugins.weights import ct_tiny
 from ninfer_plugins.weights.collect import (
-    ACTIVATION_SCALE, KV_SCALES, LayerParts, LayerScheme, divides, expect_dtype, expect_matrix,
-    expect_shape, matches_ct,
+    ACTIVATION_SCALE, KV_SCALES, LayerParts, LayerScheme, best_ct_target, divides, expect_dtype,
+    expect_matrix, expect_shape, matches_ct,
 )
 from ninfer_plugins.weights.packing import unpack_int4
 
@@ -95,9 +95,12 @@ class CompressedTensorsScheme(LayerScheme):
                 raise WeightFormatError(f"{key} is set: sparse or transformed compressed-tensors checkpoints are "
                                         "not read", f"{WHERE}.{key}")
         groups = quant.get("config_groups") or {}
-        self.groups = [_group(name, spec, quant.get("format")) for name, spec in sorted(groups.items())]
+        self.groups = [_group(name, spec, quant.get("format")) for name, spec in groups.items()]
         if not self.groups:
             raise WeightFormatError("no config_groups", WHERE)
+        # each target's group, a later group taking a target an earlier one names (as the
+        # library's own target-to-scheme map does)
+        self.by_target = {target: group for group in self.groups for target in group.targets}
         self.ignore = tuple(quant.get("ignore") or ())
         kinds = sorted({_describe(g) for g in self.groups})
         self.name = f"compressed-tensors {', '.join(kinds)}"
@@ -110,10 +113,12 @@ class CompressedTensorsScheme(LayerScheme):
     def group_of(self, module: str) -> Group:
         if matches_ct(module, self.ignore):
             raise WeightFormatError("has quantized tensors, but the config's ignore list keeps it dense", module)
-        for group in self.groups:
-            if matches_ct(module, group.targets):
-                return group
-        raise WeightFormatError("has quantized tensors, but no config group targets it", module)
+        # where groups overlap, the most specific target wins: an exact name over a
+        # regular expression over the ``Linear`` class
+        target = best_ct_target(module, self.by_target)
+        if target is None:
+            raise WeightFormatError("has quantized tensors, but no config group targets it", module)
+        return self.by_target[target]
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> Any:
         group = self.group_of(prefix)
