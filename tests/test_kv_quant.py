@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ninfer import LLM, SamplingParams
+from ninfer.engine.stats import ContextCacheCounters
 from ninfer.model.forward_batch import ForwardBatch
 from ninfer_kernels import kv_quant as kq
 from ninfer_kernels.attention import attend_pages, gather_pages
@@ -108,7 +109,8 @@ SETTINGS = dict(dtype="fp32", device="cpu", max_concurrency=3, block_size=4, max
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_family_serves_every_format_with_prefix_reuse(family, fmt):
     """Batched generation is deterministic, and a repeat served from cached (quantized)
-    pages, spilled to the host tier and back, gives the same tokens."""
+    pages gives the same tokens, on the device and after its pages went to the host tier
+    and came back."""
     llm = LLM(f"tiny:{family}", kv_dtype=fmt, host_kv_mib=64, **SETTINGS)
     prompts = ["the cat sat on the mat and then it", "one two three four five six seven", "x"]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -116,17 +118,33 @@ def test_every_family_serves_every_format_with_prefix_reuse(family, fmt):
     again = llm.generate(prompts[:1], params)[0]
     assert again.outputs[0].token_ids == first[0] and again.num_cached_tokens > 0
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == first
+    # a pool of 64 tokens: another prompt pushes the first one's pages out to the host
+    small = LLM(f"tiny:{family}", kv_dtype=fmt, host_kv_mib=64, **{**SETTINGS, "max_concurrency": 1,
+                                                                     "max_context": 64, "kv_capacity": 64})
+    shared = "A shared system prompt that is long enough to fill several pages of the cache."
+    alone = small.generate(shared, params)[0]
+    small.generate("Something else entirely, to push the shared prompt's pages out of the pool.", params)
+    back = small.generate(shared, params)[0]
+    counters = ContextCacheCounters.of(small.engine.scheduler)
+    assert counters.spilled_pages > 0 and counters.restored_pages > 0 and back.num_cached_tokens > 0
+    assert back.outputs[0].token_ids == alone.outputs[0].token_ids
 
 
-def test_speculative_draft_layers_take_the_format_too():
-    llm = LLM("tiny:qwen3_5", kv_dtype="k8v4", spec="mtp", draft_tokens=2, **SETTINGS)
-    plain = LLM("tiny:qwen3_5", kv_dtype="k8v4", **SETTINGS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("family, spec", [("qwen3_5", "mtp"), ("qwen3", "ngram")])
+def test_speculative_verify_over_every_format(family, spec, fmt):
+    """Greedy verify rows over a quantized cache give the plain engine's tokens; an MTP
+    head's own KV layers take the format too."""
+    llm = LLM(f"tiny:{family}", kv_dtype=fmt, spec=spec, draft_tokens=2, **SETTINGS)
+    plain = LLM(f"tiny:{family}", kv_dtype=fmt, **SETTINGS)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    prompts = ["abc abc abc abc", "the cat sat"]
-    assert all(type(c).__name__ == "QuantizedKVCache" for c in llm.engine.proposer.head.attention_layers()
-               for c in [c.kv_cache])
+    prompts = ["abc abc abc abc", "the cat sat the cat sat the cat"]
+    if spec == "mtp":
+        assert all(type(layer.kv_cache).__name__ == "QuantizedKVCache"
+                   for layer in llm.engine.proposer.head.attention_layers())
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == \
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert llm.engine.stats.total_drafted > 0
 
 
 # -- accuracy on a trained model ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from ninfer import LLM, SamplingParams
+from ninfer.engine.stats import ContextCacheCounters
 from ninfer_plugins.speculative.ngram import NgramProposer
 
 FAMILIES = ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
@@ -74,6 +75,33 @@ def test_prefix_reuse_across_turns_with_speculation(pair):
     out = spec.generate([second], params)[0]
     assert out.outputs[0].token_ids == turn2
     assert out.num_cached_tokens > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_host_tiers_with_speculation(family):
+    """A second turn whose first turn's pages (and, for a hybrid, its state snapshots) were
+    pushed out to the host tiers resumes from them with speculation on, token for token."""
+    small = {**SETTINGS, "max_concurrency": 1, "max_context": 64, "kv_capacity": 64}
+    tiers = dict(host_kv_mib=16, host_state_slots=8 if family == "qwen3_5" else None)
+    plain = LLM(f"tiny:{family}", **small)
+    spec = LLM(f"tiny:{family}", spec="ngram", draft_tokens=3, **tiers, **small)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tok = plain.get_tokenizer()
+    first = tok.encode("a long shared opening line for two turns of talk")
+    other = tok.encode("something else entirely, to push the first turn out of the pool")
+    turn1 = _run(plain, [first], params)[0]
+    second = first + turn1 + tok.encode(" and then")
+    turn2 = _run(plain, [second], params)[0]
+    spec.engine.proposer = ReplayProposer({tuple(first): turn1, tuple(second): turn2}, period=3)
+    assert _run(spec, [first], params)[0] == turn1
+    spec.generate([other], params)
+    out = spec.generate([second], params)[0]
+    counters = ContextCacheCounters.of(spec.engine.scheduler)
+    assert out.outputs[0].token_ids == turn2 and out.num_cached_tokens > 0
+    assert counters.spilled_pages > 0 and counters.restored_pages > 0
+    if family == "qwen3_5":
+        assert counters.snapshot_host_hits > 0
+    assert spec.engine.stats.total_accepted > 0
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(pair):
