@@ -64,7 +64,8 @@ def main() -> int:
             got = two_turns(llm)
             torch.cuda.synchronize()
             c = ContextCacheCounters.of(llm.engine.scheduler)
-            ok = got[:2] == want[:2] and got[2] > 0
+            # the captured path, not an eager fallback that would pass as well
+            ok = got[:2] == want[:2] and got[2] > 0 and llm.engine.runner.graphs is not None
             failed += not ok
             print(f"{'ok  ' if ok else 'FAIL'} {family:12} {name:15} cached {got[2]:3}  {c.summary()}")
     return 1 if failed else 0

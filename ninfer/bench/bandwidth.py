@@ -1,9 +1,10 @@
 """Memory-bandwidth figures: what the device can copy, and what a decode step must read.
 
 Decode at low concurrency is bound by memory traffic: every step reads the weights it
-uses once (for MoE blocks, only the experts its tokens were routed to), each sequence's
-cached keys and values, and reads and writes each sequence's recurrent state (hybrid
-families). Utilisation is that traffic times the step rate over the bandwidth a plain
+uses once (for MoE blocks, only the experts its tokens reach: exactly top-k at one
+token, and for more tokens the number uniform routing reaches on average, as random
+weights route), each sequence's cached keys and values, and reads and writes each
+sequence's recurrent state (hybrid families). Utilisation is that traffic times the step rate over the bandwidth a plain
 device-to-device copy reaches.
 """
 
