@@ -99,7 +99,8 @@ def main() -> None:
         table, busy, launches = kernel_table(lambda: graphs.replay(bucket), 10)
         record = {
             "shape": args.shape, "concurrency": c, "context": args.context, "vocab": vocab,
-            "graph_replay_ms": round(replay, 4), "lm_head_ms": round(head, 4), "argmax_ms": round(argmax, 4),
+            "graph_replay_ms": round(replay, 4), "graph_head": graphs.has_head(bucket),
+            "lm_head_ms": round(head, 4), "argmax_ms": round(argmax, 4),
             # replay time not covered by any kernel: launch gaps between dependent kernels
             "kernel_busy_ms": round(busy / 1000, 4), "kernels_per_replay": launches,
             "graph_kernels": table[:30],

@@ -60,6 +60,20 @@ def test_state_slots_are_staged_with_the_rows_and_padding_gets_none():
         graphs.stage_inputs([8], [2], [[7]])  # captured with slots: every step must give them
 
 
+def test_the_captured_argmax_serves_only_rows_that_take_the_raw_argmax():
+    from ninfer.engine.spec.verify_step import raw_argmax_rows
+    from test_spec_acceptance import row
+
+    greedy = row(temperature=0.0)
+    assert raw_argmax_rows([greedy, greedy], [0, 5])
+    assert not raw_argmax_rows([greedy, row(temperature=0.7)], [0, 0])  # a sampled row
+    assert not raw_argmax_rows([row(temperature=0.0, logprobs=2)], [0])  # log probabilities
+    assert not raw_argmax_rows([row(temperature=0.0, presence_penalty=0.5)], [0])
+    assert not raw_argmax_rows([row(temperature=0.0, logit_bias={3: 1.0})], [0])
+    banned = row(temperature=0.0, stop_token_ids=(2,), min_tokens=3)
+    assert not raw_argmax_rows([banned], [2]) and raw_argmax_rows([banned], [3])  # the stop ban has ended
+
+
 FAMILIES = ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
@@ -112,6 +126,29 @@ def test_guided_rows_in_graph_batches_equal_eager(family):
             text = llm.get_tokenizer().decode(runs[-1][0])
             assert re.fullmatch(r"[a-z]+( [a-z]*)*\.?", text), text  # the pattern, or a prefix of it at max_tokens
     assert runs[0] == runs[1]
+
+
+@gpu
+@needs_cuda
+def test_small_buckets_capture_the_lm_head():
+    """Buckets up to HEAD_ROWS replay the LM head and its argmax with the forward, equal to
+    the head run on the replayed hidden rows; larger buckets leave it out."""
+    from ninfer.engine.cuda_graph import HEAD_ROWS
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    llm = LLM("tiny:qwen3_5_moe", device="cuda", dtype="fp32", max_concurrency=24, max_context=128,
+              kv_capacity=4096)
+    graphs, model = llm.engine.runner.graphs, llm.engine.model
+    assert graphs is not None and 24 in graphs.buckets
+    for rows in (1, 3, HEAD_ROWS):
+        hidden = graphs.run(list(range(5, 5 + rows)), [0] * rows, [[i + 1] for i in range(rows)],
+                            state_slots=list(range(rows)))
+        head = graphs.last_head(rows)
+        logits = model.compute_logits(hidden)
+        assert head is not None and torch.allclose(head.logits, logits, rtol=0, atol=1e-5)
+        assert torch.equal(head.greedy_ids, head.logits.argmax(dim=-1))
+    graphs.run(list(range(20)), [0] * 20, [[i + 1] for i in range(20)], state_slots=list(range(20)))
+    assert graphs.last_head(20) is None  # bucket 24
 
 
 @gpu

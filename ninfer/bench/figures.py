@@ -22,7 +22,8 @@ from ninfer.bench.workload import fixed_workload, random_workload
 
 def graph_replay_ms(engine, batch: int, repeats: int = 50) -> float | None:
     """Milliseconds one replay of the decode graph for ``batch`` rows takes back to back,
-    i.e. the forward pass without any host work between steps."""
+    i.e. the forward pass without any host work between steps (with the LM head and its
+    argmax in buckets that capture them: ``graph_head`` in the record)."""
     graphs = engine.runner.graphs
     bucket = graphs.bucket_for(batch) if graphs is not None else None
     if bucket is None:
@@ -127,6 +128,7 @@ class Bench:
                 # run's final step): a floor for models whose cost depends on the inputs
                 # (MoE routing, recurrent state that padding rows skip), not their step time
                 record["graph_replay_ms"] = replay
+                record["graph_head"] = engine.runner.graphs.has_head(engine.runner.graphs.bucket_for(c))
             self.emit(record)
         engine.set_decode_ahead(modes[0] and engine.device.type == "cuda")
 

@@ -16,6 +16,13 @@ the KV write nor the recurrent layers store anything for them, and a context len
 launched ahead fills one while the transfer of the step before may still be queued on
 the other.
 
+Buckets of up to :data:`HEAD_ROWS` rows (where a step's launches matter most) capture
+the LM head and the greedy argmax too, so a step of plain greedy rows is one replay and
+a copy of its token ids; other rows sample from the captured logits. Each such bucket
+keeps its float32 logits allocated (1 MiB a row at Qwen3.6's 248,320-token vocabulary),
+which is why larger buckets leave the head to the eager path, where its launches are
+shared by many rows. ``NINFER_GRAPH_HEAD=0`` captures the forward alone (read at capture).
+
 Prefill, mixed steps, LoRA batches and models that do not declare
 ``supports_cuda_graphs`` run eagerly.
 """
@@ -24,8 +31,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
+import attrs
 import numpy as np
 import torch
 from loguru import logger
@@ -35,6 +43,22 @@ from ninfer.model.forward_batch import ForwardBatch
 #: batch sizes captured: small ones one by one (decode at low concurrency is the
 #: latency-critical case), then coarser steps
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+#: buckets of up to this many rows capture the LM head and the greedy argmax as well
+HEAD_ROWS = 16
+
+
+def head_in_graph() -> bool:
+    """``NINFER_GRAPH_HEAD=0`` leaves the LM head out of the decode graphs (an A/B peer)."""
+    return os.environ.get("NINFER_GRAPH_HEAD", "1") != "0"
+
+
+@attrs.frozen
+class CapturedHead:
+    """A replayed bucket's LM head: float32 logits [bucket, vocab] and their argmax [bucket]
+    (static graph outputs, overwritten by the bucket's next replay)."""
+
+    logits: torch.Tensor
+    greedy_ids: torch.Tensor
 
 
 def buckets_up_to(max_batch: int) -> list[int]:
@@ -97,8 +121,8 @@ def _device_key(device: torch.device) -> int:
 
 
 @torch.inference_mode()
-def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tensor], device: torch.device,
-                    what: str) -> tuple[dict[int, "torch.cuda.CUDAGraph"], dict[int, torch.Tensor]]:
+def capture_buckets(buckets: Sequence[int], forward: Callable[[int], Any], device: torch.device,
+                    what: str) -> tuple[dict[int, "torch.cuda.CUDAGraph"], dict[int, Any]]:
     """One graph of ``forward(bucket)`` per bucket, all in one memory pool (largest first,
     so the later ones fit in its pool); returns the graphs and their static outputs.
     Each bucket runs twice outside the capture first, so every kernel is compiled and warm."""
@@ -108,7 +132,7 @@ def capture_buckets(buckets: Sequence[int], forward: Callable[[int], torch.Tenso
     started = time.perf_counter()
     before = torch.cuda.memory_allocated(device)
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, Any] = {}
     stream, pool = _capture_context(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -214,6 +238,8 @@ class DecodeGraphs:
         self.rows = torch.arange(n, **i64)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
+        self._heads: dict[int, CapturedHead] = {}
+        self._last: Optional[int] = None  # the bucket :meth:`run` replayed last
 
     def _batch(self, bs: int) -> ForwardBatch:
         """Views of the static buffers for bucket ``bs``; host lists are never read on CUDA."""
@@ -233,10 +259,18 @@ class DecodeGraphs:
         )
 
     def capture(self) -> None:
-        def forward(bs: int) -> torch.Tensor:
-            return self.model(self.input_ids[:bs], self.positions[:bs], self._batch(bs))
+        with_head = head_in_graph()
 
-        self._graphs, self._hidden = capture_buckets(self.buckets, forward, self.device, "decode")
+        def forward(bs: int) -> tuple:
+            hidden = self.model(self.input_ids[:bs], self.positions[:bs], self._batch(bs))
+            if not with_head or bs > HEAD_ROWS:
+                return hidden, None
+            logits = self.model.compute_logits(hidden)
+            return hidden, CapturedHead(logits, logits.argmax(dim=-1))
+
+        self._graphs, outputs = capture_buckets(self.buckets, forward, self.device, "decode")
+        self._hidden = {bs: hidden for bs, (hidden, _) in outputs.items()}
+        self._heads = {bs: head for bs, (_, head) in outputs.items() if head is not None}
 
     def bucket_for(self, num_seqs: int) -> Optional[int]:
         for b in self.buckets:
@@ -266,7 +300,18 @@ class DecodeGraphs:
         for graphs captured with state slots."""
         bs = self.stage_inputs(token_ids, positions, block_tables, state_slots)
         self._graphs[bs].replay()
+        self._last = bs
         return self._hidden[bs][: len(token_ids)]
+
+    def has_head(self, bucket: int) -> bool:
+        """Whether bucket ``bucket`` replays the LM head and its argmax too."""
+        return bucket in self._heads
+
+    def last_head(self, rows: int) -> Optional[CapturedHead]:
+        """The LM head the last :meth:`run` replayed, cut to its ``rows`` real rows; None
+        when that bucket left the head out."""
+        head = self._heads.get(self._last) if self._last is not None else None
+        return None if head is None else CapturedHead(head.logits[:rows], head.greedy_ids[:rows])
 
     def stage_inputs(
         self,

@@ -19,17 +19,17 @@ from typing import Mapping, Optional
 
 import torch
 
-from ninfer.engine.cuda_graph import DecodeGraphs
+from ninfer.engine.cuda_graph import CapturedHead, DecodeGraphs
 from ninfer.engine.guided_masks import GuidedMasks
 from ninfer.engine.pending_step import PendingStep, SampledRow
-from ninfer.engine.sampler import Sampler
+from ninfer.engine.sampler import Sampler, SamplerOutput
 from ninfer.engine.sampling_metadata import SamplingMetadata
 from ninfer.engine.scheduler import SchedulerOutput
 from ninfer.engine.spec.device_rounds import DeviceRounds
 from ninfer.engine.spec.scratch import VerifyScratch
 from ninfer.engine.spec.verify_graphs import VerifyGraphs
 from ninfer.engine.spec.verify_step import (
-    plain_argmax, query_lens, sample_verify_rows, verify_rows_for, verify_width,
+    plain_argmax, query_lens, raw_argmax_rows, sample_verify_rows, verify_rows_for, verify_width,
 )
 from ninfer.lora import LoraBatch, LoraRegistry
 from ninfer.model.forward_batch import ForwardBatch
@@ -190,7 +190,8 @@ class ModelRunner:
         if self._replayable(sched, prompt_logprobs):
             # the graph's rows are the sampled rows already: no gather needed
             hidden = self._replay(sched, ahead_ids)
-            return self._kept(self._sample(sched, hidden, ahead_ids), hidden, 0)
+            head = self.graphs.last_head(len(sched.chunks))
+            return self._kept(self._sample(sched, hidden, ahead_ids, head=head), hidden, 0)
         if self._on_device_round(sched, prompt_logprobs, draft_probs):
             return self._run_round(self.rounds.stage(sched), len(sched.chunks))
         if self._verify_replayable(sched, prompt_logprobs):
@@ -325,22 +326,28 @@ class ModelRunner:
         return plain.with_verdict(verdict, width)
 
     def _sample(self, sched: SchedulerOutput, sample_rows: torch.Tensor, ahead_ids: Optional[torch.Tensor],
-                prompt_rows=None, skip: int = 0) -> PendingStep:
+                prompt_rows=None, skip: int = 0, head: Optional[CapturedHead] = None) -> PendingStep:
         """Sample from ``sample_rows``: the hidden rows of the chunks with ``sample`` set, in
         order (after the first ``skip`` chunks, which a verify step samples itself).
-        ``ahead_ids``: a step launched ahead, whose rows' newest tokens are these (device)."""
+        ``ahead_ids``: a step launched ahead, whose rows' newest tokens are these (device).
+        ``head``: the replayed graph's logits and argmax of these rows, when it captured them."""
         sampled = [c for c in sched.chunks[skip:] if c.sample]
         if not sampled:
             return PendingStep(None, [], prompt_rows or {})
         # guided rows' masks, filled on the host while the device still runs the forward pass
         token_mask = self.guided.masks([c.seq.seq_id for c in sampled]) if self.guided else None
-        logits = self.model.compute_logits(sample_rows)
+        shift = int(ahead_ids is not None)
+        if head is not None and token_mask is None and raw_argmax_rows([c.seq.sampling for c in sampled],
+                                                                        [c.seq.num_output_tokens + shift for c in sampled]):
+            # every row takes the raw argmax, which the graph computed already
+            return PendingStep(SamplerOutput(token_ids=head.greedy_ids), [None] * len(sampled), prompt_rows or {})
+        logits = head.logits if head is not None else self.model.compute_logits(sample_rows)
         settings = [c.seq.sampling for c in sampled]
         # Token histories are only copied out when some row applies penalties.
         history = any(r.uses_penalties for r in settings)
         meta = SamplingMetadata.build(
             rows=settings,
-            output_positions=[c.seq.num_output_tokens + int(ahead_ids is not None) for c in sampled],
+            output_positions=[c.seq.num_output_tokens + shift for c in sampled],
             output_token_ids=[c.seq.output_array() if history else () for c in sampled],
             prompt_token_ids=[c.seq.prompt_array() if history else () for c in sampled],
             vocab_size=logits.shape[-1],

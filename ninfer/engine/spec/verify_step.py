@@ -118,6 +118,13 @@ def plain_argmax(row: ResolvedSampling, position: int) -> bool:
     )
 
 
+def raw_argmax_rows(rows: Sequence[ResolvedSampling], positions: Sequence[int]) -> bool:
+    """Whether the sampler's tokens for ``rows`` (at output ``positions``) are the raw logits'
+    argmax, as a captured head computes it: every row plain greedy there, none asking for
+    log probabilities. Guide masks are the caller's to rule out."""
+    return all(row.logprobs is None and plain_argmax(row, pos) for row, pos in zip(rows, positions))
+
+
 def _draft_q(chunks, drafts: torch.Tensor, vocab: int, draft_probs: Mapping[int, torch.Tensor]) -> torch.Tensor:
     """float32 [B, k, V]: each row's q, one-hot on its drafts where it proposed greedily
     (and on the padding, which is never accepted)."""
