@@ -162,6 +162,20 @@ def test_adapters_on_the_moe_and_hybrid_families(family, tmp_path_factory):
     assert mixed[0::2] == _peft_greedy(model_dir, adapter, ids)
     assert mixed[1::2] == _tokens(llm.generate([{"prompt_token_ids": i} for i in ids], greedy))
     assert mixed[0::2] != mixed[1::2]  # the adapter steers the output
+    # speculation (verify rows of both kinds in one step) keeps every row's tokens
+    from test_spec_decode import ReplayProposer
+
+    class ByAdapter(ReplayProposer):  # the same prompt continues differently with the adapter
+        def propose(self, seq, limit):
+            done, period = seq.num_output_tokens, self.period
+            future = self.reference[tuple(seq.token_ids[: seq.num_prompt_tokens]), seq.lora_slot != 0]
+            return [(t + 1) % 64 if (done + j) % period == 0 else t for j, t in enumerate(future[done:done + limit])]
+
+    spec = _llm(model_dir, {"A": adapter}, spec="ngram", draft_tokens=3)
+    spec.engine.proposer = ByAdapter({(tuple(i), n is not None): out for (i, n), out in zip(rows, mixed)}, period=3)
+    assert _tokens(spec.generate([{"prompt_token_ids": i} for i, _ in rows], greedy,
+                                 lora_name=[n for _, n in rows])) == mixed
+    assert 0 < spec.engine.stats.total_accepted < spec.engine.stats.total_drafted
 
 
 def test_prefix_reuse_never_crosses_adapters(tiny_qwen3, adapters):

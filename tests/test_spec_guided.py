@@ -32,7 +32,7 @@ ANSWER = r"[a-z]{3,8}"
 MAX_DRAFTS = 3  # the engines' draft_tokens
 #: a bias on the reasoning close marker under which greedy reasoning closes after a few
 #: tokens (found by scanning; the tiny families differ)
-CLOSE_BIAS = {"qwen3": 4.5, "qwen3_5": 1.5}
+CLOSE_BIAS = {"qwen3": 4.5, "qwen3_moe": 1.0, "qwen3_5": 1.5, "qwen3_5_moe": 1.5}
 
 
 class ReplayProposer:
@@ -125,7 +125,7 @@ def reasoning_prompt(tok, content: str) -> list[int]:
     return tok.encode(text + "<think>\n")
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+@pytest.fixture(scope="module", params=list(CLOSE_BIAS))
 def pair(request):
     model = f"tiny:{request.param}"
     return request.param, LLM(model, **SETTINGS), LLM(model, spec="ngram", draft_tokens=MAX_DRAFTS, **SETTINGS)
