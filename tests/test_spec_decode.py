@@ -61,9 +61,10 @@ def test_greedy_with_speculation_equals_without(pair):
     assert spec.engine.block_manager.num_used_blocks == 0 or not spec.engine.has_unfinished()
 
 
-def test_prefix_reuse_across_turns_with_speculation(pair):
-    """A second turn resumes from the first turn's cached pages and (hybrids) state snapshots."""
-    plain, spec = pair
+def _second_turn(plain, spec, between: str = ""):
+    """Two greedy turns of one conversation on ``plain``, then on ``spec`` with its drafts
+    replaying them (``between``: a prompt run on ``spec`` between the turns); returns
+    ``spec``'s second turn and the tokens ``plain`` gave it."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     tok = plain.get_tokenizer()
     first = tok.encode("a long shared opening line for two turns of talk")
@@ -72,8 +73,15 @@ def test_prefix_reuse_across_turns_with_speculation(pair):
     turn2 = _run(plain, [second], params)[0]
     spec.engine.proposer = ReplayProposer({tuple(first): turn1, tuple(second): turn2}, period=3)
     assert _run(spec, [first], params)[0] == turn1
-    out = spec.generate([second], params)[0]
-    assert out.outputs[0].token_ids == turn2
+    if between:
+        spec.generate([between], params)
+    return spec.generate([second], params)[0], turn2
+
+
+def test_prefix_reuse_across_turns_with_speculation(pair):
+    """A second turn resumes from the first turn's cached pages and (hybrids) state snapshots."""
+    out, expected = _second_turn(*pair)
+    assert out.outputs[0].token_ids == expected
     assert out.num_cached_tokens > 0
 
 
@@ -83,21 +91,11 @@ def test_host_tiers_with_speculation(family):
     pushed out to the host tiers resumes from them with speculation on, token for token."""
     small = {**SETTINGS, "max_concurrency": 1, "max_context": 64, "kv_capacity": 64}
     tiers = dict(host_kv_mib=16, host_state_slots=8 if family == "qwen3_5" else None)
-    plain = LLM(f"tiny:{family}", **small)
     spec = LLM(f"tiny:{family}", spec="ngram", draft_tokens=3, **tiers, **small)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    tok = plain.get_tokenizer()
-    first = tok.encode("a long shared opening line for two turns of talk")
-    other = tok.encode("something else entirely, to push the first turn out of the pool")
-    turn1 = _run(plain, [first], params)[0]
-    second = first + turn1 + tok.encode(" and then")
-    turn2 = _run(plain, [second], params)[0]
-    spec.engine.proposer = ReplayProposer({tuple(first): turn1, tuple(second): turn2}, period=3)
-    assert _run(spec, [first], params)[0] == turn1
-    spec.generate([other], params)
-    out = spec.generate([second], params)[0]
+    out, expected = _second_turn(LLM(f"tiny:{family}", **small), spec,
+                                 between="something else entirely, to push the first turn out of the pool")
     counters = ContextCacheCounters.of(spec.engine.scheduler)
-    assert out.outputs[0].token_ids == turn2 and out.num_cached_tokens > 0
+    assert out.outputs[0].token_ids == expected and out.num_cached_tokens > 0
     assert counters.spilled_pages > 0 and counters.restored_pages > 0
     if family == "qwen3_5":
         assert counters.snapshot_host_hits > 0
