@@ -4,8 +4,8 @@ Decode at low concurrency is bound by memory traffic: every step reads the weigh
 uses once (for MoE blocks, only the experts its tokens reach: exactly top-k at one
 token, and for more tokens the number uniform routing reaches on average, as random
 weights route), each sequence's cached keys and values, and reads and writes each
-sequence's recurrent state (hybrid families). Utilisation is that traffic times the step rate over the bandwidth a plain
-device-to-device copy reaches.
+sequence's recurrent state (hybrid families). Utilisation is that traffic times the
+step rate over the bandwidth a plain device-to-device copy reaches.
 """
 
 from __future__ import annotations

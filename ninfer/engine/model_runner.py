@@ -337,17 +337,17 @@ class ModelRunner:
         # guided rows' masks, filled on the host while the device still runs the forward pass
         token_mask = self.guided.masks([c.seq.seq_id for c in sampled]) if self.guided else None
         shift = int(ahead_ids is not None)
-        if head is not None and token_mask is None and raw_argmax_rows([c.seq.sampling for c in sampled],
-                                                                        [c.seq.num_output_tokens + shift for c in sampled]):
+        settings = [c.seq.sampling for c in sampled]
+        positions = [c.seq.num_output_tokens + shift for c in sampled]
+        if head is not None and token_mask is None and raw_argmax_rows(settings, positions):
             # every row takes the raw argmax, which the graph computed already
             return PendingStep(SamplerOutput(token_ids=head.greedy_ids), [None] * len(sampled), prompt_rows or {})
         logits = head.logits if head is not None else self.model.compute_logits(sample_rows)
-        settings = [c.seq.sampling for c in sampled]
         # Token histories are only copied out when some row applies penalties.
         history = any(r.uses_penalties for r in settings)
         meta = SamplingMetadata.build(
             rows=settings,
-            output_positions=[c.seq.num_output_tokens + shift for c in sampled],
+            output_positions=positions,
             output_token_ids=[c.seq.output_array() if history else () for c in sampled],
             prompt_token_ids=[c.seq.prompt_array() if history else () for c in sampled],
             vocab_size=logits.shape[-1],

@@ -26,9 +26,8 @@ class SpeculativeRounds:
     def _drafts(self) -> Optional[dict[int, list[int]]]:
         """This step's proposals, per decode-ready sequence that may speculate: empty for
         one with nothing to propose (one token left in its output budget, a proposer
-        that found nothing), which the scheduler then pads
-        into the step's verify rows rather than decoding it beside them, a mix that no
-        graph holds."""
+        that found nothing), which the scheduler then pads into the step's verify rows
+        rather than decoding it beside them, a mix that no graph holds."""
         if self.proposer is None:
             return None
         drafts = {}
