@@ -292,8 +292,9 @@ ab)
     # switches A/B'd inside whole steps: for each of AB_MODELS (default AB_MODEL, else the
     # 35B-A3B), for each VAR=v1,v2,... group of AB (space-separated), the model at AB_C (1,8)
     # once per value, in order; AB_TESTS first (files or node ids, their GPU tests; none by
-    # default). The table at the end (scripts/ab_table.py) is the comparison.
-    [ -n "${AB_TESTS:-}" ] && timeout 150 python3 -m pytest -q -m gpu $AB_TESTS 2>&1 | tail -3
+    # default; AB_TESTS_S bounds them, 150 s). The table at the end (scripts/ab_table.py) is
+    # the comparison.
+    [ -n "${AB_TESTS:-}" ] && timeout "${AB_TESTS_S:-150}" python3 -m pytest -q -m gpu $AB_TESTS 2>&1 | tail -3
     ab_bench() {
         echo "{\"ab\": \"$1\", \"model\": \"$2\"}" | tee -a "$OUT/bench.jsonl"
         bench 150 "random:$2" --dtype bf16 --only decode --concurrency "${AB_C:-1,8}" --no-transformers
