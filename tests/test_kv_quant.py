@@ -247,6 +247,47 @@ def test_triton_attention_reads_what_the_reference_reads(fmt, splits, dtype):
     assert torch.allclose(got, want, atol=tol, rtol=tol), (got - want).abs().max()
 
 
+#: (head dim, query rows a sequence, keys a sequence, splits): a prefill chunk over three
+#: 32-row query blocks beside a short chunk, verify-shaped rows (four a sequence) over split
+#: keys, and a head-dim-256 chunk on the wide tiles
+LONG_CASES = [(32, [70, 5], [90, 40], None), (32, [4, 4, 4], [40, 77, 20], 3), (256, [40], [60], None)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", range(len(LONG_CASES)))
+def test_triton_attention_over_long_chunks_verify_rows_and_wide_heads(fmt, case):
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import kv_quant as tri
+
+    dim, q_lens, ctxs, splits = LONG_CASES[case]
+    kc, vc = (CODECS[n] for n in PAIRS[fmt])
+    device, page, kv_heads = ("cuda" if torch.cuda.is_available() else "cpu"), 16, 2
+    gen = torch.Generator().manual_seed(case)
+    pages = [-(-c // page) for c in ctxs]
+    kp = _parts(kc, sum(pages) + 1, page, kv_heads, dim, device)
+    vp = _parts(vc, sum(pages) + 1, page, kv_heads, dim, device, values=True)
+    tables = torch.zeros(len(ctxs), max(pages), dtype=torch.int32)
+    first = 1
+    for i, (n, c) in enumerate(zip(pages, ctxs)):
+        tables[i, :n] = torch.arange(first, first + n)
+        first += n
+        slots = torch.tensor([int(tables[i, j // page]) * page + j % page for j in range(c)], device=device)
+        k, v = ((torch.randn(c, kv_heads, dim, generator=gen) * 2).to(device) for _ in range(2))
+        kq.write_kv_quant(kp, vp, kc, vc, k, v, slots)
+    rows = sum(q_lens)
+    q = torch.randn(rows, 2 * kv_heads, dim, generator=gen).to(device)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    batch = ForwardBatch(
+        query_start=starts, seq_lens=torch.tensor(ctxs, dtype=torch.int32, device=device),
+        block_tables=tables.to(device), slot_mapping=torch.zeros(rows, dtype=torch.int64, device=device),
+        logits_indices=torch.arange(rows, device=device), block_size=page, max_query_len=max(q_lens),
+        max_seq_len=max(ctxs), query_lens_host=q_lens, seq_lens_host=ctxs,
+    )
+    want = kq.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.1)
+    got = tri.paged_attention_quant(q, kp, vp, kc, vc, batch, 0.1, num_splits=splits)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
 @pytest.mark.parametrize("fmt,dim", [(f, 32) for f in FORMATS] + [("int8", 256), ("k8v4", 256)])
 def test_triton_decode_rows_take_the_decode_tiles_and_match(fmt, dim):
     """Decode batches (one query a sequence), under the heuristic's launch, a split count,
@@ -400,7 +441,7 @@ def test_triton_one_launch_decode_matches_the_steps(fmt, splits):
     assert buffer is None or not buffer.any()
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", [1, 3, 32])
 def test_triton_one_launch_decode_applies_the_output_gate(fmt, splits):
     """Gated attention's ``sigmoid(gate)`` (a strided view, as it comes out of the
