@@ -21,8 +21,8 @@ from ninfer.guided.spec import GuideSpec
 PROMPTS = ["Hello", "The quick brown fox", "def f(x):\n    return", "1 2 3 4 5", "Paged", "a b"]
 
 
-def _llm(ahead: bool, **kw) -> LLM:
-    return LLM("tiny:qwen3", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=16,
+def _llm(ahead: bool, family: str = "qwen3", **kw) -> LLM:
+    return LLM(f"tiny:{family}", device="cpu", dtype="fp32", max_concurrency=4, prefill_chunk=16,
                max_context=128, kv_capacity=2048, decode_ahead_on_cpu=ahead, **kw)
 
 
@@ -43,9 +43,11 @@ def _outputs(llm: LLM, params) -> list[tuple]:
              [attrs.asdict(p) for p in (o.outputs[0].logprobs or [])]) for o in outs]
 
 
-def test_outputs_equal_with_and_without_steps_launched_ahead():
-    sync = _outputs(_llm(False), _mixed_params())
-    ahead_llm = _llm(True)
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "qwen3_5_moe"])
+def test_outputs_equal_with_and_without_steps_launched_ahead(family):
+    """Every family, the hybrid's recurrent state and its per-page snapshots included."""
+    sync = _outputs(_llm(False, family), _mixed_params())
+    ahead_llm = _llm(True, family)
     ahead = _outputs(ahead_llm, _mixed_params())
     assert ahead_llm.engine.stats.total_steps_ahead > 10  # the path under test really ran
     assert ahead == sync
