@@ -327,6 +327,10 @@ def decode_attention(
                                            MIN_KEYS_PER_SPLIT)
         num_warps, num_stages, block_n, small_block_n, small_tile_splits = launch_shape(head_dim)
         block_n = small_block_n if splits >= small_tile_splits else block_n
+    # an A/B switch, read per call: at batch 1 and 16 partials the merging program holds
+    # 256 floats a thread on the default warps, and ptxas (sm_90, triton 3.6) spills 508
+    # bytes at head dim 128 on 2 warps (8 on 4) and 456 at 256 on 4 warps (228 on 8)
+    num_warps = forced("NINFER_DECODE_WARPS") or num_warps
     if splits > 1:
         part_o = torch.empty(splits, num_tokens, num_heads, head_dim_v, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, num_tokens, num_heads, dtype=torch.float32, device=q.device)
