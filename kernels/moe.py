@@ -189,21 +189,3 @@ def expert_loop(
         start += count
     out_rows *= weights.flatten()[order, None].to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token_of, out_rows)
-
-
-def routed_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor | QuantWeight,
-    w2: torch.Tensor | QuantWeight,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared13: torch.Tensor | None = None,
-    shared2: torch.Tensor | None = None,
-    summed: bool = True,
-) -> torch.Tensor:
-    """:func:`fused_moe` of :func:`moe_route`'s picks from the router's ``logits`` [T, E]; with
-    a shared expert, [T, E + 1] with its gate's logit last (``gate_in_logits``), as the
-    norm-and-router op leaves them."""
-    weights, ids = moe_route(logits, top_k, renormalize, gate_in_logits=shared13 is not None)
-    return fused_moe(x, w13, w2, weights, ids, shared13, shared2, summed=summed)

@@ -44,7 +44,6 @@ IMPLEMENTATIONS: dict[str, dict[str, Callable | None]] = {
     "gated_rms_norm": {"reference": gated_rms_norm.gated_rms_norm, "triton": None},
     "moe_route": {"reference": moe.moe_route, "triton": None},
     "fused_moe": {"reference": moe.fused_moe, "triton": None},
-    "routed_moe": {"reference": moe.routed_moe, "triton": None},
     "copy_state_rows": {"reference": state_rows.copy_rows, "triton": None},
     "round_verdict": {"reference": spec_rounds.round_verdict, "triton": None},
     "round_advance": {"reference": spec_rounds.round_advance, "triton": None},
@@ -255,24 +254,6 @@ def route_tokens(
     dtype, as :func:`linear` runs it) and then :func:`moe_route` on those logits. Two
     launches on CUDA; one launch for both measured slower twice (docs/moe.md)."""
     return moe_route(linear(x, router), top_k, renormalize, x, shared_gate)
-
-
-def routed_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared13: torch.Tensor | None = None,
-    shared2: torch.Tensor | None = None,
-    summed: bool = True,
-) -> torch.Tensor:
-    """:func:`moe_route` on the router's ``logits`` (with a shared expert, its gate's logit
-    last), then :func:`fused_moe` (:func:`ninfer_kernels.moe.routed_moe`); for one token on
-    CUDA the routing may run inside the expert launch (``NINFER_ROUTE_IN_EXPERTS=1``)."""
-    return choose("routed_moe", x.device.type)(x, w13, w2, logits, top_k, renormalize, shared13, shared2,
-                                               summed=summed)
 
 
 def fused_moe(

@@ -34,7 +34,6 @@ if importlib.util.find_spec("triton") is not None:
     ops.register_triton("gated_rms_norm", gated_rms_norm.gated_rms_norm)
     ops.register_triton("moe_route", moe_route.moe_route)
     ops.register_triton("fused_moe", fused_moe.fused_moe)
-    ops.register_triton("routed_moe", fused_moe.routed_moe)
     ops.register_triton("copy_state_rows", state_rows.copy_rows)
     ops.register_triton("round_verdict", spec_rounds.round_verdict)
     ops.register_triton("round_advance", spec_rounds.round_advance)

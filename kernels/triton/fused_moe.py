@@ -36,11 +36,11 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.moe_route import moe_align, moe_route
+from ninfer_kernels.triton.moe_route import moe_align
 from ninfer_kernels.triton.moe_shapes import (  # noqa: F401  (re-exported: the tuning scripts use them)
     CONFIG_DIR, GemmConfig, MoeConfig, device_name, heuristic_config, load_table, select_config, shape_key,
 )
-from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, expert_rows_one_token, routed_rows_one_token
+from ninfer_kernels.triton.moe_single_token import DEFAULT_CONFIG, expert_rows_one_token
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 #: columns per program of the final per-token sum
@@ -370,36 +370,3 @@ def fused_moe(
     inter = gate_up(x, w13, shared13, align, top_k, config.block_m, config.gate_up, pair_ids=ids)
     rows = down(inter, w2, shared2, weights, align, config.block_m, config.down, pair_ids=ids)
     return finish_pairs(rows, num_tokens, top_k, summed)
-
-
-def route_in_experts() -> bool:
-    """Whether one token's routing runs inside the expert kernel's launch
-    (:func:`.moe_single_token.routed_rows_one_token`): ``NINFER_ROUTE_IN_EXPERTS=1``, read
-    per call (an A/B switch, off until timed)."""
-    return os.environ.get("NINFER_ROUTE_IN_EXPERTS", "0") == "1"
-
-
-def routed_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared13: torch.Tensor | None = None,
-    shared2: torch.Tensor | None = None,
-    summed: bool = True,
-) -> torch.Tensor:
-    """Same contract as :func:`ninfer_kernels.moe.routed_moe`: the routing kernel and then
-    :func:`fused_moe`, or for one token with :func:`route_in_experts` the routing inside
-    the gate_up launch."""
-    has_shared = shared13 is not None
-    if x.shape[0] == 1 and isinstance(w13, torch.Tensor) and route_in_experts() and single_token_kernels():
-        num_experts, two_i, hidden = w13.shape
-        config = select_config(x.device, num_experts + has_shared, hidden, two_i // 2, top_k + has_shared, x.dtype, 1)
-        s13, s2 = _one_token_shared(shared13, shared2, w13, w2)
-        rows = routed_rows_one_token(x, w13, w2, logits.contiguous(), top_k, renormalize, s13, s2,
-                                     config.one_token or DEFAULT_CONFIG)
-        return finish_pairs(rows, 1, top_k + has_shared, summed)
-    weights, ids = moe_route(logits, top_k, renormalize, gate_in_logits=has_shared)
-    return fused_moe(x, w13, w2, weights, ids, shared13, shared2, summed=summed)

@@ -19,14 +19,6 @@ many more, smaller programs:
    are the reference's.
 
 Both launch with PDL where available (the ids come from the routing kernel before).
-
-:func:`routed_rows_one_token` takes the router's logits instead of the routing kernel's
-ids and weights: each gate_up program picks the token's experts itself (the routing
-kernel's top-k, :func:`.moe_route.top_experts`, on the logits row it loads after its
-wait), and one program a pair leaves that pair's id and weight for the down kernel. One
-launch fewer a MoE layer (the routing kernel, about 4 us a layer on its own at batch 1 on
-an H100, session 42), for the top-k in every gate_up program. ``NINFER_ROUTE_IN_EXPERTS=1``
-turns it on (an A/B switch, untimed).
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ import triton
 import triton.language as tl
 
 from ninfer_kernels.triton import pdl
-from ninfer_kernels.triton.moe_route import top_experts
 from ninfer_kernels.triton.rounding import interpreted_bf16, round_to
 
 
@@ -137,36 +128,6 @@ def _gate_up_one_kernel(
 
 
 @triton.jit
-def _gate_up_routed_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, logits_ptr, route_w_ptr, route_ids_ptr, num_experts, N, K,
-    stride_we, stride_wn, stride_wk,
-    TOP_K: tl.constexpr, RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_KO: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr, ROUND: tl.constexpr,
-    USE_PDL: tl.constexpr, STAGES: tl.constexpr = 1, KEY32: tl.constexpr = False,
-):
-    """:func:`_gate_up_one_kernel` with the routing in it: the pair's expert is picked from
-    the token's logits (the shared expert's gate logit after the routed ones)."""
-    pair = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if USE_PDL:  # the logits come from the norm and router launch just before
-        pdl.wait()
-    offs_e = tl.arange(0, BLOCK_E)
-    e_ok = offs_e < num_experts
-    logits = tl.load(logits_ptr + offs_e, mask=e_ok, other=float("-inf")).to(tl.float32)
-    g = 0.0
-    if HAS_SHARED:  # already rounded to the model dtype
-        g = tl.load(logits_ptr + num_experts).to(tl.float32)
-    weights, ids = top_experts(logits, e_ok, g, num_experts, TOP_K, RENORM, HAS_SHARED, BLOCK_E, BLOCK_KO, KEY32)
-    cols = tl.arange(0, BLOCK_KO)
-    if tl.program_id(1) == 0:  # the down kernel reads the pair's id and weight
-        tl.store(route_w_ptr + cols, weights, mask=cols == pair)
-        tl.store(route_ids_ptr + cols, ids, mask=cols == pair)
-    expert = tl.sum(tl.where(cols == pair, ids, 0), 0)
-    _gate_up_pair(x_ptr, w_ptr, s_ptr, out_ptr, expert, pair, offs_n, offs_n < N, num_experts, N, K,
-                  stride_we, stride_wn, stride_wk, BLOCK_N, BLOCK_K, HAS_SHARED, ROUND, STAGES)
-
-
-@triton.jit
 def _down_one_kernel(
     h_ptr, w_ptr, s_ptr, out_ptr, weights_ptr, ids_ptr, shared_id, N, K,
     stride_we, stride_wn, stride_wk,
@@ -239,38 +200,3 @@ def _down_rows(h, w2, s2, weights, ids, hidden: int, config: SingleTokenConfig, 
         BLOCK_N=block_n, BLOCK_K=_tile(config.down_k, inter), STAGES=config.down_stages,
         num_warps=config.down_warps, **options)
     return rows
-
-
-def routed_rows_one_token(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    shared13: torch.Tensor | None,
-    shared2: torch.Tensor | None,
-    config: SingleTokenConfig = DEFAULT_CONFIG,
-) -> torch.Tensor:
-    """:func:`expert_rows_one_token` for a token's router ``logits`` [1, E] (with a shared
-    expert, [1, E + 1]: its gate's logit last, as :func:`.norm_router.rms_norm_router`
-    leaves it): the routing kernel's picks, made in the gate_up launch."""
-    _, hidden = x.shape
-    num_experts, two_i, _ = w13.shape
-    inter = two_i // 2
-    has_shared = shared13 is not None
-    k_out = top_k + has_shared
-    if logits.shape != (1, num_experts + has_shared) or logits.stride(-1) != 1:
-        raise ValueError(f"one token's logits must be contiguous [1, {num_experts + has_shared}], got "
-                         f"{tuple(logits.shape)}")
-    x, s13, s2, options = _launch_setup(x, w13, w2, shared13, shared2)
-    weights = torch.empty(1, k_out, dtype=torch.float32, device=x.device)
-    ids = torch.empty(1, k_out, dtype=torch.int32, device=x.device)
-    h = torch.empty(k_out, inter, dtype=x.dtype, device=x.device)
-    block_n = _tile(config.gate_up_n, inter)
-    _gate_up_routed_kernel[(k_out, triton.cdiv(inter, block_n))](
-        x, w13, s13, h, logits, weights, ids, num_experts, inter, hidden, w13.stride(0), w13.stride(1), w13.stride(2),
-        TOP_K=top_k, RENORM=renormalize, BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_KO=triton.next_power_of_2(k_out), BLOCK_N=block_n, BLOCK_K=_tile(config.gate_up_k, hidden),
-        STAGES=config.gate_up_stages, num_warps=config.gate_up_warps, KEY32=logits.dtype == torch.bfloat16, **options)
-    return _down_rows(h, w2, s2, weights, ids, hidden, config, options)

@@ -108,10 +108,8 @@ class SparseMoE(nn.Module):
             return self(x), residual
         gate_row, shared = plan
         x, residual, logits = ops.rms_norm_router(x, residual, norm.weight, norm.eps, self.gate.weight, gate_row)
-        # the shared expert's gate logit comes last in the logits whenever it runs in the kernel
-        rows = ops.routed_moe(x, self.experts.gate_up_proj, self.experts.down_proj, logits, self.top_k,
-                              self.norm_topk_prob, *shared, summed=False)
-        return ExpertRows(rows), residual
+        weights, ids = ops.moe_route(logits, self.top_k, self.norm_topk_prob, gate_in_logits=gate_row is not None)
+        return self._expert_rows(x, weights, ids, shared), residual
 
     def _expert_rows(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: tuple = ()) -> ExpertRows:
         """The chosen experts' weighted rows (``shared``: the shared expert's weights, which
