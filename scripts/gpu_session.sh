@@ -216,7 +216,7 @@ open(sys.argv[1] + '/heldout.txt', 'w').write(chr(10).join(trained_corpus(sys.ar
 quant_tests() {
     # three groups at once: Triton compiles most of the time away and compiling is CPU-bound
     # (session 17: the kernel tests took 222 s and the weight tests 204 s side by side)
-    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py -k "triton or gpu" \
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_kernels.py -k "triton or gpu" \
         > "$OUT/pytest_kv.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_gpu.py > "$OUT/pytest_kv_engine.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \
@@ -402,7 +402,7 @@ gate-tests)
     # session 20's output gate inside the decode kernels, graph decode with it, the MoE kernels
     limit=$(left); [ "$limit" -gt 300 ] && limit=300
     timeout "$limit" python3 -m pytest -q -rf --tb=short tests/test_decode_attention_kernel.py tests/test_kernels_triton.py \
-        tests/test_kv_quant.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
+        tests/test_kv_quant_kernels.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
     timeout "$limit" python3 -m pytest -q -rf --tb=short -m gpu tests/test_cuda_graph.py tests/test_moe_kernels.py \
         > "$OUT/pytest_graph.txt" 2>&1 &
     wait
@@ -622,7 +622,7 @@ kv128)
 kvsyn)
     # every KV format at c=1 and 8 over 32k and 128k contexts, filled without a prefill
     # (--synthetic-context): the decode side of issue #21's table in minutes, not an hour
-    timeout 150 python3 -m pytest -q tests/test_kv_quant.py -k "triton_attention or decode_rows or fp16" 2>&1 | tail -2
+    timeout 150 python3 -m pytest -q tests/test_kv_quant_kernels.py -k "triton_attention or decode_rows or fp16" 2>&1 | tail -2
     for kv in ${KV_FORMATS:-bf16 fp8}; do
         bench 200 random:qwen3.6-27b --dtype bf16 --kv-dtype "$kv" --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len 32768,131072 --decode-output-len "${KV_OUT:-128}" --synthetic-context --no-transformers
@@ -637,7 +637,7 @@ kv128x8)
     done
     ;;
 kv)
-    timeout 150 python3 -m pytest -q tests/test_kv_quant.py 2>&1 | tail -3 | tee "$OUT/pytest.txt"
+    timeout 150 python3 -m pytest -q tests/test_kv_quant.py tests/test_kv_quant_kernels.py 2>&1 | tail -3 | tee "$OUT/pytest.txt"
     for fmt in ${KV_FORMATS:-bf16 fp8 k8v4}; do
         bench 170 random:qwen3.6-27b --dtype bf16 --kv-dtype "$fmt" --only bandwidth,decode --concurrency 1,8 \
             --decode-prompt-len "${KV_CONTEXT:-32768}" --decode-output-len 128 --no-transformers
@@ -646,7 +646,7 @@ kv)
 validate)
     timeout 200 python3 -m pytest -q -m gpu tests/test_spec_gpu.py tests/test_spec_verdict.py \
         tests/test_gated_delta_decode.py tests/test_cuda_graph.py 2>&1 | tail -30 | tee "$OUT/pytest_spec.txt"
-    timeout 150 python3 -m pytest -q tests/test_kv_quant.py tests/test_kv_quant_gpu.py 2>&1 | tail -30 \
+    timeout 150 python3 -m pytest -q tests/test_kv_quant.py tests/test_kv_quant_kernels.py tests/test_kv_quant_gpu.py 2>&1 | tail -30 \
         | tee "$OUT/pytest_kv.txt"
     for fmt in ${KV_FORMATS:-bf16 fp8}; do
         bench 130 random:qwen3.6-27b --dtype bf16 --kv-dtype "$fmt" --only decode --concurrency 1,8 \
@@ -669,7 +669,7 @@ new-tests)
         > "$OUT/pytest_moe.txt" 2>&1 &
     # session 20: the output gate inside the bf16 and quantized one-launch decode kernels
     timeout 420 python3 -m pytest -q -rf --tb=short tests/test_decode_attention_kernel.py tests/test_kernels_triton.py \
-        tests/test_kv_quant.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
+        tests/test_kv_quant_kernels.py -k "decode_attention or one_launch or output_gate" > "$OUT/pytest_gate.txt" 2>&1 &
     wait
     for f in pytest_quant pytest_spec pytest_moe pytest_gate; do echo "$f: $(tail -1 "$OUT/$f.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$f.txt" | head -8; done
     ;;
