@@ -88,7 +88,10 @@ def quantize_fp8(x: torch.Tensor) -> list[torch.Tensor]:
     xf = x.float()
     scale = xf.abs().amax(dim=-1, keepdim=True) * (1.0 / FP8_MAX)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return [(xf / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale]
+    # never a NaN code (e4m3fn's only special value): the GPU kernels read a page's slots
+    # past a sequence's end unmasked, where a zero probability meets the code
+    codes = torch.nan_to_num(xf / safe, nan=0.0).clamp(-FP8_MAX, FP8_MAX)
+    return [codes.to(torch.float8_e4m3fn), scale]
 
 
 def dequantize_fp8(parts: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -211,16 +211,17 @@ def test_unmeasured_quantized_formats_take_fp8_s_decode_shapes(monkeypatch):
     assert dl.tuned_launch("int8", 256, 1, 4096, 128, cuda) is None  # short contexts keep the heuristic
 
 
-def _one_launch_case(fmt):
+def _one_launch_case(fmt, lens=(37, 1, 9, 5)):
     """A decode batch of four rows (the last one graph padding) over two identical caches of
     ``fmt`` that hold each sequence's earlier keys: the raw q/k/v views, the norm/RoPE
-    inputs, both caches' parts, the codecs, the batch and the new rows' slots."""
+    inputs, both caches' parts, the codecs, the batch and the new rows' slots. ``lens``:
+    the sequences' lengths after this step (at most 40, 4, 12 and 8)."""
     from ninfer.model.kv import HeadNormRope
 
     kc, vc = (CODECS[n] for n in PAIRS[fmt])
     device, dim, heads, kv_heads, page = ("cuda" if torch.cuda.is_available() else "cpu"), 32, 6, 2, 4
     gen = torch.Generator().manual_seed(8)
-    lens = [37, 1, 9, 5]  # after this step; the last row is graph padding (slot -1)
+    lens = list(lens)  # the last row is graph padding (slot -1)
     tables = torch.tensor([list(range(10)), [10] + [0] * 9, [11, 12, 13] + [0] * 7, [14, 15] + [0] * 8],
                           dtype=torch.int32, device=device)
     slots = [t[(n - 1) // page].item() * page + (n - 1) % page for t, n in zip(tables, lens)]
@@ -296,6 +297,38 @@ def test_triton_one_launch_decode_applies_the_output_gate(fmt, splits):
     ungated = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3)
     assert torch.equal(want, output_gate(ungated, gate))
     assert not torch.allclose(got[:3], ungated[:3], atol=1e-2)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_triton_kernels_ignore_what_slots_past_a_sequence_hold(fmt, splits):
+    """The kernels read a masked tile's codes whole, past a sequence's end too (one-byte
+    values lie by dim, where a mask by token splits the copies into single bytes). There, a
+    page may hold what an earlier request stored: here non-finite keys and values, through
+    both writers. The outputs stay finite and equal the reference's on a clean cache."""
+    pytest.importorskip("triton")
+    from ninfer_kernels.triton import kv_quant as tri_write
+    from ninfer_kernels.triton import kv_quant_decode as tri
+
+    lens = [38, 3, 10, 6]  # the new keys share their pages with cached ones and stale slots
+    q, k, v, norm, parts, kc, vc, batch, _ = _one_launch_case(fmt, lens)
+    page, device = batch.block_size, q.device
+    stale = torch.tensor([int(batch.block_tables[i, j // page]) * page + j % page
+                          for i, n in enumerate(lens) for j in range(n - 1, -(-n // page) * page)], device=device)
+    bad = torch.full((len(stale), *k.shape[1:]), float("nan"), device=device)
+    bad[::3] = float("inf")
+    bad[1::3] = -float("inf")
+    for i, writer in enumerate((kq.write_kv_quant, tri_write.write_kv_quant)):  # what either writer stores
+        writer(*parts[1], kc, vc, bad[i::2], bad[i::2], stale[i::2])
+    for codes in (parts[1][0][0], parts[1][1][0]):  # never a NaN code (Triton's interpreter reads one as 480)
+        assert codes.dtype != torch.float8_e4m3fn or not codes.float().isnan().any()
+    want = kq.decode_attention_quant(q, k, v, norm, *parts[0], kc, vc, batch, 0.3)
+    got = tri.decode_attention_quant(q, k, v, norm, *parts[1], kc, vc, batch, 0.3, num_splits=splits)
+    assert torch.isfinite(got[:3]).all() and torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4)
+    rows = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(device)  # the same caches, read again
+    want = kq.paged_attention_quant(rows, *parts[0], kc, vc, batch, 0.3)
+    got = tri_write.paged_attention_quant(rows, *parts[1], kc, vc, batch, 0.3, num_splits=splits)
+    assert torch.isfinite(got[:3]).all() and torch.allclose(got[:3], want[:3], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -74,9 +74,10 @@ def _quantize_row(x, d, d_ok, data_ptr, scale_ptr, inv_gscale, stride_dd, FMT: t
         gi = tl.arange(0, BLOCK_D // GROUP)
         tl.store(scale_ptr + gi, scale, mask=gi < D // GROUP)
         return q * s
-    elif FMT == 2:  # fp8, one scale per row
+    elif FMT == 2:  # fp8, one scale per row; never a NaN code (see kv_quant.quantize_fp8)
         scale = tl.max(tl.abs(x), 0) * (1.0 / 448.0)
         q = _div(x, tl.where(scale > 0, scale, 1.0))
+        q = tl.where(q == q, q, 0.0)
         code = round_e4m3(q)
         tl.store(data_ptr + d * stride_dd, code.to(tl.float8e4nv), mask=d_ok)
         tl.store(scale_ptr, scale)

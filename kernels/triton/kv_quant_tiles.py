@@ -22,22 +22,23 @@ from ninfer_kernels.triton.rounding import e2m1_half
 @triton.jit
 def _load_part(data_base, scale_base, page, slot, stride_db, stride_ds, stride_dd, stride_sb, stride_ss, dims, ok,
                tok_ok, FMT: tl.constexpr, GROUP: tl.constexpr, DT: tl.constexpr, KEYS: tl.constexpr,
-               HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+               HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK_SCALES: tl.constexpr):
     """A tile of dequantized values rounded to ``DT``, before any per-key or per-tensor scale
     (:func:`_key_scale`). ``page``/``slot`` index the tokens and ``dims`` the head dims; they
     broadcast to the tile's shape (``KEYS``: [dims, tokens], else [tokens, dims]); ``ok``
-    masks the tile, ``tok_ok`` its tokens alone. One-byte codes lie ``stride_dd`` apart along
-    the dims."""
+    masks the tile, ``tok_ok`` its tokens alone (and with ``MASK_SCALES`` the group scales).
+    One-byte codes lie ``stride_dd`` apart along the dims."""
     row = page * stride_db + slot * stride_ds
     srow = page * stride_sb + slot * stride_ss
     if FMT == 1:
         raw = tl.load(data_base + row + dims * stride_dd, mask=ok, other=0).to(tl.float32)
-        return (raw * _group_scales(scale_base + srow, KEYS, GROUP, HEAD_D, BLOCK_D, BLOCK_N)).to(DT)
+        scales = _group_scales(scale_base + srow, tok_ok, MASK_SCALES, KEYS, GROUP, HEAD_D, BLOCK_D, BLOCK_N)
+        return (raw * scales).to(DT)
     elif FMT == 2:  # codes only, exact in bf16: the per-key scale applies in the fold (_key_scale)
         return tl.load(data_base + row + dims * stride_dd, mask=ok, other=0.0).to(DT)
     else:
         codes = _nvfp4_codes(data_base + row, tok_ok, KEYS, HEAD_D, BLOCK_D)
-        block = _group_scales(scale_base + srow, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N)
+        block = _group_scales(scale_base + srow, tok_ok, MASK_SCALES, KEYS, 16, HEAD_D, BLOCK_D, BLOCK_N)
         if DT == tl.float16:  # e2m1 x e4m3 has 6 significant bits: exact in fp16 (and in bf16)
             return e2m1_half(codes) * block.to(tl.float16)
         return (e2m1_half(codes).to(tl.float32) * block.to(tl.float32)).to(DT)
@@ -61,21 +62,25 @@ def _nvfp4_codes(rows, tok_ok, KEYS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D
 
 
 @triton.jit
-def _group_scales(scale_rows, KEYS: tl.constexpr, GROUP: tl.constexpr, HEAD_D: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _group_scales(scale_rows, tok_ok, MASKED: tl.constexpr, KEYS: tl.constexpr, GROUP: tl.constexpr,
+                  HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Scales of GROUP dims each (int8's float32 per 64, nvfp4's e4m3 per 16) spread over a
     tile, from a compact [groups, tokens] load: gathering one per element made int8's
     pipeline copy four scale bytes for every code byte into shared memory (5% of copy
     bandwidth at 8 x 128k).
     ``scale_rows`` points at each token's scales ([1, BLOCK_N] for keys, else [BLOCK_N, 1]);
-    tokens past a masked tile's end point at page 0, which is allocated (and zeroed)."""
+    tokens past a masked tile's end point into page 0 or past the end of their own page;
+    with ``MASKED``, ``tok_ok`` (shaped like ``scale_rows``) zeroes the values' scales there."""
     g = tl.arange(0, BLOCK_D // GROUP)
     g_ok = g < HEAD_D // GROUP
     if KEYS:
         sc = tl.load(scale_rows + g[:, None], mask=g_ok[:, None], other=0.0)
         return tl.reshape(tl.broadcast_to(sc[:, None, :], [BLOCK_D // GROUP, GROUP, BLOCK_N]), [BLOCK_D, BLOCK_N])
     else:
-        sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :], other=0.0)
+        if MASKED:
+            sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :] & tok_ok, other=0.0)
+        else:
+            sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :], other=0.0)
         return tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_D // GROUP, GROUP]), [BLOCK_N, BLOCK_D])
 
 
@@ -105,18 +110,33 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
     if MASKED:
-        page = tl.load(table + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        # masked by page, not by token: a page's tokens keep one page id (a mask by token
+        # hides that from Triton, and the loads below split into single bytes)
+        page = tl.load(table + offs_n // PAGE, mask=offs_n // PAGE * PAGE < hi, other=0).to(tl.int64)
         tok_ok = n_ok
     else:
         page = tl.load(table + offs_n // PAGE).to(tl.int64)
         tok_ok = offs_n >= 0
-    k_ok = d_ok[:, None] & tok_ok[None, :]
-    v_ok = tok_ok[:, None] & dv_ok[None, :]
     slot = offs_n % PAGE
+    if MASKED:
+        # One-byte value codes lie by dim (a page's keys contiguous, allocate_parts), where
+        # a mask by token splits every 16-byte copy into single-byte loads (sm_90, triton
+        # 3.6, the 27B's batch-8 fp8 shape: a masked tile took 4,014 instructions a warp
+        # against 1,378 unmasked; 1,579 without; 2,108 and 1,029 at batch 1's shape).
+        # So a masked tile loads keys and one-byte values whole: past the end, scores
+        # become -inf whatever the codes (paged_attention._fold_kv_tile), and value codes
+        # meet zero probabilities (every writer stores finite codes, kv_quant.py); int8's
+        # value scales, which may not be finite, load by token. nvfp4 values lie by token,
+        # so their mask costs nothing.
+        k_ok = d_ok[:, None]
+        v_ok = dv_ok[None, :] if VFMT != 3 else tok_ok[:, None] & dv_ok[None, :]
+    else:
+        k_ok = d_ok[:, None] & tok_ok[None, :]
+        v_ok = tok_ok[:, None] & dv_ok[None, :]
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
-                   tok_ok[None, :], KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N)
+                   tok_ok[None, :], KFMT, GROUP, DT, True, HEAD_D, BLOCK_D, BLOCK_N, False)
     v = _load_part(vd, vs, page[:, None], slot[:, None], s_vdb, s_vds, s_vdd, s_vsb, s_vss, offs_dv[None, :], v_ok,
-                   tok_ok[:, None], VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N)
+                   tok_ok[:, None], VFMT, GROUP, DT, False, HEAD_D, BLOCK_D, BLOCK_N, MASKED)
     k_scale = _key_scale(ks, page, slot, s_ksb, s_kss, n_ok, k_gscale, KFMT)
     v_scale = _key_scale(vs, page, slot, s_vsb, s_vss, n_ok, v_gscale, VFMT)
     return k, v, k_scale, v_scale
