@@ -84,6 +84,10 @@ class LLM:
         return self.engine.config.max_context
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        return self.engine.kv_capacity_tokens
+
+    @property
     def pipeline(self):
         """The generation pipeline every front door shares, here without a server around it."""
         if self._pipeline is None:

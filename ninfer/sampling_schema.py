@@ -184,12 +184,18 @@ def _token_bias(value: Any, limits: Limits, vocab_size: Optional[int], max_items
     too_many = _too_many(value, max_items)
     if too_many is not None:
         return too_many
+    seen: dict[int, Any] = {}
     for token, bias in value.items():
         where = f"[{json.dumps(token)}]"
         reason = _token_id(token, vocab_size, key=True)
         if reason is None:
             refused = _number(bias, limits, integer=False)
             reason = refused.reason if refused is not None else None
+        if reason is None:
+            # "12" and "012" are one token: keeping either bias would silently drop the other
+            first = seen.setdefault(int(token), token)
+            if first != token:
+                reason = f"names token {int(token)} again (also given as {json.dumps(first)})"
         if reason is not None:
             return Problem(where, reason)
     return None

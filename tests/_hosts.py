@@ -21,6 +21,7 @@ class TokenizerHost:
     registry: Any = field(default_factory=load_registry)
     family: Any = None
     max_model_len: int = 4096
+    kv_capacity_tokens: Optional[int] = None
 
 
 def tokenizer_pipeline(tokenizer: Any, reasoning: Optional[str] = "qwen3", tools: Optional[str] = None,

@@ -219,6 +219,27 @@ def test_errors_auth_and_probes(server, client):
     assert httpx.head(f"{server}/", headers={"x-api-key": KEY}, timeout=10).status_code == 200
 
 
+def test_a_tool_name_anthropic_refuses_is_a_400_on_its_name(client):
+    for choice in ({"type": "auto"}, {"type": "any"}):  # not only where a grammar forces a call
+        with pytest.raises(anthropic.BadRequestError) as info:
+            create(client, tools=[{**TOOL, "name": "get weather"}], tool_choice=choice)
+        assert info.value.body["error"]["message"].startswith("tools[0].name: ")
+
+
+@pytest.mark.parametrize("method, path, status, kind", [
+    ("GET", "/v1/messages", 405, "invalid_request_error"),
+    ("GET", "/v1/messages/count_tokens", 405, "invalid_request_error"),
+    ("POST", "/v1/messages/batches", 404, "not_found_error"),
+])
+def test_routing_errors_under_messages_are_anthropic_shaped(server, method, path, status, kind):
+    r = httpx.request(method, f"{server}{path}", json={}, headers={"x-api-key": KEY}, timeout=10)
+    body = r.json()
+    assert r.status_code == status and body["type"] == "error" and body["error"]["type"] == kind
+    assert r.headers["request-id"] == body["request_id"] == r.headers["x-request-id"]
+    other = httpx.get(f"{server}/v1/messagesx", headers={"x-api-key": KEY}, timeout=10)
+    assert other.status_code == 404 and "code" in other.json()["error"]  # not under /v1/messages: the core's shape
+
+
 def test_a_missing_key_is_an_anthropic_shaped_401(server):
     with pytest.raises(anthropic.AuthenticationError) as refused:
         anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.create(

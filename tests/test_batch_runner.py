@@ -296,7 +296,8 @@ def test_lora_requests_fail_alone_without_engine_support_or_when_loading_fails(l
     monkeypatch.setattr(runner_mod, "engine_supports_lora", lambda: True)
     monkeypatch.setattr(runner_mod, "apply_lora", broken)
     results = run(llm, document)
-    assert results[0].error == "cannot load LoRA adapters: no such adapter file" and results[1].error is None
+    assert results[0].error == 'available_lora_weights["fr"]: cannot load the adapter: no such adapter file'
+    assert results[1].error is None
 
 
 def test_a_prompt_longer_than_the_context_fails_alone(llm):

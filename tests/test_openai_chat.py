@@ -10,6 +10,7 @@ import json
 import math
 
 import httpx
+import msgspec
 import openai
 import pytest
 from server_harness import server_fixture
@@ -223,6 +224,20 @@ def test_zero_max_tokens_processes_the_prompt_only(client):
     ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages[0].name", "unsupported_parameter"),
     ({"messages": [{"role": "user", "content": "long " * 600}]}, "messages", "context_length_exceeded"),
     ({"max_tokens": 600}, "max_tokens", "context_length_exceeded"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name",
+     "invalid_request"),  # under tool_choice auto too: no call can carry the name
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "prompt_cache_breakpoint": {
+        "mode": "bogus"}}]}]}, "messages[0].content[0].prompt_cache_breakpoint", "invalid_request"),
+    ({"extra_body": {"prompt_cache_options": {"mode": "bogus"}}}, "prompt_cache_options.mode", "invalid_request"),
+    ({"extra_body": {"prompt_cache_options": {"ttl": "99y"}}}, "prompt_cache_options.ttl", "invalid_request"),
+    ({"extra_body": {"prompt_cache_retention": "forever"}}, "prompt_cache_retention", "invalid_request"),
+    # argument JSON no decoder or tokenizer can take (these were 500s)
+    ({"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "get_time", "arguments": "[" * 1000 + "]" * 1000}}]}, {"role": "tool", "tool_call_id": "c",
+        "content": "r"}]}, "messages[2].tool_calls[0].function.arguments", "invalid_request"),
+    ({"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "get_time", "arguments": '{"zone": "\\ud800"}'}}]}, {"role": "tool", "tool_call_id": "c",
+        "content": "r"}]}, "messages[2].tool_calls[0].function.arguments", "invalid_request"),
 ])
 def test_rejections_name_their_field(client, kwargs, param, code):
     with pytest.raises(openai.BadRequestError) as e:
@@ -230,6 +245,42 @@ def test_rejections_name_their_field(client, kwargs, param, code):
     error = e.value.body
     assert e.value.status_code == 400 and (error["param"], error["code"]) == (param, code), error
     assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_a_body_nested_past_the_decoders_limit_is_a_400(server):
+    deep = '{"a":' * 1000 + "{}" + "}" * 1000
+    body = '{"model": "%s", "max_tokens": 1, "messages": %s, "metadata": %s}' % (MODEL, json.dumps(MESSAGES), deep)
+    r = httpx.post(f"{server}/v1/chat/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_prompt_cache_breakpoints_become_shared_prefix_candidates():
+    """Marked messages end explicit candidates (latest four, the implicit one taking a slot);
+    a tool result that renders inside one message with the next has no boundary of its own."""
+    from ninfer_plugins.protocols.openai_chat.schema import ChatCompletionRequest
+    from ninfer_plugins.protocols.openai_chat.translate import chat_prompt
+
+    def marked(role, **kw):
+        return {"role": role, **kw, "content": [{"type": "text", "text": role,
+                                                 "prompt_cache_breakpoint": {"mode": "explicit"}}]}
+
+    def prompt(messages, mode=None):
+        body = {"model": MODEL, "messages": messages, **({"prompt_cache_options": {"mode": mode}} if mode else {})}
+        return chat_prompt(msgspec.json.decode(json.dumps(body), type=ChatCompletionRequest))
+
+    call = {"role": "assistant", "tool_calls": [{"id": c, "type": "function", "function": {"name": "f"}}
+                                                for c in ("a", "b")]}
+    messages = [marked("system"), marked("user"), call, marked("tool", tool_call_id="a"),
+                marked("tool", tool_call_id="b"), {"role": "user", "content": "q"}]
+    explicit = prompt(messages, "explicit")
+    assert (explicit.cache_breakpoints, explicit.implicit_breakpoint) == ((1, 2, 5), None)
+    implicit = prompt(messages)
+    assert (implicit.cache_breakpoints, implicit.implicit_breakpoint) == ((1, 2, 5), 6)
+    many = [marked("user" if i % 2 == 0 else "assistant") for i in range(6)]
+    assert prompt(many, "explicit").cache_breakpoints == (3, 4, 5, 6)
+    assert prompt(many, "implicit").cache_breakpoints == (3, 4, 5, 6)  # the implicit target is one of them
+    assert prompt(many[:-1] + [{"role": "assistant", "content": "a"}]).cache_breakpoints == (3, 4, 5)
 
 
 def test_neutral_values_are_accepted(client):

@@ -93,6 +93,10 @@ def test_ids_are_kept_or_made_and_duplicates_fail_only_when_stored():
     ({"type": "reasoning", "encrypted_content": "gAAAAforeign"}, "input[0].encrypted_content",
      UnsupportedFeatureError, None),
     ({**FC, "call_id": "c", "arguments": "[1]"}, "input[0].arguments", InvalidRequestError, None),
+    # JSON no decoder or tokenizer can take (these were 500s)
+    ({**FC, "call_id": "c", "arguments": '{"a":' * 1000 + "1" + "}" * 1000}, "input[0].arguments",
+     InvalidRequestError, None),
+    ({**FC, "call_id": "c", "arguments": '{"a": "\\ud800"}'}, "input[0].arguments", InvalidRequestError, None),
     ({**FC, "call_id": "c", "status": "in_progress"}, "input[0].status", UnsupportedFeatureError, None),
     ({**FC}, "input[0].call_id", InvalidRequestError, None),
     (result("c", []), "input[0].output", InvalidRequestError, None),
@@ -212,6 +216,9 @@ def test_namespaces_get_their_own_identity_and_hosted_tools_are_left_out():
     ([{"type": "mystery"}], None, None, "tools[0].type"),
     ([{"type": ["function"]}], None, None, "tools[0].type"),
     ([DIRECT], {"type": ["function"]}, None, "tool_choice.type"),
+    # names no tool call can carry fail whatever tool_choice, not only where a grammar forces a call
+    ([{"type": "function", "name": "get weather"}], None, None, "tools[0].name"),
+    ([{"type": "namespace", "name": "my<ns>", "tools": [DIRECT]}], "auto", None, "tools[0].name"),
 ])
 def test_tool_configurations_that_cannot_be_honoured_fail(tools, choice, parallel, param):
     fails(resolve_tools, tools, choice, parallel, param=param)

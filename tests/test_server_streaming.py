@@ -126,6 +126,28 @@ def test_sse_keeps_alive_while_idle_and_not_while_busy():
     asyncio.run(main())
 
 
+def test_sse_protocol_idle_frame_only_after_the_first_frame():
+    """A protocol's own idle frame (Anthropic's ping event) may not precede its opening
+    event: while the request waits the transport comment keeps the connection alive."""
+    ping = b"event: ping\ndata: {}\n\n"
+
+    async def queued():
+        await asyncio.sleep(0.25)  # waiting for admission
+        yield "event: message_start\ndata: {}\n\n"
+        await asyncio.sleep(0.25)  # prefill
+        yield "event: message_stop\ndata: {}\n\n"
+
+    async def main():
+        client = Client(_sse_app(queued, 0.1, keepalive_frame=ping), "GET", "/stream")
+        await asyncio.wait_for(client.task, 10)
+        parts = [p for p in client.body_parts if p]
+        opening = parts.index(b"event: message_start\ndata: {}\n\n")
+        assert opening > 0 and set(parts[:opening]) == {KEEPALIVE_FRAME}
+        assert set(parts[opening + 1:-1]) == {ping}
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("how", ["disconnect while waiting", "disconnect while the peer stalls", "server cancels"])
 def test_sse_always_closes_the_frames(how):
     closed = asyncio.Event()

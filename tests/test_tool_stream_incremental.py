@@ -11,11 +11,11 @@ import json
 import random
 
 import pytest
-from _split_helpers import assert_stream_equals_oneshot, chunkings, run_chunks, timeline
+from _split_helpers import assert_stream_equals_oneshot, chunkings, timeline
 
 from ninfer.frontend.json_stream import JsonWriter
 from ninfer.frontend.output_split import TextDelta, ToolCallArgs, ToolCallEnd, ToolCallStart
-from ninfer.frontend.tool_schema import ToolSpec, dumps_json, loads_json
+from ninfer.frontend.tool_schema import MAX_JSON_DEPTH, ToolSpec, dumps_json, loads_json
 from ninfer_plugins.tool_parsers import hermes_json, qwen3_xml
 
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {
@@ -288,3 +288,37 @@ def test_json_writer_equals_parse_then_dump(seed):
             json.loads(out + writer.closers())
         with pytest.raises(ValueError):
             loads_json(damaged)
+
+
+# -- JSON no parse can return: too deep, or a lone surrogate --------------------------
+
+
+DEEP = '{"a": ' + "[" * 1000 + "]" * 1000 + "}"  # past Python's recursion limit, let alone MAX_JSON_DEPTH
+
+
+@pytest.mark.parametrize("text, error", [
+    (DEEP, "JSONTooDeepError"),
+    ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), "JSONTooDeepError"),
+    ('{"a": "x\\ud800"}', "LoneSurrogateError"),
+    ('{"\\udc00": 1}', "LoneSurrogateError"),
+])
+def test_unreadable_json_is_a_value_error_in_the_parse_and_the_writer(text, error):
+    """Both refuse it, so a model's call falls back to text instead of failing the request."""
+    with pytest.raises(ValueError) as refused:
+        loads_json(text)
+    assert type(refused.value).__name__ == error
+    assert _write(list(text))[0].failed and _write([text])[0].failed
+    # the limits themselves still parse, and a surrogate pair is one character
+    assert loads_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+    assert loads_json('"\\ud83d\\ude00"') == "😀" and _write(['"\\ud83d', '\\ude00"'])[1] == '"😀"'
+
+
+@pytest.mark.parametrize("arguments", [DEEP, '{"city": "\\ud800"}'])
+def test_model_calls_no_parse_can_return_break_like_invalid_json(arguments):
+    """A strict parser falls back to the text; a tolerant one, already streaming the call,
+    closes it with what streamed (as for any invalid JSON) and keeps the rest as text."""
+    text = json_call("get_weather", arguments)
+    assert assert_stream_equals_oneshot(hermes(False), text) == [("text", text)]
+    events = assert_stream_equals_oneshot(hermes(True), text)
+    assert [e[0] for e in events] == ["call", "text"] and isinstance(loads_json(events[0][2]), dict)
+    assert aggregate(hermes(True), text)[1].fallback_reason == "truncated_call"

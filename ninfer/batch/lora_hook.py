@@ -1,7 +1,8 @@
 """The one place the batch runner hands LoRA adapters to the engine.
 
-Whatever this raises fails the requests that name an adapter, one by one (see
-:mod:`ninfer.batch.runner`); requests without one still run.
+The runner hands over one adapter at a time: whatever this raises fails only the requests
+naming that adapter, and is reported as a warning even when none does (see
+:mod:`ninfer.batch.runner`).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def summary_json(run: BatchRun, batch: BatchInput, model: str, load_seconds: flo
         "requests": len(results),
         "succeeded": sum(r.error is None for r in results),
         "failed": sum(r.error is not None for r in results),
-        "batch_size": batch.batch_size,
+        "batch_size": run.batch_size,  # decoded together; a warning says when batch_size was more
+        "sampling": run.sampling,
         "prompt_tokens": sum(r.prompt_tokens for r in results),
         "cached_tokens": sum(r.cached_tokens for r in results),
         "generated_tokens": generated,

@@ -17,35 +17,49 @@ Log probabilities are batch-uniform as the input format asks: requests are group
 input position into consecutive groups of ``batch_size``, and every request of a group
 receives the largest ``num_logprobs`` any of them asked for.
 
-A guide the backend refuses (a bad schema, pattern or grammar) fails its request with
-the guide's JSON path in front of the message, like the input file's own errors.
+A request's error names the input field at fault, like the input file's own errors: the
+guide's path for a guide the backend refuses, ``requests[i].messages`` for the prompt,
+``max_generate_length`` for the output length, ``available_lora_weights["name"]`` for an
+adapter that did not load (each adapter loads on its own, so a broken one fails only the
+requests naming it).
+
+Sampling: the format sets temperature, top_p and top_k (with its own defaults); every
+other sampler setting is neutral unless a process flag sets it, so a model family's preset
+(a presence penalty, say) cannot change what the file asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from loguru import logger
 from tqdm import tqdm
 
 from ninfer.batch.guides import guide_spec
 from ninfer.batch.lora_hook import apply_lora
 from ninfer.batch.schema import BatchInput, BatchRequest
+from ninfer.engine.defaults import resolve_sampling
 from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import EngineDeadError, NinferError
 from ninfer.frontend.chat_messages import parse_messages
 from ninfer.frontend.pipeline_request import CachePolicy, ChatPrompt, GenerateRequest, Prompt, TemplateOptions, TextPrompt
+from ninfer.model.family import SamplingDefaults
 from ninfer.outputs import TokenLogprob
 from ninfer.sampling_params import SamplingParams
+from ninfer.sampling_schema import PRESET_FIELDS
 
 #: the input format's sampler defaults, used when neither the file nor the profile sets one
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 0.8
 DEFAULT_TOP_K = 50
+#: every other sampler field the presets fill in: neutral (no penalty, no min_p) unless a flag sets it
+_NEUTRAL = SamplingDefaults()
 #: engine finish reasons -> the names results use (stop is split by what stopped it)
 _FINISH_NAMES = {"length": "length", "abort": "aborted", "error": "error"}
 
@@ -92,6 +106,10 @@ class BatchRun:
     spec_rounds: int = 0
     spec_drafted: int = 0
     spec_accepted: int = 0
+    #: requests decoded together: batch_size, or less where the engine's limit is lower
+    batch_size: int = 1
+    #: the sampler settings every request used (what the presets/flags/file resolved to)
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 def logprob_widths(batch: BatchInput) -> list[int]:
@@ -126,20 +144,31 @@ def batch_prompt(batch: BatchInput, req: BatchRequest) -> Prompt:
 class _Preparer:
     """Turns parsed requests into engine requests, with the run-wide facts they need."""
 
-    def __init__(self, llm: Any, batch: BatchInput, lora_error: Optional[str]):
-        self.llm, self.batch, self.lora_error = llm, batch, lora_error
+    def __init__(self, llm: Any, batch: BatchInput, lora_errors: Optional[dict[str, str]] = None):
+        self.llm, self.batch, self.lora_errors = llm, batch, lora_errors or {}
         self.widths = logprob_widths(batch)
         self.vocab_size: int = llm.engine.vocab_size
         self.lora_field = engine_supports_lora()
         process = llm.profile.sampling
+        from_file = {"temperature": batch.temperature, "top_p": batch.top_p, "top_k": batch.top_k}
+        defaults = {"temperature": DEFAULT_TEMPERATURE, "top_p": DEFAULT_TOP_P, "top_k": DEFAULT_TOP_K}
 
-        def pick(value: Any, process_value: Any, default: Any) -> Any:
-            # None leaves the value to the engine, which applies the profile's override
-            return value if value is not None else None if process_value is not None else default
+        def pick(name: str) -> Any:
+            # the file's value, else None where a process flag is set (the engine applies it),
+            # else the format's default or the neutral value: never the family preset
+            if from_file.get(name) is not None:
+                return from_file[name]
+            if getattr(process, name, None) is not None:
+                return None
+            return defaults.get(name, getattr(_NEUTRAL, name))
 
-        self.temperature = pick(batch.temperature, process.temperature, DEFAULT_TEMPERATURE)
-        self.top_p = pick(batch.top_p, process.top_p, DEFAULT_TOP_P)
-        self.top_k = pick(batch.top_k, process.top_k, DEFAULT_TOP_K)
+        self.sampler = {name: pick(name) for name in PRESET_FIELDS}
+
+    def effective_sampling(self) -> dict[str, Any]:
+        """The settings every request samples with, after the process flags (``--greedy`` included)."""
+        process = self.llm.engine.config.process_sampling
+        resolved = resolve_sampling(SamplingParams(**self.sampler), None, False, process)
+        return {name: getattr(resolved, name) for name in PRESET_FIELDS}
 
     def check_support(self, req: BatchRequest) -> None:
         if req.media_item is not None:
@@ -147,16 +176,14 @@ class _Preparer:
             raise RequestFailed(f"{kind} content is not supported in this build ({path}); only text parts run")
         if req.lora_name is not None and not self.lora_field:
             raise RequestFailed("LoRA is not available in this build")
-        if req.lora_name is not None and self.lora_error is not None:
-            raise RequestFailed(self.lora_error)
+        if req.lora_name in self.lora_errors:
+            raise RequestFailed(self.lora_errors[req.lora_name])
 
     def __call__(self, req: BatchRequest) -> EngineRequest:
         self.check_support(req)
         k = self.widths[req.index]
         params = SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
+            **self.sampler,
             seed=req.sampling_seed,
             max_tokens=self.batch.max_generate_length,
             stop=list(req.stop),
@@ -175,13 +202,30 @@ class _Preparer:
         return engine_request
 
 
-def _load_adapters(llm: Any, batch: BatchInput) -> Optional[str]:
-    """Hand the adapters to the LoRA hook; a failure fails only the requests that name one."""
-    try:
-        apply_lora(llm, dict(batch.available_lora_weights))
-    except Exception as e:  # noqa: BLE001 - whatever the hook raises is reported per request
-        return f"cannot load LoRA adapters: {e}"
-    return None
+def _lora_path(name: str) -> str:
+    return f"available_lora_weights[{json.dumps(name)}]"
+
+
+def _load_adapters(llm: Any, batch: BatchInput, warn: Warn) -> tuple[dict[str, str], list[str]]:
+    """Load each declared adapter on its own: ``({name: error}, warnings)``.
+
+    A broken adapter fails only the requests naming it; it is also a warning, so one no
+    request names is still reported.
+    """
+    if not engine_supports_lora():
+        return {}, []  # requests naming an adapter fail with "not available" instead
+    errors: dict[str, str] = {}
+    warnings: list[str] = []
+    for name, path in batch.available_lora_weights.items():
+        try:
+            apply_lora(llm, {name: path})
+        except Exception as e:  # noqa: BLE001 - whatever the hook raises is reported per adapter
+            errors[name] = f"{_lora_path(name)}: cannot load the adapter: {e}"
+            users = sum(r.lora_name == name for r in batch.requests)
+            fate = f"the {users} request(s) naming it fail" if users else "no request names it"
+            warnings.append(f"{errors[name]} ({fate})")
+            warn(warnings[-1])
+    return errors, warnings
 
 
 def _warn_outside_vocab(batch: BatchInput, vocab_size: int, warn: Warn) -> list[str]:
@@ -214,14 +258,31 @@ def _record(result: RequestResult, event: GenerationEvent) -> None:
         result.error = event.error.message
 
 
-def _error_text(error: Exception, req: Optional[EngineRequest]) -> str:
-    """The result's error; a refused guide is named by its path in the input file."""
+def _field_path(param: Optional[str], req: BatchRequest, engine_req: Optional[EngineRequest]) -> Optional[str]:
+    """The input-file path of the field an error names (the engine speaks of its own fields)."""
+    if param is None:
+        return None
+    guide = engine_req.params.guided if engine_req is not None else None
+    if guide is not None and (param == guide.param or param.startswith(guide.param + ".")):
+        return param
+    if param.startswith(f"requests[{req.index}]") or param == "max_generate_length":
+        return param
+    if param in ("prompt", "messages", "prompt_token_ids"):
+        return f"requests[{req.index}].messages"
+    if param == "max_tokens":
+        return "max_generate_length"
+    if param == "lora_name":
+        return f"requests[{req.index}].lora_name"
+    return None
+
+
+def _error_text(error: Exception, req: BatchRequest, engine_req: Optional[EngineRequest]) -> str:
+    """The result's error, led by the input field at fault."""
     message = getattr(error, "message", None) or str(error)
-    guide = req.params.guided if req is not None else None
-    param = getattr(error, "param", None)
-    if guide is not None and param is not None and (param == guide.param or param.startswith(guide.param + ".")):
-        return f"{param}: {message}"
-    return message
+    path = _field_path(getattr(error, "param", None), req, engine_req)
+    if path is None or message.startswith(path):
+        return message
+    return f"{path}: {message}"
 
 
 def _fail(result: RequestResult, message: str) -> None:
@@ -241,8 +302,21 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
                    "greedily (outputs are still sampled exactly)")
         warn(message)
         warnings.append(message)
+    # the engine decodes at most max_concurrency requests together (the CLI asks for batch_size,
+    # within the profile's limit); more in flight would only queue inside the engine
+    limit = llm.profile.engine.max_concurrency
+    batch_size = min(batch.batch_size, limit)
+    if batch.batch_size > limit:
+        message = (f"batch_size: {batch.batch_size} is more than the engine decodes together "
+                   f"(max_concurrency {limit}); {limit} requests run at a time")
+        warn(message)
+        warnings.append(message)
     before = (engine.stats.total_rounds, engine.stats.total_drafted, engine.stats.total_accepted)
-    prepare = _Preparer(llm, batch, _load_adapters(llm, batch))
+    lora_errors, lora_warnings = _load_adapters(llm, batch, warn)
+    warnings += lora_warnings
+    prepare = _Preparer(llm, batch, lora_errors)
+    sampling = prepare.effective_sampling()
+    logger.info("sampling: {}", ", ".join(f"{k}={v}" for k, v in sampling.items()))
     results = [RequestResult(r.index) for r in batch.requests]
     for result, k in zip(results, prepare.widths):
         result.logprobs = [] if k > 0 else None
@@ -252,14 +326,14 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
     with tqdm(total=len(results), unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
         try:
             while queue or in_flight:
-                while queue and len(in_flight) < batch.batch_size:
+                while queue and len(in_flight) < batch_size:
                     req = queue.popleft()
                     engine_req = None
                     try:
                         engine_req = prepare(req)
                         engine.add_request(engine_req)
                     except (RequestFailed, NinferError, ValueError) as e:
-                        _fail(results[req.index], _error_text(e, engine_req))
+                        _fail(results[req.index], _error_text(e, req, engine_req))
                         bar.update(1)
                         continue
                     in_flight[engine_req.request_id] = results[req.index]
@@ -282,4 +356,5 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
     disabled = sum(r.disable_spec_decode for r in batch.requests)
     after = (engine.stats.total_rounds, engine.stats.total_drafted, engine.stats.total_accepted)
     rounds, drafted, accepted = (b - a for a, b in zip(before, after))
-    return BatchRun(results, time.perf_counter() - started, disabled, warnings, backend, rounds, drafted, accepted)
+    return BatchRun(results, time.perf_counter() - started, disabled, warnings, backend, rounds, drafted, accepted,
+                    batch_size, sampling)

@@ -188,7 +188,8 @@ class _Reader:
             ok = isinstance(value, list) and bool(value) and all(isinstance(c, str) for c in value)
             want = "a non-empty array of strings"
         elif mode == "json_object":
-            ok, want = value is True or isinstance(value, dict), "true or a JSON object"
+            # the mode takes no schema; accepting one here would throw it away unseen
+            ok, want = value is True, "true (it takes no schema; json_schema constrains to one)"
         else:
             ok, want = isinstance(value, dict), "a JSON object"
         if not ok:
@@ -241,24 +242,60 @@ class _Reader:
         return value, media
 
 
+#: objects whose keys are names or token ids, written ``field["key"]`` in paths
+_MAPS = ("logit_bias", "available_lora_weights")
+
+
+def _duplicate_key_warnings(value: Any, repeated: dict[int, tuple[dict, list[str]]], path: str = "") -> list[str]:
+    """One warning per key an object of ``value`` repeats (``repeated``: id -> (the object, its keys))."""
+    out: list[str] = []
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            out += _duplicate_key_warnings(item, repeated, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        as_map = path.rsplit(".", 1)[-1] in _MAPS
+
+        def child(key: str) -> str:
+            return f"{path}[{json.dumps(key)}]" if as_map else _at(path, key)
+
+        obj, keys = repeated.get(id(value), (None, []))
+        out += [f"{child(key)}: duplicate key; the last value is used" for key in keys if obj is value]
+        for key, item in value.items():
+            out += _duplicate_key_warnings(item, repeated, child(key))
+    return out
+
+
 def parse_batch_json(text: str) -> BatchInput:
     """Parse and validate the text of an input file; raises :class:`BatchInputError`."""
 
     def no_constants(name: str) -> None:
         raise ValueError(f"{name} is not valid JSON")
 
+    # keeping each object alive keeps its id from naming a later one
+    repeated: dict[int, tuple[dict, list[str]]] = {}
+
+    def keep_last(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)  # the last value wins, as in Python's json and most parsers
+        if len(obj) < len(pairs):
+            keys = [key for key, _ in pairs]
+            repeated[id(obj)] = (obj, sorted({key for key in keys if keys.count(key) > 1}, key=keys.index))
+        return obj
+
     try:
-        data = json.loads(text, parse_constant=no_constants)
+        data = json.loads(text, parse_constant=no_constants, object_pairs_hook=keep_last)
     except ValueError as e:  # JSONDecodeError is a ValueError too
         raise BatchInputError([f"input: not valid JSON: {e}"]) from None
-    return parse_batch(data)
+    return parse_batch(data, notes=_duplicate_key_warnings(data, repeated) if repeated else [])
 
 
-def parse_batch(data: Any) -> BatchInput:
-    """Validate an already-parsed input document; raises :class:`BatchInputError`."""
+def parse_batch(data: Any, notes: Optional[list[str]] = None) -> BatchInput:
+    """Validate an already-parsed input document; raises :class:`BatchInputError`.
+
+    ``notes``: warnings found while reading the text (repeated keys), reported first."""
     if not isinstance(data, dict):
         raise BatchInputError(["input: must be a JSON object with a requests array"])
     r = _Reader()
+    r.warnings += notes or []
     r.unknown_keys(data, "", _GLOBAL_KEYS)
     loras = data.get("available_lora_weights") or {}
     if not isinstance(loras, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Container, Mapping
 
 from ninfer import __version__
 from ninfer.profile.flags import add_profile_flags
@@ -17,10 +18,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="startup profile (YAML); without it and MODEL_PATH the packaged demo profile is used")
 
 
-def add_version_and_profile_flags(parser: argparse.ArgumentParser) -> None:
-    """--version, then one flag per profile option (they come last in --help)."""
+def add_version_and_profile_flags(parser: argparse.ArgumentParser, omit: Container[str] = (),
+                                  help_texts: Mapping[str, str] = {}) -> None:
+    """--version, then one flag per profile option (they come last in --help); see add_profile_flags."""
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_profile_flags(parser)
+    add_profile_flags(parser, omit, help_texts)
 
 
 def report(prog: str, errors: list[str], label: str = "error") -> None:

@@ -7,7 +7,10 @@ model could not load, the engine died, or the results could not be written; othe
 the status is 0 and requests that failed carry their error in the results file.
 
 Unless ``--max-concurrency`` is given, the engine decodes ``batch_size`` requests
-together (capped at the profile's limit for that option).
+together (capped at the profile's limit for that option; the run warns when it caps).
+Options the runner never reads (listening, authentication, the response store, tool
+parsing, ``--default-max-tokens``, ``--thinking``) have no flag here: given anyway, they
+are refused with a pointer to ``ninfer-serve`` rather than accepted and ignored.
 """
 
 from __future__ import annotations
@@ -23,13 +26,54 @@ from loguru import logger
 from ninfer.batch.schema import BatchInput, BatchInputError, parse_batch_json
 from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import Profile, ProfileError, check_selections, load_profile, resolve
+from ninfer.profile.checks import Bool
 from ninfer.profile.flags import overrides_from_args
-from ninfer.profile.schema import options
+from ninfer.profile.schema import flag_name, options
+from ninfer.sampling_schema import PROCESS_TOP_K_CAP
 
 PROG = "ninfer-run"
 USAGE_ERROR = 2
 FAILURE = 1
 _CONCURRENCY_KEY = "engine.max_concurrency"
+#: profile options the runner never reads: the input file sets the output length
+#: (max_generate_length) and thinking (enable_thinking), and there is no server or tool call
+UNUSED_KEYS = frozenset(
+    [key for key, _, _ in options() if key.startswith(("server.", "tools."))]
+    + ["engine.default_max_tokens", "reasoning.thinking", "logging.stats_interval_ms", "logging.request_log_jsonl"]
+)
+_CONCURRENCY_CAP = next(o.parse.hi for key, _, o in options() if key == _CONCURRENCY_KEY)
+#: the input format's sampler defaults (ninfer.batch.runner applies them; not imported here,
+#: so --help needs no torch)
+_FORMAT_SAMPLER_DEFAULTS = {"temperature": "1.0", "top_p": "0.8"}
+#: where this command's defaults differ from the server's (model presets do not apply here)
+_HELP_TEXTS = {
+    _CONCURRENCY_KEY: f"requests decoded together (default: the input's batch_size, at most {_CONCURRENCY_CAP})",
+    "model_id": "model name the results' summary reports (default: the checkpoint's own id)",
+    **{f"sampling.{name}": f"{name} for requests when the input file sets none (default: {value}, the format's)"
+       for name, value in _FORMAT_SAMPLER_DEFAULTS.items()},
+    "sampling.top_k": f"top_k for requests when the input file sets none, at most {PROCESS_TOP_K_CAP} "
+                      f"(0: {PROCESS_TOP_K_CAP}) (default: 50, the format's)",
+    **{f"sampling.{name}": f"{name} for every request (default: {value}, off; model presets do not apply)"
+       for name, value in (("min_p", "0"), ("presence_penalty", "0"), ("frequency_penalty", "0"))},
+}
+
+
+class _NotUsedHere(argparse.Action):
+    """A flag ninfer-serve takes but this command would ignore: refuse it instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        parser.error(f"{option_string} is a ninfer-serve option; {PROG} does not use it")
+
+
+def _refuse_unused_flags(parser: argparse.ArgumentParser) -> None:
+    for key, _, o in options():
+        flag = flag_name(key, o)
+        if key not in UNUSED_KEYS or flag is None:
+            continue
+        names = [f"--{flag}"] + ([f"--no-{flag}"] if isinstance(o.parse, Bool) else [])
+        parser.add_argument(*names, action=_NotUsedHere, nargs=0 if isinstance(o.parse, Bool) else "*",
+                            dest=f"unused.{key}", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="results JSON file, replaced in one step when the run ends")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bar, and only warnings and errors in the log")
-    add_version_and_profile_flags(parser)
+    add_version_and_profile_flags(parser, omit=UNUSED_KEYS, help_texts=_HELP_TEXTS)
+    _refuse_unused_flags(parser)
     return parser
 
 
@@ -73,9 +118,8 @@ def _output_problem(path: Path) -> Optional[str]:
 
 def _overrides(args: argparse.Namespace, batch: BatchInput) -> dict[str, Any]:
     overrides = overrides_from_args(args)
-    if _CONCURRENCY_KEY not in overrides:
-        cap = next(o.parse.hi for key, _, o in options() if key == _CONCURRENCY_KEY)
-        overrides[_CONCURRENCY_KEY] = min(batch.batch_size, cap)
+    if _CONCURRENCY_KEY not in overrides:  # run_batch warns when this caps batch_size
+        overrides[_CONCURRENCY_KEY] = min(batch.batch_size, _CONCURRENCY_CAP)
     if args.model is not None:
         overrides["model"] = args.model
     return overrides

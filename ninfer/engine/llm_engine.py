@@ -110,6 +110,11 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             raise RuntimeError("decode-ahead can only be switched while no request runs")
         self._decode_ahead = enabled
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The KV pool in tokens: one request's prompt plus output must fit it."""
+        return self.num_blocks * self.config.block_size
+
     def reset_stats(self) -> None:
         """Start the step counters from zero (after the warm-up's throwaway requests)."""
         self.stats = EngineStats()
@@ -191,13 +196,22 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
             ) from None
 
     def _output_budget(self, n_prompt: int, requested: Optional[int]) -> int:
+        """The request's limit, else the default shortened to what the context and the KV pool leave.
+
+        ``Pipeline.plan`` refuses these cases first, naming the client's fields; this guards
+        callers that hand the engine requests of their own.
+        """
         room = self.config.max_context - n_prompt
         if requested is None:
-            if room < 1:
+            # the default is the server's choice, so it gives way to the pool too (vLLM stops at
+            # the context the same way); only a request's own limit is a demand
+            kv_room = self.kv_capacity_tokens - n_prompt
+            if min(room, kv_room) < 1:
                 raise ContextLengthExceededError(
-                    f"the prompt has {n_prompt} tokens; the context holds {self.config.max_context}", param="messages"
+                    f"the prompt has {n_prompt} tokens; the context holds {self.config.max_context} "
+                    f"and the KV capacity {self.kv_capacity_tokens}", param="messages"
                 )
-            return min(self.config.default_max_tokens, room)
+            return min(self.config.default_max_tokens, room, kv_room)
         if requested > room:
             raise ContextLengthExceededError(
                 f"prompt ({n_prompt} tokens) plus max_tokens ({requested}) exceeds the context "

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
+from ninfer.frontend.tool_schema import JSONTooDeepError, LoneSurrogateError, loads_json
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 #: content-part types carrying media, which need the vision tower
@@ -139,7 +140,20 @@ def _function(fn: Any, call_id: str, where: str) -> ToolCall:
     arguments = fn.get("arguments", "{}")
     if not isinstance(arguments, (str, Mapping)):
         raise InvalidRequestError("arguments must be a JSON string or an object", param=f"{where}.arguments")
+    if isinstance(arguments, str):
+        _check_arguments(arguments, f"{where}.arguments")
     return ToolCall(call_id, name, arguments if isinstance(arguments, str) else dict(arguments))
+
+
+def _check_arguments(text: str, where: str) -> None:
+    """Argument text that is not JSON renders as given, but JSON that is too deep to decode
+    or decodes to a lone surrogate (which no tokenizer can encode) is refused."""
+    try:
+        loads_json(text)
+    except (JSONTooDeepError, LoneSurrogateError) as exc:
+        raise InvalidRequestError(f"arguments: {exc}", param=where) from None
+    except ValueError:
+        pass
 
 
 def content_text(content: Any, where: str, role: str) -> str:
@@ -223,6 +237,6 @@ def _arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
         return arguments
     try:
         decoded = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep was refused by _check_arguments
         return arguments
     return decoded if isinstance(decoded, dict) else arguments

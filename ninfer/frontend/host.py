@@ -39,6 +39,11 @@ class ModelHost(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def kv_capacity_tokens(self) -> Optional[int]:
+        """The KV pool's size in tokens, which one request alone must fit (None: no smaller than the context)."""
+        ...
+
 
 class ServingHost(ModelHost, Protocol):
     """What serving adds (:meth:`ninfer.frontend.pipeline.Pipeline.prepare`):

@@ -12,8 +12,9 @@ always a prefix of the final text, and :meth:`JsonWriter.closers` turns it into 
 JSON if the value breaks off.
 
 The writer accepts exactly the values :func:`ninfer.frontend.tool_schema.loads_json`
-accepts (no NaN or infinities, no repeated member names), fails at the first character
-that rules the text out, and stops reading after the value's last character.
+accepts (no NaN or infinities, no repeated member names, no lone surrogates, no nesting
+past ``MAX_JSON_DEPTH``), fails at the first character that rules the text out, and stops
+reading after the value's last character.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import json
 import re
 
-from ninfer.frontend.tool_schema import dumps_json, loads_json
+from ninfer.frontend.tool_schema import MAX_JSON_DEPTH, dumps_json, loads_json
 
 WHITESPACE = " \t\n\r"
 _WS_RUN = re.compile(r"[ \t\n\r]+")
 _STRING_RUN = re.compile(r'[^"\\\x00-\x1f]+')
 _ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u([0-9a-fA-F]{4}))')
+_LOW_ESCAPE = re.compile(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _PARTIAL_ESCAPE = re.compile(r'\\(?:u[0-9a-fA-F]{0,3})?\Z')
 _SCALAR_RUN = re.compile(r"[-+.eE0-9]+|[a-z]+")
 _SCALAR_START = frozenset("-0123456789tfn")
@@ -118,6 +120,9 @@ class JsonWriter:
             self._write('"', self.pos)
             self._segment, self._mode = self.pos, _STRING
         elif c in _CLOSER:
+            if len(self._stack) >= MAX_JSON_DEPTH:
+                self.failed = True
+                return
             self.pos += 1
             self._write(c, self.pos)
             self._stack.append((c, set()))
@@ -157,11 +162,17 @@ class JsonWriter:
             if escape is None:
                 self.failed = _PARTIAL_ESCAPE.match(buf, i) is None
                 break
-            after = buf[escape.end():escape.end() + 6]
-            if escape.group(1) and 0xD800 <= int(escape.group(1), 16) <= 0xDBFF and len(after) < 6 and (
-                "\\u".startswith(after) or after.startswith("\\u")
-            ):
-                break  # json joins a following low surrogate escape into one character
+            code = int(escape.group(1), 16) if escape.group(1) else 0
+            if 0xD800 <= code <= 0xDFFF:  # json joins a high and a following low escape into one character
+                low = _LOW_ESCAPE.match(buf, escape.end()) if code <= 0xDBFF else None
+                if low is not None:
+                    i = low.end()
+                    continue
+                after = buf[escape.end():escape.end() + 6]
+                # a lone surrogate is no text (loads_json refuses it); a high one's partner may still come
+                self.failed = code > 0xDBFF or len(after) == 6 or not (
+                    "\\u".startswith(after) or after.startswith("\\u"))
+                break
             i = escape.end()
         self.pos = i
         return None

@@ -33,7 +33,7 @@ from ninfer.frontend.host import ModelHost, ServingHost
 from ninfer.frontend.lifecycle import Lifecycle, Rejection, end_run, notify
 from ninfer.frontend.parsers import make_splitter, reasoning_parser, starts_in_reasoning
 from ninfer.frontend.pipeline_request import GenerateRequest, Prompt, TextPrompt
-from ninfer.frontend.prompt_limits import check_prompt_length
+from ninfer.frontend.prompt_limits import check_prompt_length, fit_output_limit
 from ninfer.frontend.prompt_options import PromptOptions, resolve_options, template_kwargs
 from ninfer.frontend.template_caps import TemplateCaps, detect_caps
 from ninfer.frontend.thinking import thinking_budget
@@ -85,16 +85,18 @@ def render_prompt(prompt: Prompt, tokenizer: Any, profile: Any, caps: Optional[T
 
 
 def choose_thinking_budget(tokenizer: Any, parser: Optional[ReasoningParser], profile: Any, max_context: int,
-                           req: GenerateRequest, rendered: Rendered) -> Optional[ThinkingBudget]:
+                           req: GenerateRequest, rendered: Rendered,
+                           limit: Optional[int] = None) -> Optional[ThinkingBudget]:
     """The request's cap, else the server default, for a prompt that thinks (None: uncapped).
 
-    The output limit it must fit in is the request's, or else the one the engine applies.
+    The output limit it must fit in is ``limit`` (the request's, fitted to the room), else
+    the request's, else the one the engine applies; ``max_context`` is what one request can hold.
     """
     asked = req.thinking.budget
     cap = asked if asked is not None else profile.reasoning.default_thinking_budget
     if not rendered.thinking or cap is None or parser is None:
         return None
-    room = req.params.max_tokens
+    room = limit if limit is not None else req.params.max_tokens
     if room is None:
         room = max(min(profile.engine.default_max_tokens, max_context - len(rendered.token_ids)), 0)
     open_at_start = starts_in_reasoning(rendered.text, parser)
@@ -132,9 +134,29 @@ class Pipeline:
         """
         return render_prompt(prompt, self.tokenizer, self.profile, self.caps)
 
-    def thinking_budget(self, req: GenerateRequest, rendered: Rendered) -> Optional[ThinkingBudget]:
-        return choose_thinking_budget(self.tokenizer, self.reasoning, self.profile, self.host.max_model_len,
-                                      req, rendered)
+    def thinking_budget(self, req: GenerateRequest, rendered: Rendered,
+                        limit: Optional[int] = None) -> Optional[ThinkingBudget]:
+        return choose_thinking_budget(self.tokenizer, self.reasoning, self.profile, self.max_len, req, rendered,
+                                      limit)
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens one request can hold: the context, or a smaller KV pool."""
+        kv = self.host.kv_capacity_tokens
+        return self.host.max_model_len if kv is None else min(self.host.max_model_len, kv)
+
+    def _ceiling(self, req: GenerateRequest, prompt_tokens: int) -> Optional[int]:
+        """The output limit the thinking budget must close within, before it is checked."""
+        asked = req.params.max_tokens
+        if req.fit_max_tokens and asked is not None:
+            return max(min(asked, self.max_len - prompt_tokens), 0)
+        return asked
+
+    def output_limit(self, req: GenerateRequest, prompt_tokens: int) -> Optional[int]:
+        """The limit a prompt's engine requests get, or the 400 naming the request's field."""
+        return fit_output_limit(prompt_tokens, req.params.max_tokens, self.host.max_model_len,
+                                self.host.kv_capacity_tokens, fit=req.fit_max_tokens, prompt_param=req.prompt_param,
+                                max_tokens_param=req.max_tokens_param)
 
     # -- one request ----------------------------------------------------------------
     async def prepare(self, req: Lowering, stream: bool = False) -> Run:
@@ -180,10 +202,9 @@ class Pipeline:
         The server runs it off the loop through :meth:`prepare`; ``LLM`` and the batch
         runner call it directly and feed the engine requests to their own engine loop.
         """
-        max_len = self.host.max_model_len
         rendered = [self.render(p) for p in req.prompts]
         for r in rendered:
-            check_prompt_length(len(r.token_ids), max_len, param=req.prompt_param)
+            check_prompt_length(len(r.token_ids), self.host.max_model_len, param=req.prompt_param)
         params = req.params
         guide = output_guide(req, self.tool_parser)
         if guide is not None:
@@ -192,10 +213,11 @@ class Pipeline:
             params = attrs.evolve(params, n=1)
         requests, choices = [], []
         for i, r in enumerate(rendered):
-            if req.fit_max_tokens and params.max_tokens is not None:
-                room = max_len - len(r.token_ids)
-                params = attrs.evolve(params, max_tokens=max(1, min(req.params.max_tokens, room)))
-            budget = self.thinking_budget(req, r)
+            # a guide or thinking-budget refusal names its own field before the output fit does
+            budget = self.thinking_budget(req, r, self._ceiling(req, len(r.token_ids)))
+            limit = self.output_limit(req, len(r.token_ids))
+            if limit != params.max_tokens:  # a ceiling shortened to the room
+                params = attrs.evolve(params, max_tokens=limit)
             hints = chat_cache_hints(req.prompts[i], r.token_ids, self.tokenizer, req.cache.replay)
             for j in range(req.n):
                 k = i * req.n + j

@@ -97,8 +97,9 @@ class GenerateRequest:
     answer: Optional[GuideSpec] = None
     thinking: ThinkingRequest = ThinkingRequest()
     cache: CachePolicy = CachePolicy()
-    #: ``params.max_tokens`` is a ceiling, shortened to the context a prompt leaves (the batch
-    #: format's max_generate_length) rather than a demand the prompt must leave room for
+    #: ``params.max_tokens`` is a ceiling, shortened to the room a prompt leaves in the context
+    #: and the KV pool (the batch format's max_generate_length; 0 stays 0: prompt only) rather
+    #: than a demand the prompt must leave room for
     fit_max_tokens: bool = False
     #: False: decode without speculation even when the server has a speculative backend
     speculate: bool = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,14 +93,70 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads_json(text: str) -> Any:
-    """Parse strict JSON: no NaN/Infinity, no overflowing numbers, no repeated members.
+class JSONTooDeepError(ValueError):
+    """JSON nested deeper than :data:`MAX_JSON_DEPTH`."""
 
-    Raises ValueError (DuplicateKeyError for repeated members); key order is kept.
+
+class LoneSurrogateError(ValueError):
+    """JSON whose ``\\u`` escapes decode to half of a UTF-16 pair: not text we can encode."""
+
+
+#: deepest nesting of arrays and objects accepted in JSON text inside a string (tool
+#: arguments); fixed well below Python's recursion limit so the answer never depends on
+#: how deep the parser's own call stack happens to be
+MAX_JSON_DEPTH = 128
+_BRACKET_OR_STRING = re.compile(r'[\[{\]}]|"(?:[^"\\]|\\.)*"?')  # brackets inside strings don't count
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON text (closers may be missing or stray)."""
+    depth = deepest = 0
+    for match in _BRACKET_OR_STRING.finditer(text):
+        c = match.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (or member name) in a decoded JSON value holds a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= c <= "\udfff" for c in item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def loads_json(text: str) -> Any:
+    """Parse strict JSON: no NaN/Infinity, no overflowing numbers, no repeated members, at
+    most :data:`MAX_JSON_DEPTH` levels deep, no lone surrogates.
+
+    Raises ValueError (DuplicateKeyError, JSONTooDeepError, LoneSurrogateError for those
+    cases); key order is kept.
     """
-    return json.loads(
-        text, object_pairs_hook=_unique_members, parse_float=_finite_float, parse_constant=_reject_constant
-    )
+    # counting brackets is cheap; the exact depth is needed only when there are many
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+        raise JSONTooDeepError(f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        value = json.loads(
+            text, object_pairs_hook=_unique_members, parse_float=_finite_float, parse_constant=_reject_constant
+        )
+    except RecursionError:  # a backstop: the depth check above should make this unreachable
+        raise JSONTooDeepError("JSON nests too deeply") from None
+    if _SURROGATE_ESCAPE.search(text) and has_lone_surrogate(value):
+        raise LoneSurrogateError("JSON string escapes decode to a lone UTF-16 surrogate")
+    return value
 
 
 def dumps_json(value: Any) -> str:

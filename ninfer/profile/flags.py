@@ -9,7 +9,7 @@ and a bad YAML value produce the same message naming the key.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any, Callable, Container, Mapping
 
 import attrs
 
@@ -77,18 +77,22 @@ def _default_text(field: attrs.Attribute, o: Opt) -> str:
     return "unset" if default is None else str(default)
 
 
-def add_profile_flags(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per profile option, grouped by section; absent flags leave no attribute."""
+def add_profile_flags(parser: argparse.ArgumentParser, omit: Container[str] = (),
+                      help_texts: Mapping[str, str] = {}) -> None:
+    """Add one flag per profile option, grouped by section; absent flags leave no attribute.
+
+    ``omit``: key paths a command does not use (no flag); ``help_texts``: key path -> the
+    command's own help for that flag, default included."""
     groups: dict[str, Any] = {}
     for key, field, o in options():
         flag = flag_name(key, o)
-        if flag is None:
+        if flag is None or key in omit:
             continue
         section = key.split(".", 1)[0] if "." in key else ""
         if section not in groups:
             title = f"{section} options (profile keys {section}.*)" if section else "model options (top-level keys)"
             groups[section] = parser.add_argument_group(title)
-        help_text = f"{o.help} (default: {_default_text(field, o)})".replace("%", "%%")
+        help_text = help_texts.get(key, f"{o.help} (default: {_default_text(field, o)})").replace("%", "%%")
         common: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS, "help": help_text}
         if isinstance(o.parse, Bool):
             groups[section].add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, **common)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from litestar import Litestar, Router
+from typing import Any
+
+from litestar import Litestar, Request, Response, Router
 from litestar.config.cors import CORSConfig
+from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from ninfer import __version__
@@ -53,20 +56,50 @@ def _metrics_router(state: ServerState) -> list[Router]:
     return [_router(state, [metrics_route(state.metrics)], CORE_PROTOCOL)]
 
 
+def routing_error_handlers(routers: list[Router]) -> dict:
+    """The app's exception handlers, with Litestar's own errors under a protocol's path
+    rendered in that protocol's shape.
+
+    A wrong method or an unknown sub-path (``GET /v1/messages``, ``POST /v1/messages/batches``)
+    fails while routing, before any route's handlers apply; a route that answers errors its
+    own way (Anthropic's) claims its path and everything below it.
+    """
+    owners: list[tuple[str, Any]] = []
+    for router in routers:
+        for route in router.routes:
+            for handler in route.route_handlers:
+                own = (handler.exception_handlers or {}).get(HTTPException)
+                if own is not None and "{" not in route.path:
+                    owners.append((route.path.rstrip("/"), own))
+    if not owners:
+        return EXCEPTION_HANDLERS
+    core = EXCEPTION_HANDLERS[HTTPException]
+
+    def handle_http_exception(request: Request, exc: HTTPException) -> Response:
+        path = request.url.path.rstrip("/")
+        for prefix, own in owners:
+            if path == prefix or path.startswith(prefix + "/"):
+                return own(request, exc)
+        return core(request, exc)
+
+    return {**EXCEPTION_HANDLERS, HTTPException: handle_http_exception}
+
+
 def build_app(state: ServerState) -> Litestar:
     server = state.profile.server
     cors = None
     if server.cors:
         cors = CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"],
                           expose_headers=["x-request-id", "request-id"])
+    protocols = protocol_routers(state)
     app = Litestar(
         route_handlers=[_router(state, [*core_routes(state), *resource_routes(state)], CORE_PROTOCOL),
-                        *protocol_routers(state),
+                        *protocols,
                         *_metrics_router(state)],
         # App-wide, so it covers the OpenAPI document too; a guard runs after routing, so its
         # 401 is rendered by the route's own exception handlers (Anthropic's shape on /v1/messages).
         guards=[api_key_guard(server.api_key)] if server.api_key else None,
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=routing_error_handlers(protocols),
         after_exception=[record_error],  # for Retry-After and the request log, in every protocol
         cors_config=cors,
         openapi_config=OpenAPIConfig(title="ninfer", version=__version__,

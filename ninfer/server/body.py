@@ -18,6 +18,8 @@ from typing import Callable, TypeVar
 
 from litestar import Request
 
+from ninfer.errors import InvalidRequestError
+
 T = TypeVar("T")
 
 #: bodies from this size on are parsed in a worker thread; smaller ones cost less than the hop
@@ -28,5 +30,13 @@ async def parse_body(request: Request, parse: Callable[[bytes], T]) -> T:
     """``parse(body)``: the protocol's decoding and checks, off the event loop for a large body."""
     body = await request.body()
     if len(body) < OFF_LOOP_BYTES:
+        return _bounded(parse, body)
+    return await asyncio.to_thread(_bounded, parse, body)
+
+
+def _bounded(parse: Callable[[bytes], T], body: bytes) -> T:
+    """A body nested deeper than the decoder's recursion limit is the client's mistake: a 400."""
+    try:
         return parse(body)
-    return await asyncio.to_thread(parse, body)
+    except RecursionError:
+        raise InvalidRequestError("the request body's JSON nests too deeply to decode") from None

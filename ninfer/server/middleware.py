@@ -33,6 +33,10 @@ TICKET_KEY = "ninfer.ticket"
 PROTOCOL_OPT = "ninfer_protocol"
 #: the protocol name of the server's own routes (/health, /v1/models, ...)
 CORE_PROTOCOL = "core"
+#: route-handler ``opt`` key of a protocol that answers errors its own way (as its route's
+#: exception handlers do): ``view(exc) -> {"status", "type", "code", "param", "message"}``,
+#: what its client gets for ``exc``, which the request log records. Absent: the core's answer.
+ERROR_VIEW_OPT = "ninfer_error_view"
 #: (method, path) of the routes reachable without the API key: readiness, and the
 #: ``HEAD /`` reachability probe clients (Claude Code) send before their key. ``GET /``
 #: names the server and model, so it needs the key like everything else.

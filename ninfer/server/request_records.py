@@ -14,12 +14,12 @@ from ninfer.engine.request import RequestTimings
 from ninfer.errors import NinferError
 from ninfer.frontend.choice_output import ChoiceProgress
 from ninfer.frontend.lifecycle import Rejection, failure_kind
-from ninfer.frontend.pipeline import Run
+from ninfer.frontend.pipeline import Rendered, Run
 from ninfer.frontend.pipeline_request import ChatPrompt, GenerateRequest
 from ninfer.frontend.prompt_options import TemplateOptions
 from ninfer.sampling_schema import PRESET_FIELDS
 from ninfer.server.errors import INTERNAL_MESSAGE, error_type
-from ninfer.server.middleware import CORE_PROTOCOL, PROTOCOL_OPT
+from ninfer.server.middleware import CORE_PROTOCOL, ERROR_VIEW_OPT, PROTOCOL_OPT
 
 #: sampler fields a request may set (copied when set: numbers, never text)
 _SAMPLER_FIELDS = (*PRESET_FIELDS, "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs")
@@ -42,12 +42,18 @@ def body_bytes(ticket: Any) -> Optional[int]:
     return None
 
 
-def error_fields(error: BaseException) -> dict[str, Any]:
+def error_fields(error: BaseException, ticket: Any = None) -> dict[str, Any]:
     """Status, type, code, parameter and message of an error as the client got it.
 
-    Typed errors carry their own (their messages name fields and counts); anything else
-    is reported as the client's 500 is, by the fixed message.
+    A protocol with its own error answers says what they are (``ERROR_VIEW_OPT`` on the
+    route that served ``ticket``); otherwise the core's answer: typed errors carry their
+    own (their messages name fields and counts), anything else is the fixed 500.
     """
+    scope = getattr(ticket, "scope", None) or {}
+    handler = scope.get("route_handler")
+    view = handler.opt.get(ERROR_VIEW_OPT) if handler is not None else None
+    if view is not None:
+        return view(error)
     if isinstance(error, NinferError):
         return {"status": error.status, "type": error_type(error.status), "code": error.code, "param": error.param,
                 "message": error.message}
@@ -95,6 +101,15 @@ def requested_reasoning(req: Optional[GenerateRequest]) -> dict[str, Any]:
     }
 
 
+def resolved_effort(rendered: Rendered) -> Optional[str]:
+    """The effort the template ran with: "none" when the request does not think (the options
+    then pass the template no effort at all), null for a raw prompt or a template without tiers."""
+    options = rendered.options
+    if options is None:
+        return None
+    return options.effort if rendered.thinking else "none"
+
+
 def start_fields(run: Run, output_limit: int, max_context: int) -> dict[str, Any]:
     """request_start: the prepared request's shape, resolved reasoning and output budget."""
     life = run.life
@@ -104,6 +119,8 @@ def start_fields(run: Run, output_limit: int, max_context: int) -> dict[str, Any
     budget = run.requests[0].thinking_budget
     requested = life.request.params.max_tokens
     prompt_tokens = len(first.token_ids)
+    kv = run.host.kv_capacity_tokens
+    holds = max_context if kv is None else min(max_context, kv)  # what one request can hold
     return {
         **route(life.ticket),
         "engine_request_id": run.request_id,
@@ -111,17 +128,17 @@ def start_fields(run: Run, output_limit: int, max_context: int) -> dict[str, Any
         "prompt_tokens": sum(len(p.token_ids) for p in run.prompts),
         "reasoning": {
             **requested_reasoning(life.request),
-            "resolved_reasoning_effort": options.effort if options is not None else None,
+            "resolved_reasoning_effort": resolved_effort(first),
             "thinking": first.thinking,
             "preserve_thinking": options.preserve_thinking if options is not None else None,
             "thinking_budget": budget.budget if budget is not None else None,
         },
         "output_budget": {
             "requested_max_tokens": requested,
-            # what the engine applies: the request's limit, else the default within the context
+            # what the engine applies: the request's limit, else the default within the context and pool
             "effective_max_tokens": run.requests[0].params.max_tokens
             if run.requests[0].params.max_tokens is not None
-            else max(min(output_limit, max_context - prompt_tokens), 0),
+            else max(min(output_limit, holds - prompt_tokens), 0),
         },
         "engine_requests": len(run.requests),
         "body_bytes": body_bytes(life.ticket),
@@ -139,7 +156,7 @@ def rejected_fields(rejection: Rejection) -> dict[str, Any]:
         **requested_reasoning(req),
         "resolved_reasoning_effort": None,  # never resolved for a refused request
         "media_items": 0,  # this build accepts no media
-        "error": error_fields(rejection.error),
+        "error": error_fields(rejection.error, rejection.ticket),
         "prepare_seconds": rejection.prepare_seconds,
     }
 
@@ -305,7 +322,7 @@ def error_terminal_fields(run: Run, ticket_error_code: Optional[str]) -> dict[st
     assert life is not None
     kind = failure_kind(life.failure)
     if kind == "error":
-        error: Optional[dict[str, Any]] = error_fields(life.failure)  # type: ignore[arg-type]
+        error: Optional[dict[str, Any]] = error_fields(life.failure, life.ticket)  # type: ignore[arg-type]
         message = error["message"]
     elif kind == "cancelled":
         error, message = None, "cancelled before the outcome: the client went away or stopped reading"

@@ -249,7 +249,8 @@ def build_state(profile: Any, registry: Any) -> ServerState:
                          pending_timeout_s=profile.server.pending_timeout_ms / 1000)
     state = ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
                         family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
-                        vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras))
+                        vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras),
+                        kv_capacity_tokens=loaded.engine.kv_capacity_tokens)
     observe(state, loaded)  # the request log (--request-log-jsonl) and the /metrics registry
     return state
 

@@ -3,9 +3,11 @@
 A handler returns ``sse_response(frames)`` where ``frames`` yields complete SSE frames
 (``"data: ...\\n\\n"``, with ``event:`` lines if the protocol uses them). The response
 
-- sends ``: keep-alive`` (or the protocol's own ``keepalive_frame``, such as Anthropic's
-  ping event) after ``keepalive_s`` without a frame, also before the first one (while
-  the request waits for admission or prefills), so dead peers surface;
+- sends ``: keep-alive`` after ``keepalive_s`` without a frame, also before the first one
+  (while the request waits for admission or prefills), so dead peers surface; a protocol
+  may name its own idle frame (``keepalive_frame``, Anthropic's ``ping`` event), sent
+  only once its first frame is out: a protocol event before the stream's opening one
+  would break the protocol's event order;
 - sends the status line only with the first frame or keep-alive: an error the frames
   raise before that becomes an ordinary HTTP error (429, 400, ...) through the route's
   exception handlers; one raised later is turned into a last frame by ``on_error``;
@@ -133,7 +135,8 @@ class _SSEStream(ASGIResponse):
         self.keepalive_frame = keepalive_frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
+        started = False  # the status line went out
+        opened = False  # a frame of the protocol's went out
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         pending: Optional[asyncio.Future] = None  # the frames' next item, possibly still running
         try:
@@ -155,8 +158,9 @@ class _SSEStream(ASGIResponse):
                         if not started:
                             raise  # nothing sent yet: a plain HTTP error response
                         frame, last = self._error_frame(exc), True
+                    opened = True
                 else:
-                    frame = self.keepalive_frame
+                    frame = self.keepalive_frame if opened else KEEPALIVE_FRAME
                 if not started:
                     await self.start_response(send)
                     started = True

@@ -47,6 +47,8 @@ class ServerState:
     observers: tuple[RequestObserver, ...] = ()
     #: the Prometheus registry ``GET /metrics`` renders (None: no metrics route)
     metrics: Optional[ServerMetrics] = None
+    #: the engine's KV pool in tokens, which one request alone must fit (None: the context's size)
+    kv_capacity_tokens: Optional[int] = None
 
     @property
     def model_ids(self) -> tuple[str, ...]:

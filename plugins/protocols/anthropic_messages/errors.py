@@ -69,6 +69,16 @@ def ninfer_error_body(exc: NinferError, rid: str) -> tuple[int, dict[str, Any]]:
     return status, error_body(status, exc.message, rid, exc.param)
 
 
+def error_view(exc: BaseException) -> dict[str, Any]:
+    """What a client of these routes gets for ``exc``, for the request log (``ERROR_VIEW_OPT``)."""
+    if not isinstance(exc, NinferError):
+        return {"status": 500, "type": error_type(500), "code": "internal_error", "param": None,
+                "message": INTERNAL_MESSAGE}
+    status = status_of(exc)
+    return {"status": status, "type": error_type(status), "code": exc.code, "param": exc.param,
+            "message": _message(exc.message, exc.param)}
+
+
 def error_frame(rid: str, exc: NinferError) -> bytes:
     """A failure after the stream has started, as Anthropic's ``error`` event."""
     _, body = ninfer_error_body(exc, rid)

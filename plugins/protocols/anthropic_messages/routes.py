@@ -17,6 +17,7 @@ from ninfer.sampling_params import SamplingParams
 from ninfer.server.admission import request_id
 from ninfer.server.body import parse_body
 from ninfer.server.disconnect import cancel_on_disconnect
+from ninfer.server.middleware import ERROR_VIEW_OPT
 from ninfer.server.openapi import BODY_ERRORS, ERROR_SHAPE_OPT, documented, error_responses, json_response
 from ninfer.server.sse import sse_response
 from ninfer_plugins.protocols.anthropic_messages import openapi as doc
@@ -26,6 +27,7 @@ from ninfer_plugins.protocols.anthropic_messages.errors import (
     OVERLOADED,
     REQUEST_ID_HEADER,
     error_frame,
+    error_view,
 )
 from ninfer_plugins.protocols.anthropic_messages.output import MessageState
 from ninfer_plugins.protocols.anthropic_messages.prepare import count, generate_request
@@ -64,7 +66,7 @@ def messages_routes(state: ServerState) -> list:
           responses={200: json_response(doc.MessageDoc, "The message, or (stream: true) Anthropic's events"),
                      **_errors(*BODY_ERRORS, 503, GATEWAY_TIMEOUT, OVERLOADED)},
           operation_class=documented(body=doc.MessagesRequestDoc, events=doc.EVENTS),
-          opt={ERROR_SHAPE_OPT: doc.AnthropicError})
+          opt={ERROR_SHAPE_OPT: doc.AnthropicError, ERROR_VIEW_OPT: error_view})
     async def create_message(request: Request) -> Response:
         req, params = await parse_body(request, parse)
         rid = request_id()

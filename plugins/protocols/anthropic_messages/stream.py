@@ -20,7 +20,9 @@ def frame(event: str, payload: Any) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + encoder.encode(payload) + b"\n\n"
 
 
-#: sent after message_start and whenever the stream is idle (instead of a comment keep-alive)
+#: sent after message_start and whenever the stream is idle after it; before message_start
+#: (queued, preparing) the idle frame is the transport's ``: keep-alive`` comment, since no
+#: Anthropic event may come first
 PING = frame("ping", {"type": "ping"})
 
 

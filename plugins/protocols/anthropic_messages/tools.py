@@ -8,6 +8,7 @@ server tools, MCP or toolsets, so those are refused naming the field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -16,6 +17,9 @@ from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.frontend.tool_guide import ToolRequest
 
 CHOICE_TYPES = ("auto", "none", "any", "tool")
+#: the tool names Anthropic's API accepts; every one of them is also one the tool parsers
+#: read back (ninfer.frontend.tool_regions.valid_name)
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 
 
 def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
@@ -102,6 +106,9 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("a tool needs a name", param=f"{where}.name")
+    if not TOOL_NAME.fullmatch(name):  # whatever tool_choice: a name is checked once, where declared
+        raise InvalidRequestError(f"tool name {name!r} must be 1 to 128 letters, digits, '_' or '-'",
+                                  param=f"{where}.name")
     schema = tool.get("input_schema")
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise InvalidRequestError("input_schema must be a JSON schema object with type object",

@@ -47,12 +47,18 @@ SAMPLING = SamplingWire(
 # -- request: messages ----------------------------------------------------------------
 
 
+#: a part's OpenAI prompt-cache mark, ``{"mode": "explicit"}`` (checked in .validate)
+CacheBreakpoint = Optional[dict[str, Any]]
+
+
 class TextPart(Struct, tag_field="type", tag="text"):
     text: str
+    prompt_cache_breakpoint: CacheBreakpoint = None
 
 
 class RefusalPart(Struct, tag_field="type", tag="refusal"):
     refusal: str
+    prompt_cache_breakpoint: CacheBreakpoint = None
 
 
 class MediaURL(Struct):
@@ -62,10 +68,12 @@ class MediaURL(Struct):
 
 class ImagePart(Struct, tag_field="type", tag="image_url"):
     image_url: Union[MediaURL, str]
+    prompt_cache_breakpoint: CacheBreakpoint = None
 
 
 class VideoPart(Struct, tag_field="type", tag="video_url"):
     video_url: Union[MediaURL, str]
+    prompt_cache_breakpoint: CacheBreakpoint = None
 
 
 class AudioPart(Struct, tag_field="type", tag="input_audio"):

@@ -11,9 +11,12 @@ from ninfer.sampling_params import SamplingParams
 from ninfer_plugins.protocols.openai_chat.guided import answer_guide, tool_request
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
 from ninfer_plugins.protocols.openai_chat.validate import callable_tools
+from ninfer.frontend.openai_cache_hints import has_breakpoint, implicit_breakpoint, latest_writes
 
 #: chat_template_kwargs keys with a meaning here; other non-null keys are refused
 TEMPLATE_KWARGS = ("enable_thinking", "preserve_thinking")
+#: roles that render as tool results (legacy function results too)
+_RESULTS = ("tool", "function")
 
 
 def _both_spellings(req: ChatCompletionRequest, key: str) -> bool | None:
@@ -44,11 +47,28 @@ def template_options(req: ChatCompletionRequest) -> TemplateOptions:
 def chat_prompt(req: ChatCompletionRequest) -> ChatPrompt:
     """The conversation, its callable tools and the requested template options."""
     options = template_options(req)
-    turns = parse_messages(msgspec.to_builtins(req.messages))
+    messages = msgspec.to_builtins(req.messages)
+    turns = parse_messages(messages)
     # OpenAI prompt caching: the end of the conversation is an implicit shared-prefix
     # candidate unless prompt_cache_options asks for explicit breakpoints only
-    explicit = isinstance(req.prompt_cache_options, dict) and req.prompt_cache_options.get("mode") == "explicit"
-    return ChatPrompt(turns, callable_tools(req), options, implicit_breakpoint=None if explicit else len(turns))
+    implicit = implicit_breakpoint(req.prompt_cache_options, len(turns))
+    return ChatPrompt(turns, callable_tools(req), options, cache_breakpoints=_marked_turns(messages, implicit),
+                      implicit_breakpoint=implicit)
+
+
+def _marked_turns(messages: list, implicit: int | None) -> tuple[int, ...]:
+    """Turn counts after the messages whose parts carry a ``prompt_cache_breakpoint`` (one
+    message is one turn). A tool result followed by another renders inside one message
+    with it, so its mark has no exact boundary and takes no write slot."""
+    counts = []
+    for i, message in enumerate(messages):
+        if not has_breakpoint(message.get("content")):
+            continue
+        nxt = messages[i + 1] if i + 1 < len(messages) else None
+        if message.get("role") in _RESULTS and nxt is not None and nxt.get("role") in _RESULTS:
+            continue
+        counts.append(i + 1)
+    return latest_writes(counts, implicit)
 
 
 def generate_request(req: ChatCompletionRequest, params: SamplingParams, lora: str | None) -> GenerateRequest:

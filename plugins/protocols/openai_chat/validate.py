@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
+from ninfer.frontend.tool_grammar import check_name
 from ninfer_plugins.protocols.openai_chat.schema import SAMPLING, ChatCompletionRequest
+from ninfer.frontend.openai_cache_hints import check_breakpoint, check_cache_hints
 
 
 def validate_request(req: ChatCompletionRequest) -> None:
@@ -22,6 +24,7 @@ def validate_request(req: ChatCompletionRequest) -> None:
     _check_output_format(req)
     _check_tools(req)
     _check_capabilities(req)
+    _check_cache_hints(req)
 
 
 def _unsupported(param: str, what: str) -> UnsupportedFeatureError:
@@ -50,6 +53,7 @@ def _check_tools(req: ChatCompletionRequest) -> None:
             raise InvalidRequestError("a function tool needs a function definition", param=f"tools[{i}].function")
         if not tool.function.name:
             raise InvalidRequestError("a function needs a name", param=f"tools[{i}].function.name")
+        check_name(tool.function.name, f"tools[{i}].function.name")  # else never called, whatever tool_choice
     allowed_tool_names(req)  # validates tool_choice
 
 
@@ -146,3 +150,13 @@ def _check_capabilities(req: ChatCompletionRequest) -> None:
         raise _unsupported("moderation", "moderation is not supported")
     if any(v is not None for v in (req.mm_processor_kwargs or {}).values()):
         raise _unsupported("mm_processor_kwargs", "media processor options are not supported")
+
+
+def _check_cache_hints(req: ChatCompletionRequest) -> None:
+    check_cache_hints(req.prompt_cache_retention, req.prompt_cache_options)
+    for i, message in enumerate(req.messages):
+        content = getattr(message, "content", None)
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            mark = getattr(part, "prompt_cache_breakpoint", None)
+            if mark is not None:
+                check_breakpoint({"prompt_cache_breakpoint": mark}, f"messages[{i}].content[{j}]")

@@ -13,7 +13,8 @@ import secrets
 from typing import Any, Mapping, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
-from ninfer.frontend.tool_schema import loads_json
+from ninfer.frontend.tool_schema import JSONTooDeepError, LoneSurrogateError, loads_json
+from ninfer.frontend.openai_cache_hints import check_breakpoint
 from ninfer_plugins.protocols.openai_responses.sealed import unseal
 
 Item = dict[str, Any]
@@ -106,14 +107,6 @@ def _message(entry: Mapping[str, Any], where: str) -> Item:
     return item
 
 
-def _breakpoint(part: Mapping[str, Any], where: str) -> None:
-    """A cache breakpoint is a hint, checked here; ``prepare.explicit_breakpoints`` places it."""
-    mark = part.get("prompt_cache_breakpoint")
-    if mark is not None and (not isinstance(mark, Mapping) or mark.get("mode") != "explicit"):
-        raise InvalidRequestError('prompt_cache_breakpoint must be {"mode": "explicit"}',
-                                  param=f"{where}.prompt_cache_breakpoint")
-
-
 def _part(part: Any, where: str, role: str) -> Item:
     if not isinstance(part, Mapping):
         raise InvalidRequestError("a content part must be an object", param=where)
@@ -123,7 +116,7 @@ def _part(part: Any, where: str, role: str) -> Item:
         text = part.get(key)
         if not isinstance(text, str):
             raise InvalidRequestError(f"a {kind} part needs a string {key}", param=f"{where}.{key}")
-        _breakpoint(part, where)
+        check_breakpoint(part, where)  # prepare.explicit_breakpoints places it
         return {"type": kind, key: text}
     if kind in _MEDIA and role in ("user", "assistant", "tool"):
         _media(part, kind, where)
@@ -143,7 +136,7 @@ def _media(part: Mapping[str, Any], kind: str, where: str) -> None:
     if part.get("detail") not in (None, "auto"):
         raise UnsupportedFeatureError("explicit image detail is not supported (omit it or use auto)",
                                       param=f"{where}.detail")
-    _breakpoint(part, where)
+    check_breakpoint(part, where)  # prepare.explicit_breakpoints places it
     raise InvalidRequestError(f"{what} input needs a server started with vision enabled", param=where,
                               code="vision_disabled")
 
@@ -192,6 +185,8 @@ def _call(entry: Mapping[str, Any], where: str) -> Item:
     arguments = entry.get("arguments")
     try:
         decoded = loads_json(arguments) if isinstance(arguments, str) else None
+    except (JSONTooDeepError, LoneSurrogateError) as exc:
+        raise InvalidRequestError(f"arguments: {exc}", param=f"{where}.arguments") from None
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):

@@ -16,6 +16,12 @@ import attrs
 from ninfer.frontend.chat_messages import ChatTurn
 from ninfer.frontend.pipeline_request import ChatPrompt
 from ninfer.frontend.prompt_options import PromptOptions, TemplateOptions, pick_spelling
+from ninfer.frontend.openai_cache_hints import (
+    MAX_CACHE_WRITES,
+    has_breakpoint,
+    implicit_breakpoint,
+    latest_writes,
+)
 from ninfer_plugins.protocols.openai_responses.history import lower_items
 from ninfer_plugins.protocols.openai_responses.items import Item, canonical_input
 from ninfer_plugins.protocols.openai_responses.schema import PromptFields
@@ -79,10 +85,6 @@ class Lowered:
     earlier: tuple[Item, ...]
 
 
-#: shared-prefix writes one request may carry (OpenAI prompt caching)
-MAX_CACHE_WRITES = 4
-
-
 def explicit_breakpoints(raw: Any, located: list, first_input: int, offset: int,
                          implicit: Optional[int]) -> tuple[int, ...]:
     """Turn counts after this request's input Items that carry a ``prompt_cache_breakpoint``
@@ -92,8 +94,7 @@ def explicit_breakpoints(raw: Any, located: list, first_input: int, offset: int,
     Response's historical marks. ``offset``: turns rendered before the Items (instructions)."""
     if not isinstance(raw, list):
         return ()
-    marked = [i for i, entry in enumerate(raw) if isinstance(entry, dict) and isinstance(entry.get("content"), list)
-              and any(isinstance(p, dict) and p.get("prompt_cache_breakpoint") for p in entry["content"])]
+    marked = [i for i, entry in enumerate(raw) if isinstance(entry, dict) and has_breakpoint(entry.get("content"))]
     counts: list[int] = []
     for i in reversed(marked):  # the latest first: no more than MAX_CACHE_WRITES can be kept
         if len(counts) == MAX_CACHE_WRITES:
@@ -103,9 +104,7 @@ def explicit_breakpoints(raw: Any, located: list, first_input: int, offset: int,
         if end < len(located) and len(lower_items(located[: end + 1])) == turns:
             continue
         counts.append(turns + offset)
-    counts.reverse()
-    room = MAX_CACHE_WRITES - (implicit is not None and implicit not in counts)
-    return tuple(counts[-room:]) if room > 0 else ()
+    return latest_writes(counts, implicit)
 
 
 def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse], store: bool) -> Lowered:
@@ -124,8 +123,7 @@ def lower(req: PromptFields, ctx: PromptContext, parent: Optional[StoredResponse
     encode = partial(encode_prompt, tokenizer=ctx.tokenizer, markers=ctx.markers, parent=transcript)
     # OpenAI prompt caching: unless the request asks for explicit breakpoints only, the end
     # of the conversation is an implicit shared-prefix candidate
-    options_mode = (getattr(req, "prompt_cache_options", None) or {}).get("mode")
-    implicit = None if options_mode == "explicit" else len(turns)
+    implicit = implicit_breakpoint(getattr(req, "prompt_cache_options", None), len(turns))
     marks = explicit_breakpoints(req.input, located, len(earlier), 1 if req.instructions else 0, implicit)
     prompt = ChatPrompt(turns, tools.definitions, options, encode=encode, param="input", what="this conversation",
                         cache_breakpoints=marks, implicit_breakpoint=implicit)

@@ -22,6 +22,7 @@ import attrs
 from loguru import logger
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError, type_field
+from ninfer.frontend.tool_grammar import check_name
 from ninfer.frontend.tool_schema import ToolSpec
 from ninfer.frontend.tool_guide import ToolRequest
 
@@ -77,6 +78,7 @@ def _function(tool: Mapping[str, Any], where: str, namespace: Optional[str], gro
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("a function needs a non-empty name", param=f"{where}.name")
+    check_name(model_name(name, namespace), f"{where}.name")  # else never called, whatever tool_choice
     strict = tool.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise InvalidRequestError("strict must be a boolean", param=f"{where}.strict")
@@ -136,6 +138,7 @@ def _namespace(tool: Mapping[str, Any], where: str) -> list[_Declared]:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError("a namespace needs a non-empty name", param=f"{where}.name")
+    check_name(name, f"{where}.name", "namespace name")
     description = tool.get("description")
     if description is not None and not isinstance(description, str):
         raise InvalidRequestError("description must be a string", param=f"{where}.description")

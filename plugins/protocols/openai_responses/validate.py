@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from ninfer.errors import InvalidRequestError, UnsupportedFeatureError
 from ninfer.sampling_params import SamplingParams
+from ninfer.frontend.openai_cache_hints import check_cache_hints
 from ninfer_plugins.protocols.openai_responses.guided import text_format_guide
 from ninfer_plugins.protocols.openai_responses.schema import SAMPLING, CountRequest, CreateRequest, PromptFields
 
@@ -80,7 +81,7 @@ def check_create(req: CreateRequest) -> None:
         if entry != ENCRYPTED_REASONING:
             raise _unsupported("include", f"{entry!r} cannot be included (only {ENCRYPTED_REASONING})")
     _check_metadata(req.metadata)
-    _check_cache_hints(req)
+    check_cache_hints(req.prompt_cache_retention, req.prompt_cache_options)
 
 
 def sampling_params(req: CreateRequest, vocab_size: int) -> SamplingParams:
@@ -100,15 +101,3 @@ def _check_metadata(metadata: Optional[dict[str, Any]]) -> None:
         if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
             raise InvalidRequestError(f"metadata values are strings of at most {MAX_METADATA_VALUE} characters",
                                       param=f"metadata.{key}")
-
-
-def _check_cache_hints(req: CreateRequest) -> None:
-    """Cache hints only steer reuse, which the engine does by itself: checked, then unused."""
-    if req.prompt_cache_retention not in (None, "in_memory", "in-memory", "24h"):
-        raise InvalidRequestError("prompt_cache_retention must be in_memory or 24h", param="prompt_cache_retention")
-    options = req.prompt_cache_options or {}
-    if options.get("mode") not in (None, "implicit", "explicit"):
-        raise InvalidRequestError("prompt_cache_options.mode must be implicit or explicit",
-                                  param="prompt_cache_options.mode")
-    if options.get("ttl") not in (None, "30m", "12h"):
-        raise InvalidRequestError("prompt_cache_options.ttl must be 30m or 12h", param="prompt_cache_options.ttl")
