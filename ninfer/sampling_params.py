@@ -10,6 +10,7 @@ from typing import Optional
 
 import attrs
 
+from ninfer.errors import InvalidRequestError
 from ninfer.guided.spec import GuideSpec
 from ninfer.sampling_schema import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PROMPT_LOGPROBS, SAMPLING, check_params
 
@@ -43,7 +44,7 @@ class SamplingParams:
     min_tokens: int = _schema("min_tokens")
     stop: list[str] = _schema("stop")
     stop_token_ids: list[int] = _schema("stop_token_ids")
-    ignore_eos: bool = False
+    ignore_eos: bool = _schema("ignore_eos")
     #: top-N log probabilities per generated token (None = off, 0 = sampled token only)
     logprobs: Optional[int] = _schema("logprobs")
     #: log probabilities of the prompt's tokens plus top-N alternatives each (None = off);
@@ -63,3 +64,6 @@ class SamplingParams:
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise :class:`~ninfer.errors.InvalidRequestError` naming the first bad field."""
         check_params(self, vocab_size)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:  # vLLM refuses it too
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
+                                      f"({self.max_tokens})", param="min_tokens")

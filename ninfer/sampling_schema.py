@@ -24,8 +24,8 @@ import attrs
 
 from ninfer.errors import InvalidRequestError
 
-#: field kinds: a number, an integer, strings (one or a list), token ids, token id -> bias
-FLOAT, INT, STRINGS, TOKEN_IDS, TOKEN_BIAS = "float", "int", "strings", "token_ids", "token_bias"
+#: field kinds: a number, an integer, strings (one or a list), token ids, token id -> bias, a flag
+FLOAT, INT, STRINGS, TOKEN_IDS, TOKEN_BIAS, BOOL = "float", "int", "strings", "token_ids", "token_bias", "bool"
 #: the most top-N log probabilities a request may ask for per token
 MAX_LOGPROBS = 50
 #: the most top-N alternatives a request may ask for per prompt token
@@ -115,6 +115,8 @@ class SamplingField:
             return _strings(value, max_items)
         if self.kind == TOKEN_IDS:  # ids past the vocabulary are harmless here: never sampled, never matched
             return _token_ids(value, max_items)
+        if self.kind == BOOL:
+            return None if isinstance(value, bool) else Problem("", "must be true or false")
         return _token_bias(value, bounds, vocab_size, max_items)
 
     def convert(self, value: Any) -> Any:
@@ -223,10 +225,13 @@ FIELDS: tuple[SamplingField, ...] = (
                   flag=ProcessFlag("seed for requests that give none", unset="a fresh random seed per request")),
     SamplingField("max_tokens", INT, "the most tokens to generate (None: the server's default); 0 only reads "
                   "the prompt", Limits(lo=0), default=16),
-    SamplingField("min_tokens", INT, "stop tokens cannot end the output before it holds this many tokens",
+    SamplingField("min_tokens", INT, "neither stop tokens nor stop strings end the output before it holds "
+                  "this many tokens",
                   Limits(lo=0), default=0),
     SamplingField("stop", STRINGS, "strings that end the output where they appear (and are not returned)"),
     SamplingField("stop_token_ids", TOKEN_IDS, "token ids that end the output, besides end-of-sequence"),
+    SamplingField("ignore_eos", BOOL, "keep generating through the model's end-of-sequence and end-of-turn "
+                  "tokens (stop_token_ids and stop strings still end the output)", default=False),
     SamplingField("logprobs", INT, "log probabilities returned per generated token: the sampled one plus this "
                   "many top alternatives", Limits(0, MAX_LOGPROBS)),
     SamplingField("prompt_logprobs", INT, "log probabilities of the prompt's tokens, plus this many top "

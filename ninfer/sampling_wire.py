@@ -21,6 +21,7 @@ import msgspec
 
 from ninfer.errors import UnsupportedFeatureError
 from ninfer.sampling_schema import (
+    BOOL,
     FLOAT,
     INT,
     SAMPLING,
@@ -53,7 +54,7 @@ def raise_problem(param: str, problem: Problem, unsupported: bool = False) -> No
 
 
 _WIRE_TYPES = {FLOAT: Optional[float], INT: Optional[int], STRINGS: Union[str, list[str], None],
-               TOKEN_IDS: Optional[list[int]], TOKEN_BIAS: Optional[dict[str, float]]}
+               TOKEN_IDS: Optional[list[int]], TOKEN_BIAS: Optional[dict[str, float]], BOOL: Optional[bool]}
 
 
 @attrs.frozen

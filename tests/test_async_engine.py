@@ -118,3 +118,27 @@ def test_throughput_line_averages_decode_steps_and_counts_prefix_hits_per_interv
     hit = int(re.search(r"prefix hit (\d+)%", first).group(1))
     assert 0 < hit < 100, first
     assert second.endswith("prefix hit 0%"), second  # this interval's lookups only
+
+
+def test_throughput_line_reports_composition_and_host_time_and_leaves_out_zeros():
+    from types import SimpleNamespace
+
+    from ninfer.engine.async_engine import throughput_line
+    from ninfer.engine.exposure import HostWork
+    from ninfer.engine.stats import ContextCacheCounters, IntervalStats
+
+    counters = ContextCacheCounters(*[0] * 12)
+    sched = SimpleNamespace(num_running=3, num_prefilling=1, num_decode_ready=2, num_waiting=0)
+    work = HostWork(submit=1.5, commit=0.4, requests=0.05, publish=0.05)  # 2.0 s of 5.0
+    # an interval that only prefilled: no decode rate, no batch, an empty queue
+    s = IntervalStats(seconds=5.0, prefill_tokens=1800, decode_tokens=0, steps=4, decode_steps=0, decode_rows=0,
+                      busy_seconds=2.0, finished=0, host_work=work)
+    line = throughput_line(s, sched, 0.21, counters, counters)
+    assert line == ("throughput: prefill 1800 tokens (360.0 tok/s), running 3 (1 prefilling, 2 decode-ready), "
+                    "host active 2.00 s (40% of 5.0 s), KV 21% used"), line
+    s = IntervalStats(seconds=5.0, prefill_tokens=0, decode_tokens=120, steps=60, decode_steps=60, decode_rows=120,
+                      busy_seconds=2.0, finished=2, host_work=work)
+    sched.num_waiting = 4
+    line = throughput_line(s, sched, 0.5, counters, counters)
+    assert line.startswith("throughput: decode 120 tokens (24.0 tok/s), finished 2, running 3 (1 prefilling, "
+                           "2 decode-ready), waiting 4, avg batch 2.0, host active 2.00 s (40%"), line

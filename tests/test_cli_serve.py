@@ -23,9 +23,9 @@ from ninfer.profile.schema import SECTIONS
 
 SERVE = Path(sys.executable).with_name("ninfer-serve")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-# Only the plugins a check of the demo profile needs (kv_native provides its kv_dtype), so
-# these runs do not depend on other plugins.
-LIGHT = {"NINFER_PLUGINS": "qwen3_reasoning,kv_native"}
+# Only the plugins a check of the demo profile needs (kv_native provides its kv_dtype, qwen3
+# the family tiny:qwen3 names), so these runs do not depend on other plugins.
+LIGHT = {"NINFER_PLUGINS": "qwen3,qwen3_reasoning,kv_native"}
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} INFO server ready$")
 
 
@@ -59,15 +59,17 @@ def test_all_errors_are_reported_at_once(tmp_path):
 
 
 def test_check_prints_every_key_and_flags_beat_the_profile(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")  # read only for its weight format
     profile = tmp_path / "p.yaml"
-    profile.write_text("model: /nowhere/ckpt\nengine:\n  max_context: 4096\n  max_concurrency: 2\n")
+    profile.write_text(f"model: {tmp_path / 'ckpt'}\nengine:\n  max_context: 4096\n  max_concurrency: 2\n")
     result = serve("--profile", str(profile), "--max-context", "2048", "--no-thinking", "--check")
     assert result.returncode == 0, result.stderr
     data = yaml.safe_load(result.stdout)
     assert set(data) == {"model", "model_id", "dtype", *SECTIONS}
     for section, cls in SECTIONS.items():
         assert set(data[section]) == {f.name for f in attrs.fields(cls)}
-    assert data["model"] == "/nowhere/ckpt"  # not checked for existence before model load
+    assert data["model"] == str(tmp_path / "ckpt")
     assert (data["engine"]["max_context"], data["engine"]["kv_capacity"]) == (2048, 2048)
     assert (data["engine"]["max_concurrency"], data["cache"]["max_private_continuations"]) == (2, 4)
     assert data["reasoning"]["thinking"] is False
@@ -77,8 +79,8 @@ def test_shipped_configs_pass_check_where_their_plugins_are_installed():
     demo = serve("--profile", str(CONFIGS / "demo.yaml"), "--check")
     assert demo.returncode == 0, demo.stderr
     assert yaml.safe_load(demo.stdout)["cache"]["host_kv_mib"] == 8192
-    # The model profiles may need plugins (fp8 KV, MTP): without them --check fails on those
-    # choices only (the 27B one's keys and values are tested in test_profile.py).
+    # The model profiles may need plugins (fp8 KV, MTP) and name checkpoints this machine may
+    # lack: --check fails on those only (the 27B one's keys and values are tested in test_profile.py).
     shipped = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "demo.yaml")
     assert len(shipped) >= 3
     for profile in shipped:
@@ -87,7 +89,9 @@ def test_shipped_configs_pass_check_where_their_plugins_are_installed():
             assert yaml.safe_load(big.stdout)["cache"]["host_kv_mib"] == 8192, profile.name
         else:
             lines = big.stderr.splitlines()
-            assert big.returncode == 2 and lines and all("no plugin provides" in line for line in lines), big.stderr
+            assert big.returncode == 2 and lines, big.stderr
+            assert all("no plugin provides" in line or line.endswith(": no such checkpoint directory")
+                       for line in lines), big.stderr
 
 
 def test_check_prints_the_canonical_dtype_for_vllm_names():
@@ -152,6 +156,10 @@ class FakeKv:
     def register_kv_dtypes(self, register):
         register(types.SimpleNamespace(name="bf16", description=""))
 
+    @hookimpl
+    def register_model_families(self, register):
+        register(types.SimpleNamespace(name="qwen3", description=""))
+
 def load_registry(allow=None):
     registry = ninfer.plugins.PluginRegistry(allow)
     registry.register_plugin(FakeKv(), name="fake_kv")
@@ -182,6 +190,10 @@ class _KvPlugin:
     @hookimpl
     def register_kv_dtypes(self, register):
         register(types.SimpleNamespace(name="bf16", description=""))
+
+    @hookimpl
+    def register_model_families(self, register):  # tiny:qwen3 names it
+        register(types.SimpleNamespace(name="qwen3", description=""))
 
 
 def _fake_registry(allow=None) -> PluginRegistry:
@@ -216,6 +228,48 @@ def test_descriptor_limits_are_honoured_without_a_warning(monkeypatch, capsys, r
     check = serve("tiny:qwen3", "--max-shared-prefixes", "6", "--check")
     assert check.returncode == 0 and "max_shared_prefixes: 6" in check.stdout
     assert "warning" not in check.stderr
+
+
+def test_the_summary_states_the_descriptor_limits_and_what_auto_means_on_cpu(monkeypatch, capsys,
+                                                                             restore_logging):
+    server = types.ModuleType("ninfer.server")
+    server.run = lambda profile, registry: None
+    monkeypatch.setitem(sys.modules, "ninfer.server", server)
+    monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
+    assert main(["tiny:qwen3", "--device", "cpu", "--max-concurrency", "2", "--max-context", "1024",
+                 "--kv-capacity", "auto", "--max-shared-prefixes", "6"]) == 0
+    err = capsys.readouterr().err
+    assert "context cache: up to 4 private continuations, 6 shared prefixes, 2 long anchors per continuation" in err
+    assert "not used yet" not in err and "evicted LRU" not in err
+    assert "KV pool auto (1024 context x 2 concurrency on CPU)" in err and "free memory" not in err
+    assert main(["tiny:qwen3", "--device", "cpu", "--model-id", "public-name"]) == 0
+    assert "served as public-name" in capsys.readouterr().err
+
+
+def test_a_kv_pool_below_the_context_is_a_warning_on_check_and_startup(monkeypatch, capsys, restore_logging):
+    check = serve("tiny:qwen3", "--kv-capacity", "100", "--max-context", "4096", "--check")
+    assert check.returncode == 0, check.stderr
+    assert re.search(r"warning: engine.kv_capacity: 100 tokens is below engine.max_context \(4096\)", check.stderr)
+    assert "warning" not in serve("tiny:qwen3", "--kv-capacity", "4096", "--max-context", "4096", "--check").stderr
+    server = types.ModuleType("ninfer.server")
+    server.run = lambda profile, registry: None
+    monkeypatch.setitem(sys.modules, "ninfer.server", server)
+    monkeypatch.setattr("ninfer.plugins.load_registry", _fake_registry)
+    assert main(["tiny:qwen3", "--device", "cpu", "--kv-capacity", "100", "--max-context", "4096"]) == 0
+    assert re.search(r"WARNING engine.kv_capacity: 100 tokens is below", capsys.readouterr().err)
+
+
+def test_a_model_that_cannot_load_fails_check_and_startup_before_loading(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [(str(tmp_path / "absent"), "no such checkpoint directory"), (str(empty), "no config.json"),
+             ("tiny:nosuchfamily", "no model family 'nosuchfamily' (available: qwen3)")]
+    for model, why in cases:
+        for mode in (["--check"], ["--device", "cpu", "--port", "1"]):
+            result = serve(model, *mode)
+            assert result.returncode == 2, (model, mode, result.stderr)
+            assert result.stderr.startswith(f"ninfer-serve: error: model: {model}: {why}"), result.stderr
+            assert "--family" not in result.stderr and result.stdout == ""
 
 
 def test_a_malformed_cost_presets_file_stops_check_and_startup(tmp_path):
@@ -298,6 +352,7 @@ def test_the_request_log_path_is_checked_before_the_model_loads(tmp_path):
     startup, naming the key and why. A good path passes --check and leaves no file."""
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")
     (model / "weights.safetensors").write_bytes(b"")
     (model / "link").symlink_to(model / "weights.safetensors")
     cases = [(tmp_path / "absent" / "log.jsonl", "does not exist"), (tmp_path, "is a directory"),

@@ -311,3 +311,27 @@ def test_model_field(server, client):
     for body in ({}, {"model": ""}, {"model": None}):
         r = httpx.post(f"{server}/v1/chat/completions", json={**body, "messages": MESSAGES, "max_tokens": 1}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == MODEL
+
+
+def _early_stop_seed(create) -> int:
+    """A seed whose sample ends on its own (end of turn or end of sequence) well before max_tokens."""
+    for seed in range(40):
+        r = create(seed=seed)
+        if r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 30:
+            return seed
+    pytest.skip("the tiny model never stopped early")
+
+
+def test_min_tokens_and_ignore_eos_from_extra_body_are_honoured(client):
+    """vLLM's extensions, as its clients send them; they used to be dropped as unknown fields."""
+    def create(**kw):
+        return chat(client, max_tokens=60, **kw)
+
+    seed = _early_stop_seed(create)
+    ignored = create(seed=seed, extra_body={"ignore_eos": True})
+    assert ignored.choices[0].finish_reason == "length" and ignored.usage.completion_tokens == 60
+    held = create(seed=seed, extra_body={"min_tokens": 40})
+    assert held.usage.completion_tokens > 40, held.usage
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, max_tokens=5, extra_body={"min_tokens": 6})
+    assert e.value.body["param"] == "min_tokens"

@@ -171,3 +171,18 @@ def test_model_must_match(client):
     with pytest.raises(openai.NotFoundError) as e:
         complete(client, model="gpt-4")
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_min_tokens_and_ignore_eos_from_extra_body_are_honoured(client):
+    """vLLM's extensions, as its clients send them; they used to be dropped as unknown fields."""
+    def create(**kw):
+        return complete(client, prompt="hello", max_tokens=60, **kw)
+
+    seed = next((s for s in range(40) if (r := create(seed=s)).choices[0].finish_reason == "stop"
+                 and r.usage.completion_tokens < 30), None)
+    if seed is None:
+        pytest.skip("the tiny model never stopped early")
+    ignored = create(seed=seed, extra_body={"ignore_eos": True})
+    assert ignored.choices[0].finish_reason == "length" and ignored.usage.completion_tokens == 60
+    held = create(seed=seed, extra_body={"min_tokens": 40})
+    assert held.usage.completion_tokens > 40, held.usage

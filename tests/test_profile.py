@@ -211,6 +211,15 @@ def test_unknown_keys_and_wrong_types(tmp_path):
     assert any(e.startswith("speed: unknown option") for e in errors_of(model="m", overrides={"speed": 1}))
 
 
+def test_a_key_in_the_wrong_section_points_to_where_it_belongs(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("model: m\nserver:\n  max_context: 100\nmax_concurrency: 2\nengine:\n  model: x\n")
+    errors = errors_of(path=str(path))
+    assert "server.max_context: unknown key (did you mean engine.max_context?)" in errors
+    assert "max_concurrency: unknown key (did you mean engine.max_concurrency?)" in errors
+    assert "engine.model: unknown key (did you mean the top-level model?)" in errors
+
+
 def test_unreadable_profiles(tmp_path):
     assert "cannot read profile" in errors_of(path=str(tmp_path / "missing.yaml"))[0]
     bad = tmp_path / "bad.yaml"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import threading
 import types
 
 import httpx
@@ -24,6 +25,7 @@ from ninfer.server.middleware import request_id
 from ninfer.server.run import ServerApp
 from ninfer.server.sse import sse_response
 from ninfer.server.state import ServerState
+from _served import served_state
 from test_server_core import KEY, RID, _error
 
 
@@ -230,3 +232,80 @@ def test_drain_waits_for_requests_in_flight_then_exits(monkeypatch, finishes):
             assert gate.cut and [e.code for e in failed] == ["server_shutting_down"]
 
     asyncio.run(main())
+
+
+# -- a signal while the model loads ----------------------------------------------------------------
+
+
+def test_a_signal_while_loading_waits_for_the_load_and_shuts_down_what_it_built(monkeypatch):
+    """Unit level (no hook slows a real load): returning from lifespan shutdown while the loader
+    thread is still in torch made the interpreter abort (exit 134); it must join the loader and
+    stop the engine the load then hands over."""
+    release, shut = threading.Event(), []
+    built = types.SimpleNamespace(engine=types.SimpleNamespace(shutdown=lambda: shut.append(True)))
+
+    def slow_build(profile, registry, stopping=lambda: False):
+        release.wait(5)
+        return built  # as if the model finished loading after the signal
+
+    monkeypatch.setattr("ninfer.server.run.build_state", slow_build)
+    monkeypatch.setattr("ninfer.server.run.build_app", lambda state: object())
+    app = ServerApp(profile=None, registry=None, url="http://127.0.0.1:1")
+    app.server = types.SimpleNamespace(should_exit=False, server_state=types.SimpleNamespace(connections=set()))
+    records: list[str] = []
+    sink = logger.add(lambda m: records.append(m), format="{message}")
+
+    async def main():
+        inbox: asyncio.Queue = asyncio.Queue()
+        sent: list[str] = []
+
+        async def send(message):
+            sent.append(message["type"])
+
+        await inbox.put({"type": "lifespan.startup"})
+        lifespan = asyncio.create_task(app._lifespan(inbox.get, send))
+        while "lifespan.startup.complete" not in sent:
+            await asyncio.sleep(0.01)
+        app.on_signal(signal.SIGTERM)
+        await asyncio.sleep(0.05)
+        assert app.server.should_exit and app.loading
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.sleep(0.2)
+        assert not lifespan.done()  # still waiting for the loader
+        release.set()
+        await asyncio.wait_for(lifespan, 5)
+        assert sent[-1] == "lifespan.shutdown.complete" and not app.loading
+
+    try:
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    assert shut == [True] and app.state is None and not app.failed
+    text = "".join(records)
+    assert "shutting down while the model loads" in text
+    assert "server stopped; the model load was interrupted" in text
+
+
+def test_build_state_stops_between_steps_when_asked(monkeypatch):
+    monkeypatch.setattr("ninfer.server.run.build_engine", lambda profile, registry: types.SimpleNamespace())
+    from ninfer.server.run import build_state
+
+    assert build_state(None, None, stopping=lambda: True) is None
+
+
+def test_a_kv_pool_below_the_context_bounds_max_model_len_and_is_logged_once_loaded(tiny_qwen3):
+    """/v1/models advertises what a request can reach: the pool (100 tokens, 112 in 16-token
+    pages) caps it below --max-context; the loaded id and pool size are logged."""
+    records: list[str] = []
+    sink = logger.add(lambda m: records.append(m), format="{message}")
+    try:
+        state = served_state(tiny_qwen3, "--kv-capacity", "100", "--max-context", "4096")
+    finally:
+        logger.remove(sink)
+    try:
+        assert (state.kv_capacity_tokens, state.max_model_len) == (112, 112)
+        models = asyncio.run(_get(build_app(state), "GET", "/v1/models")).json()
+        assert models["data"][0]["max_model_len"] == 112
+    finally:
+        state.engine.shutdown()
+    assert f"serving {state.model_id} (max_model_len 112), KV pool 112 tokens\n" in "".join(records)

@@ -162,3 +162,23 @@ def test_with_ignore_eos_min_tokens_leaves_end_of_sequence_alone(llm):
     params = SamplingParams(temperature=0, max_tokens=6, min_tokens=4, ignore_eos=True, logit_bias={eos[0]: 100.0})
     c = llm.generate("x", params)[0].outputs[0]
     assert c.finish_reason == "length" and c.token_ids == [eos[0]] * 6  # not a stop token here
+
+
+def test_an_unarmed_matcher_never_matches_but_still_holds_a_stop_s_start() -> None:
+    m = StopMatcher(["END"])
+    assert m.feed("xEND E", armed=False) == ("xEND ", None)  # before min_tokens: ordinary text
+    assert m.feed("ND tail") == ("", "END")  # completed by the first armed chunk: never leaked
+
+
+def test_min_tokens_also_holds_off_stop_strings(llm):
+    """As in vLLM, a stop string ends the output only once it holds more than min_tokens tokens."""
+    tok = llm.get_tokenizer()
+    a = tok.encode("a")[0]
+    bias = {a: 100.0}  # greedy writes "a" at every position, so "a" matches at once without min_tokens
+    early = llm.generate("x", SamplingParams(temperature=0, max_tokens=20, stop=["a"], logit_bias=bias,
+                                             ignore_eos=True))[0].outputs[0]
+    assert early.finish_reason == "stop" and len(early.token_ids) == 1 and early.text == ""
+    c = llm.generate("x", SamplingParams(temperature=0, max_tokens=20, min_tokens=5, stop=["a"], logit_bias=bias,
+                                         ignore_eos=True))[0].outputs[0]
+    assert c.finish_reason == "stop" and c.stop_reason == "a" and len(c.token_ids) == 6
+    assert c.text == "a" * 5  # the five before min_tokens was reached are ordinary output

@@ -19,7 +19,7 @@ from ninfer import __version__
 from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import ProfileError, check_selections, load_profile, resolve, to_yaml
 from ninfer.profile.flags import overrides_from_args
-from ninfer.profile.resolve import not_honoured
+from ninfer.profile.resolve import capacity_warnings, model_errors, not_honoured
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -131,18 +131,22 @@ def _weight_format(profile: Profile, registry: PluginRegistry) -> str:
 
 def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype: str, weights: str) -> None:
     e, c, s = profile.engine, profile.cache, profile.speculative
-    logger.info(f"ninfer {__version__}: model {profile.model}, served as {profile.model_id or 'its checkpoint id'}, "
+    # the checkpoint's id and an auto-sized pool are known once loaded (server.run.build_state logs them)
+    served = f"served as {profile.model_id}" if profile.model_id else "served as its checkpoint's id"
+    logger.info(f"ninfer {__version__}: model {profile.model}, {served}, "
                 f"dtype {dtype}, device {device}, weights {weights}")
-    pool = "sized from free memory" if e.kv_capacity == "auto" else f"{e.kv_capacity} tokens"
+    pool = f"{e.kv_capacity} tokens" if e.kv_capacity != "auto" else (
+        f"auto ({e.max_context} context x {e.max_concurrency} concurrency on CPU)" if device == "cpu"
+        else "auto (sized from free device memory once the model is loaded)")
     logger.info(f"engine: context {e.max_context} tokens, KV pool {pool} as {e.kv_dtype} "
                 f"(block {e.block_size}), concurrency {e.max_concurrency} + {profile.server.max_pending_requests} "
                 f"pending, prefill chunk {e.prefill_chunk}, decode {_graph_mode(e.cuda_graph, device)}")
     if e.prefix_reuse:
         logger.info(f"context cache: prefix reuse on, host KV tier up to {_mib(c.host_kv_mib or 0)}; recurrent-state "
                     f"snapshots (hybrid families) in {c.device_state_slots} device + {c.host_state_slots} host rows")
-        logger.info(f"context cache: the descriptor limits ({c.max_private_continuations} private continuations, "
-                    f"{c.max_shared_prefixes} shared prefixes, {c.max_long_anchors_per_continuation} long anchors per "
-                    "continuation) are accepted but not used yet: every published page is reusable, evicted LRU")
+        logger.info(f"context cache: up to {c.max_private_continuations} private continuations, "
+                    f"{c.max_shared_prefixes} shared prefixes, {c.max_long_anchors_per_continuation} long anchors "
+                    "per continuation")
     else:
         logger.info("context cache: off (no prefix reuse)")
     spec = "off" if s.backend is None else (
@@ -165,7 +169,7 @@ def _serve(profile: Profile, warnings: list[str]) -> int:
     except Exception as e:  # a broken third-party plugin must not look like a usage error
         logger.error(f"cannot load plugins: {type(e).__name__}: {e}")
         return 1
-    errors = check_selections(profile, registry)
+    errors = model_errors(profile, registry) + check_selections(profile, registry)
     if not errors:
         try:
             device, dtype = _device(profile)
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except ProfileError as e:
         _report(e.errors)
         return USAGE_ERROR
-    profile, warnings = resolve(given), not_honoured(given)
+    profile = resolve(given)
+    warnings = not_honoured(given) + capacity_warnings(profile)
     if not (args.check or args.list_plugins):
         return _serve(profile, warnings)
     try:
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(_selected(profile, registry)))
     if args.check:
         # --check answers "would this start here?": the plugin choices fail it as they fail startup
-        errors = check_selections(profile, registry)
+        errors = model_errors(profile, registry) + check_selections(profile, registry)
         try:
             weights = _weight_format(profile, registry)
         except ValueError as e:  # a checkpoint in a weight format nobody reads

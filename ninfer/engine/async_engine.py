@@ -210,16 +210,31 @@ class AsyncEngine:
 
 def throughput_line(s: IntervalStats, scheduler, kv_usage: float, before: ContextCacheCounters,
                     now: ContextCacheCounters) -> str:
-    """The periodic line: rates and the decode batch over the interval, gauges at its end.
+    """The periodic line: token counts and rates, the decode batch and the engine thread's
+    Host-active time over the interval; the scheduler's gauges at its end.
 
+    Zero counts (an interval that only prefilled, an empty queue) are left out rather than
+    printed as zeros; the running count is always split into prefilling and decode-ready.
     ``prefix hit`` is the share of prompt tokens found cached by the lookups made during
     the interval (between the counters ``before`` and ``now``); it is left out when the
     interval made none. With speculative decoding it adds the tokens each verify round
     committed on average and, per draft position, the share of rounds that kept it.
     """
-    line = (f"throughput: prefill {s.prefill_tps:.1f} tok/s, decode {s.decode_tps:.1f} tok/s, "
-            f"running {scheduler.num_running}, waiting {scheduler.num_waiting}, "
-            f"avg batch {s.avg_decode_batch:.1f}, KV {kv_usage:.0%} used")
+    parts = [f"{name} {tokens} tokens ({tokens / s.seconds if s.seconds > 0 else 0.0:.1f} tok/s)"
+             for name, tokens in (("prefill", s.prefill_tokens), ("decode", s.decode_tokens)) if tokens]
+    if s.finished:
+        parts.append(f"finished {s.finished}")
+    running, prefilling = scheduler.num_running, scheduler.num_prefilling
+    parts.append(f"running {running} ({prefilling} prefilling, {running - prefilling} decode-ready)")
+    if scheduler.num_waiting:
+        parts.append(f"waiting {scheduler.num_waiting}")
+    if s.decode_steps:
+        parts.append(f"avg batch {s.avg_decode_batch:.1f}")
+    host = s.host_work.host_total
+    share = f" ({host / s.seconds:.0%} of {s.seconds:.1f} s)" if s.seconds > 0 else ""
+    parts.append(f"host active {host:.2f} s{share}")
+    parts.append(f"KV {kv_usage:.0%} used")
+    line = "throughput: " + ", ".join(parts)
     looked_up = now.lookup_tokens - before.lookup_tokens
     if looked_up > 0:
         line += f", prefix hit {(now.hit_tokens - before.hit_tokens) / looked_up:.0%}"

@@ -32,13 +32,15 @@ class RequestOutputState:
         """Account one committed token; returns newly releasable text."""
         self.num_output_tokens += 1
         text = ""
-        # The sampler bans stop ids before min_tokens, so this count only matters for a
-        # token committed unsampled; it is then ordinary output.
-        if token_id in self.stop_ids and self.num_output_tokens > self.params.min_tokens:
+        # As in vLLM, neither stop ids nor stop strings end the output until it holds more
+        # than min_tokens tokens. The sampler bans stop ids until then, so a stop id here
+        # early was committed unsampled (a forced token) and is ordinary output.
+        armed = self.num_output_tokens > self.params.min_tokens
+        if token_id in self.stop_ids and armed:
             # The stop token counts as output but its text is withheld.
             self.finish_reason, self.stop_reason = "stop", token_id
         else:
-            emit, matched = self.stops.feed(self.detok.push([token_id]))
+            emit, matched = self.stops.feed(self.detok.push([token_id]), armed)
             text = emit
             if matched is not None:
                 self.finish_reason, self.stop_reason = "stop", matched
@@ -57,7 +59,7 @@ class RequestOutputState:
         return ""
 
     def _flush(self) -> str:
-        emit, matched = self.stops.feed(self.detok.flush())
+        emit, matched = self.stops.feed(self.detok.flush(), self.num_output_tokens > self.params.min_tokens)
         if matched is not None:
             self.finish_reason, self.stop_reason = "stop", matched
             return emit

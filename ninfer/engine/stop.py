@@ -24,14 +24,18 @@ class StopMatcher:
         self._held = ""
         self._max_held = max((len(s) for s in self.stops), default=1) - 1
 
-    def feed(self, text: str) -> tuple[str, str | None]:
-        """Return ``(text to emit, matched stop or None)``; after a match the stream is over."""
+    def feed(self, text: str, armed: bool = True) -> tuple[str, str | None]:
+        """Return ``(text to emit, matched stop or None)``; after a match the stream is over.
+
+        Unarmed (before ``min_tokens``) nothing matches, but the start of a stop string is
+        still held back: a stop completed by the first armed chunk never leaks.
+        """
         if self.matched is not None:
             raise RuntimeError("StopMatcher fed after a stop string matched")
         if not self.stops:
             return text, None
         buffer = self._held + text
-        match = self._earliest_match(buffer)
+        match = self._earliest_match(buffer) if armed else None
         if match is not None:
             start, stop = match
             self.matched, self._held = stop, ""

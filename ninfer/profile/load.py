@@ -78,8 +78,12 @@ def _problems(exc: BaseException, path: tuple[str, ...]) -> list[tuple[tuple[str
         allowed = [f.name for f in attrs.fields(exc.cl)]
         out = []
         for key in sorted(map(str, exc.extra_fields)):
-            close = difflib.get_close_matches(key.replace("-", "_"), allowed, n=1)
-            hint = f"did you mean {close[0]}?" if close else "allowed: " + ", ".join(allowed)
+            name = key.replace("-", "_")
+            # a key moved into the wrong section (vLLM flags turned into YAML) is meant where it exists
+            elsewhere = [k if "." in k else f"the top-level {k}"
+                         for k, _, _ in options() if k.rsplit(".", 1)[-1] == name]
+            close = elsewhere or difflib.get_close_matches(name, allowed, n=1)
+            hint = f"did you mean {' or '.join(close)}?" if close else "allowed: " + ", ".join(allowed)
             out.append(((*path, key), f"unknown key ({hint})"))
         return out
     return [(path, str(exc))]

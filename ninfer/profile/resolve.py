@@ -80,6 +80,34 @@ def check_selections(profile: Profile, registry: PluginRegistry) -> list[str]:
             + context_cost_errors(profile))
 
 
+def model_errors(profile: Profile, registry: PluginRegistry) -> list[str]:
+    """Why ``model`` cannot be loaded, as far as is known without loading it: a checkpoint
+    directory must exist and hold config.json; ``tiny:FAMILY`` must name an installed family
+    that can build a tiny checkpoint. (random shapes are checked with the profile.)"""
+    from ninfer.model.sources import RANDOM_PREFIX, TINY_PREFIX
+    from ninfer.tiny.cache import checkpoint_dir
+
+    reference = profile.model
+    if reference.startswith(RANDOM_PREFIX):
+        return []
+    if reference.startswith(TINY_PREFIX):
+        family = reference[len(TINY_PREFIX):].partition(":")[0]
+        if family not in registry.items["model_family"]:
+            names = ", ".join(registry.names("model_family")) or "none installed"
+            return [f"model: {reference}: no model family {family!r} (available: {names})"]
+        built = (checkpoint_dir(reference) / "config.json").exists()
+        if not built and getattr(registry.get("model_family", family), "tiny_config", True) is None:
+            return [f"model: {reference}: the {family} family has no tiny-checkpoint recipe"]
+        return []
+    path = Path(reference)
+    if not path.is_dir():
+        why = "not a directory" if path.exists() else "no such checkpoint directory"
+        return [f"model: {reference}: {why}"]
+    if not (path / "config.json").is_file():
+        return [f"model: {reference}: no config.json (a checkpoint directory holds the model's config.json)"]
+    return []
+
+
 def _missing_adapters(profile: Profile) -> list[str]:
     """LoRA adapters whose path is absent: refused before the model loads (the files are read at load)."""
     items = (item.partition("=") for item in profile.server.lora_modules or ())
@@ -106,6 +134,20 @@ def not_honoured(given: Profile) -> list[str]:
     ``given`` is the profile before :func:`resolve`, so only values the user set are
     named (resolution fills derived defaults in for every profile).
     """
+    return []
+
+
+def capacity_warnings(profile: Profile) -> list[str]:
+    """Combinations that start but serve less than they say, as ``key.path: ...`` warnings.
+
+    ``profile`` is resolved. One request alone may use the whole KV pool and no more, so a
+    pool smaller than ``max_context`` caps every request below the context ceiling.
+    """
+    e = profile.engine
+    if isinstance(e.kv_capacity, int) and e.kv_capacity < e.max_context:
+        return [f"engine.kv_capacity: {e.kv_capacity} tokens is below engine.max_context ({e.max_context}); no "
+                f"request can outgrow the KV pool, so requests, and the max_model_len /v1/models reports, stop "
+                f"near {e.kv_capacity} tokens"]
     return []
 
 

@@ -8,13 +8,16 @@ a 503 ``model_loading`` error. Connections go through
 The first SIGTERM (or Ctrl-C) drains: new generations get 503 in their protocol's
 shape, running ones may finish for up to ``--drain-timeout-ms``, then they end with
 their protocol's terminal error (:mod:`ninfer.server.drain`); logs are flushed and the
-process exits 0. A second signal skips the wait.
+process exits 0. A second signal skips the wait. A signal while the model loads waits
+for the load step under way to return (torch must not be torn down under it), shuts
+down what it built and exits 0; a second one then exits 1 at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import threading
@@ -120,6 +123,9 @@ class ServerApp:
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.failed = False
         self.stopping = False
+        self.loader: Optional[threading.Thread] = None
+        #: the load was stopped (or its result discarded) by a shutdown
+        self.load_interrupted = False
         self.drain_timeout_s = profile.server.drain_timeout_ms / 1000 if profile is not None else DRAIN_TIMEOUT_S
         self._drain_task: Optional[asyncio.Task] = None
 
@@ -146,23 +152,32 @@ class ServerApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.loop = asyncio.get_running_loop()
-                threading.Thread(target=self._load, name="ninfer-load", daemon=True).start()
+                self.loader = threading.Thread(target=self._load, name="ninfer-load", daemon=True)
+                self.loader.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.stopping = True
+                if self.loading:
+                    # Returning now would finalize the interpreter under torch's threads (abort, exit 134).
+                    await asyncio.to_thread(self.loader.join)
+                    await asyncio.sleep(0)  # a _ready the loader queued runs (and discards its engine) first
                 if self.state is not None:
                     await asyncio.to_thread(self.state.engine.shutdown)
-                logger.info("server stopped")
+                logger.info("server stopped" + ("; the model load was interrupted" if self.load_interrupted else ""))
                 await logger.complete()  # every record written before the process exits
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    @property
+    def loading(self) -> bool:
+        return self.loader is not None and self.loader.is_alive()
 
     def _load(self) -> None:
         """Build the engine and the app off the event loop, which keeps answering /health."""
         state: Optional[ServerState] = None
         try:
-            state = build_state(self.profile, self.registry)
-            app = build_app(state)
+            state = build_state(self.profile, self.registry, stopping=self._stop_requested)
+            app = build_app(state) if state is not None else None
         except Exception as exc:
             if state is not None:
                 state.engine.shutdown()
@@ -170,8 +185,14 @@ class ServerApp:
             logger.opt(exception=exc).debug("where the engine failed to start")
             self._call(self._fail)
             return
-        if not self._call(self._ready, state, app):
+        if state is None:  # build_state saw the shutdown between its steps
+            self.load_interrupted = True
+        elif self._stop_requested() or not self._call(self._ready, state, app):
+            self.load_interrupted = True
             state.engine.shutdown()
+
+    def _stop_requested(self) -> bool:
+        return self.stopping or (self.server is not None and self.server.should_exit)
 
     def _call(self, fn: Any, *args: Any) -> bool:
         """Run ``fn`` on the event loop; False once the server has already stopped."""
@@ -183,6 +204,7 @@ class ServerApp:
 
     def _ready(self, state: ServerState, app: Litestar) -> None:
         if self.stopping or self.server.should_exit:  # a signal came while loading
+            self.load_interrupted = True
             state.engine.shutdown()
             return
         state.extras[CONNECTIONS_KEY] = partial(connection_counts, self.server.server_state.connections)
@@ -202,6 +224,9 @@ class ServerApp:
             self.loop.call_soon_threadsafe(self._begin_drain, signal.Signals(sig).name)
 
     def _begin_drain(self, signame: str) -> None:
+        if self._drain_task is None and self.state is None and self.loading and not self.server.should_exit:
+            logger.info("{}: shutting down while the model loads; stopping once the step under way returns "
+                        "(a second signal exits at once)", signame)
         if self._drain_task is not None or self.state is None:  # a second signal, or nothing to drain
             self.server.should_exit = True
             return
@@ -228,15 +253,24 @@ class _Server(uvicorn.Server):
         self.ninfer_app = app
 
     def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        if self.should_exit and self.ninfer_app.loading:
+            # nothing is served yet, and the load cannot be cut short: leave without finalizing
+            logger.warning("{}: exiting without waiting for the model load", signal.Signals(sig).name)
+            os._exit(1)
         if self.should_exit:
             self.force_exit = True
         else:
             self.ninfer_app.on_signal(sig)
 
 
-def build_state(profile: Any, registry: Any) -> ServerState:
-    """Load the model and start the engine thread: everything protocol routes need."""
+def build_state(profile: Any, registry: Any, stopping: Any = lambda: False) -> Optional[ServerState]:
+    """Load the model and start the engine thread: everything protocol routes need.
+
+    None when ``stopping()`` turns true once the model is loaded (a shutdown came meanwhile).
+    """
     loaded = build_engine(profile, registry)
+    if stopping():  # nothing runs yet (no engine thread): dropping it frees it
+        return None
     loras = lora_modules(profile.server.lora_modules or [])
     for name, path in loras.items():
         if name == loaded.model_id:
@@ -248,10 +282,18 @@ def build_state(profile: Any, registry: Any) -> ServerState:
     gate = AdmissionGate(capacity=profile.engine.max_concurrency + profile.server.max_pending_requests,
                          pending_timeout_s=profile.server.pending_timeout_ms / 1000)
     state = ServerState(profile=profile, registry=registry, engine=engine, tokenizer=loaded.tokenizer,
-                        family=loaded.family, model_id=loaded.model_id, max_model_len=profile.engine.max_context,
+                        family=loaded.family, model_id=loaded.model_id,
+                        # no request outgrows the KV pool, so it bounds the advertised length too
+                        max_model_len=min(profile.engine.max_context, loaded.engine.kv_capacity_tokens),
                         vocab_size=loaded.engine.vocab_size, gate=gate, loras=tuple(loras),
                         kv_capacity_tokens=loaded.engine.kv_capacity_tokens)
     observe(state, loaded)  # the request log (--request-log-jsonl) and the /metrics registry
+    # what the startup summary could not know before loading
+    how = ""
+    if profile.engine.kv_capacity == "auto":
+        how = " (auto: context x concurrency on CPU)" if loaded.device.type == "cpu" else " (auto: free device memory)"
+    logger.info("serving {} (max_model_len {}), KV pool {} tokens{}", state.model_id, state.max_model_len,
+                state.kv_capacity_tokens, how)
     return state
 
 

@@ -42,6 +42,9 @@ SAMPLING = SamplingWire(
     WireField("n", limits=Limits(1, MAX_N)),
     WireField("top_logprobs", "logprobs", limits=Limits(0, MAX_TOP_LOGPROBS)),  # used with logprobs: true
     WireField("logit_bias"),
+    # vLLM's extensions, which its OpenAI clients send in extra_body
+    WireField("min_tokens"),
+    WireField("ignore_eos"),
 )
 
 # -- request: messages ----------------------------------------------------------------
