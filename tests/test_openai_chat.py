@@ -335,3 +335,15 @@ def test_min_tokens_and_ignore_eos_from_extra_body_are_honoured(client):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, max_tokens=5, extra_body={"min_tokens": 6})
     assert e.value.body["param"] == "min_tokens"
+
+
+def test_stop_token_ids_from_extra_body_end_the_output(client):
+    """vLLM's stop_token_ids: a token the bias forces at every step ends the output at once;
+    min_tokens holds it off (the sampler bans it) for that many tokens."""
+    forced = {"logit_bias": {"100": 100}, "temperature": 0}
+    first = chat(client, max_tokens=20, extra_body={"stop_token_ids": [100]}, **forced)
+    assert first.choices[0].finish_reason == "stop" and first.usage.completion_tokens == 1, first.usage
+    held = chat(client, max_tokens=20, extra_body={"stop_token_ids": [100], "min_tokens": 5}, **forced)
+    assert held.choices[0].finish_reason == "stop" and held.usage.completion_tokens == 6, held.usage
+    free = chat(client, max_tokens=8, **forced)  # without the field the forced token is ordinary output
+    assert free.choices[0].finish_reason == "length" and free.usage.completion_tokens == 8

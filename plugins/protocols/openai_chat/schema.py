@@ -45,6 +45,7 @@ SAMPLING = SamplingWire(
     # vLLM's extensions, which its OpenAI clients send in extra_body
     WireField("min_tokens"),
     WireField("ignore_eos"),
+    WireField("stop_token_ids"),
 )
 
 # -- request: messages ----------------------------------------------------------------
