@@ -77,10 +77,8 @@ def _group_scales(scale_rows, tok_ok, MASKED: tl.constexpr, KEYS: tl.constexpr, 
         sc = tl.load(scale_rows + g[:, None], mask=g_ok[:, None], other=0.0)
         return tl.reshape(tl.broadcast_to(sc[:, None, :], [BLOCK_D // GROUP, GROUP, BLOCK_N]), [BLOCK_D, BLOCK_N])
     else:
-        if MASKED:
-            sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :] & tok_ok, other=0.0)
-        else:
-            sc = tl.load(scale_rows + g[None, :], mask=g_ok[None, :], other=0.0)
+        ok = g_ok[None, :] & tok_ok if MASKED else g_ok[None, :]
+        sc = tl.load(scale_rows + g[None, :], mask=ok, other=0.0)
         return tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_D // GROUP, GROUP]), [BLOCK_N, BLOCK_D])
 
 
@@ -109,28 +107,25 @@ def _load_tile(start, hi, table, kd, ks, vd, vs, strides, offs_d, offs_dv, d_ok,
     s_kdb, s_kds, s_kdd, s_ksb, s_kss, s_vdb, s_vds, s_vdd, s_vsb, s_vss = strides
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
-    if MASKED:
-        # masked by page, not by token: a page's tokens keep one page id (a mask by token
-        # hides that from Triton, and the loads below split into single bytes)
-        page = tl.load(table + offs_n // PAGE, mask=offs_n // PAGE * PAGE < hi, other=0).to(tl.int64)
-        tok_ok = n_ok
-    else:
-        page = tl.load(table + offs_n // PAGE).to(tl.int64)
-        tok_ok = offs_n >= 0
     slot = offs_n % PAGE
     if MASKED:
-        # One-byte value codes lie by dim (a page's keys contiguous, allocate_parts), where
-        # a mask by token splits every 16-byte copy into single-byte loads (sm_90, triton
-        # 3.6, the 27B's batch-8 fp8 shape: a masked tile took 4,014 instructions a warp
-        # against 1,378 unmasked; 1,579 without; 2,108 and 1,029 at batch 1's shape).
-        # So a masked tile loads keys and one-byte values whole: past the end, scores
-        # become -inf whatever the codes (paged_attention._fold_kv_tile), and value codes
-        # meet zero probabilities (every writer stores finite codes, kv_quant.py); int8's
-        # value scales, which may not be finite, load by token. nvfp4 values lie by token,
-        # so their mask costs nothing.
+        # Masked by page, not by token: a mask by token hides from Triton that a page's
+        # tokens share one page id, and one-byte value codes, which lie by dim (a page's keys
+        # contiguous, allocate_parts), then load a byte at a time (sm_90, triton 3.6, the
+        # 27B's batch-8 fp8 shape: a masked tile took 4,014 instructions a warp against
+        # 1,378 unmasked; 1,579 now; 2,108 and 1,029 at batch 1's shape). So a masked tile
+        # loads keys and one-byte values whole: past the end, scores become -inf whatever
+        # the codes (paged_attention._fold_kv_tile), and value codes meet zero
+        # probabilities (every writer stores finite codes, kv_quant.py); int8's value
+        # scales, which may not be finite, load by token. nvfp4 values lie by token, so
+        # their mask costs nothing.
+        page = tl.load(table + offs_n // PAGE, mask=offs_n // PAGE * PAGE < hi, other=0).to(tl.int64)
+        tok_ok = n_ok
         k_ok = d_ok[:, None]
         v_ok = dv_ok[None, :] if VFMT != 3 else tok_ok[:, None] & dv_ok[None, :]
     else:
+        page = tl.load(table + offs_n // PAGE).to(tl.int64)
+        tok_ok = offs_n >= 0
         k_ok = d_ok[:, None] & tok_ok[None, :]
         v_ok = tok_ok[:, None] & dv_ok[None, :]
     k = _load_part(kd, ks, page[None, :], slot[None, :], s_kdb, s_kds, s_kdd, s_ksb, s_kss, offs_d[:, None], k_ok,
