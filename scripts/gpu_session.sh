@@ -216,7 +216,7 @@ open(sys.argv[1] + '/heldout.txt', 'w').write(chr(10).join(trained_corpus(sys.ar
 quant_tests() {
     # three groups at once: Triton compiles most of the time away and compiling is CPU-bound
     # (session 17: the kernel tests took 222 s and the weight tests 204 s side by side)
-    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant.py tests/test_kv_quant_kernels.py -k "triton or gpu" \
+    timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_kernels.py -k "triton or gpu" \
         > "$OUT/pytest_kv.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short tests/test_kv_quant_gpu.py > "$OUT/pytest_kv_engine.txt" 2>&1 &
     timeout 420 python3 -m pytest -q -rf --tb=short -m gpu tests/test_quant_kernels.py tests/test_packed_gemv.py \

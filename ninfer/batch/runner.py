@@ -49,7 +49,7 @@ from ninfer.engine.request import EngineRequest, GenerationEvent
 from ninfer.errors import EngineDeadError, NinferError
 from ninfer.frontend.chat_messages import parse_messages
 from ninfer.frontend.pipeline_request import CachePolicy, ChatPrompt, GenerateRequest, Prompt, TemplateOptions, TextPrompt
-from ninfer.model.family import SamplingDefaults
+from ninfer.model.family import SamplingDefaults, SamplingPresets
 from ninfer.outputs import TokenLogprob
 from ninfer.sampling_params import SamplingParams
 from ninfer.sampling_schema import PRESET_FIELDS
@@ -58,8 +58,8 @@ from ninfer.sampling_schema import PRESET_FIELDS
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 0.8
 DEFAULT_TOP_K = 50
-#: every other sampler field the presets fill in: neutral (no penalty, no min_p) unless a flag sets it
-_NEUTRAL = SamplingDefaults()
+#: the format's sampler defaults; every other field neutral (no penalty, no min_p) unless a flag sets it
+_FORMAT = SamplingDefaults(temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P, top_k=DEFAULT_TOP_K)
 #: engine finish reasons -> the names results use (stop is split by what stopped it)
 _FINISH_NAMES = {"length": "length", "abort": "aborted", "error": "error"}
 
@@ -149,26 +149,13 @@ class _Preparer:
         self.widths = logprob_widths(batch)
         self.vocab_size: int = llm.engine.vocab_size
         self.lora_field = engine_supports_lora()
-        process = llm.profile.sampling
-        from_file = {"temperature": batch.temperature, "top_p": batch.top_p, "top_k": batch.top_k}
-        defaults = {"temperature": DEFAULT_TEMPERATURE, "top_p": DEFAULT_TOP_P, "top_k": DEFAULT_TOP_K}
-
-        def pick(name: str) -> Any:
-            # the file's value, else None where a process flag is set (the engine applies it),
-            # else the format's default or the neutral value: never the family preset
-            if from_file.get(name) is not None:
-                return from_file[name]
-            if getattr(process, name, None) is not None:
-                return None
-            return defaults.get(name, getattr(_NEUTRAL, name))
-
-        self.sampler = {name: pick(name) for name in PRESET_FIELDS}
-
-    def effective_sampling(self) -> dict[str, Any]:
-        """The settings every request samples with, after the process flags (``--greedy`` included)."""
-        process = self.llm.engine.config.process_sampling
-        resolved = resolve_sampling(SamplingParams(**self.sampler), None, False, process)
-        return {name: getattr(resolved, name) for name in PRESET_FIELDS}
+        # resolved once, every field set on each request: the file's values, else the process
+        # flags, else the format's defaults (neutral beyond them), so no family preset applies
+        asked = SamplingParams(temperature=batch.temperature, top_p=batch.top_p, top_k=batch.top_k)
+        resolved = resolve_sampling(asked, SamplingPresets(_FORMAT, _FORMAT), False,
+                                    llm.engine.config.process_sampling)
+        #: what every request samples with (the summary reports it)
+        self.sampler = {name: getattr(resolved, name) for name in PRESET_FIELDS}
 
     def check_support(self, req: BatchRequest) -> None:
         if req.media_item is not None:
@@ -293,29 +280,30 @@ def run_batch(llm: Any, batch: BatchInput, *, progress: bool = False, warn: Warn
     """Run every request of ``batch`` on ``llm.engine``; results keep input order."""
     engine = llm.engine
     warnings = _warn_outside_vocab(batch, engine.vocab_size, warn)
+
+    def note(message: str) -> None:
+        warn(message)
+        warnings.append(message)
+
     backend = llm.profile.speculative.backend if engine.proposer is not None else None
     probabilistic = batch.spec_proposal_sampling == "probabilistic"
     if backend is not None and probabilistic and not hasattr(engine.proposer, "draft_probs"):
         # a proposer without a distribution of its own (ngram) can only propose greedily;
         # verification keeps sampled outputs exact either way
-        message = (f"spec_proposal_sampling: the {backend} backend has no proposal distribution; it proposes "
-                   "greedily (outputs are still sampled exactly)")
-        warn(message)
-        warnings.append(message)
+        note(f"spec_proposal_sampling: the {backend} backend has no proposal distribution; it proposes "
+             "greedily (outputs are still sampled exactly)")
     # the engine decodes at most max_concurrency requests together (the CLI asks for batch_size,
     # within the profile's limit); more in flight would only queue inside the engine
     limit = llm.profile.engine.max_concurrency
     batch_size = min(batch.batch_size, limit)
     if batch.batch_size > limit:
-        message = (f"batch_size: {batch.batch_size} is more than the engine decodes together "
-                   f"(max_concurrency {limit}); {limit} requests run at a time")
-        warn(message)
-        warnings.append(message)
+        note(f"batch_size: {batch.batch_size} is more than the engine decodes together "
+             f"(max_concurrency {limit}); {limit} requests run at a time")
     before = (engine.stats.total_rounds, engine.stats.total_drafted, engine.stats.total_accepted)
     lora_errors, lora_warnings = _load_adapters(llm, batch, warn)
     warnings += lora_warnings
     prepare = _Preparer(llm, batch, lora_errors)
-    sampling = prepare.effective_sampling()
+    sampling = prepare.sampler
     logger.info("sampling: {}", ", ".join(f"{k}={v}" for k, v in sampling.items()))
     results = [RequestResult(r.index) for r in batch.requests]
     for result, k in zip(results, prepare.widths):

@@ -235,7 +235,7 @@ def agent_workload(args, emit: Callable[[dict], None]) -> None:
     tokenizer = llm.get_tokenizer()
     shapes = [fit_prefix(s, tokenizer, args.agent_prefix_tokens) for s in load_shapes(args.agent_fixtures)]
     common = {"model": args.model, "device": str(device), "agents": a, "turns": args.turns,
-              "kv_capacity_tokens": llm.engine.num_blocks * llm.engine.config.block_size,
+              "kv_capacity_tokens": llm.engine.kv_capacity_tokens,
               "fixtures": "found" if find_fixtures(args.agent_fixtures) else "stand-in"}
     shared = {s.kind: len(tokenizer.encode(s.system)) for s in shapes}  # each kind's system prompt
     runs = [("no_reuse", a, False), ("reuse", a, True), ("over_capacity", args.agent_over_capacity or 4 * a, True)]

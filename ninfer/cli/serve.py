@@ -19,7 +19,7 @@ from ninfer import __version__
 from ninfer.cli.common import add_model_arguments, add_version_and_profile_flags, report
 from ninfer.profile import ProfileError, check_selections, load_profile, resolve, to_yaml
 from ninfer.profile.flags import overrides_from_args
-from ninfer.profile.resolve import capacity_warnings, model_errors, not_honoured
+from ninfer.profile.resolve import auto_pool, capacity_warnings, model_errors, not_honoured
 
 if TYPE_CHECKING:
     from ninfer.plugins import PluginRegistry
@@ -135,9 +135,7 @@ def _log_summary(profile: Profile, registry: PluginRegistry, device: str, dtype:
     served = f"served as {profile.model_id}" if profile.model_id else "served as its checkpoint's id"
     logger.info(f"ninfer {__version__}: model {profile.model}, {served}, "
                 f"dtype {dtype}, device {device}, weights {weights}")
-    pool = f"{e.kv_capacity} tokens" if e.kv_capacity != "auto" else (
-        f"auto ({e.max_context} context x {e.max_concurrency} concurrency on CPU)" if device == "cpu"
-        else "auto (sized from free device memory once the model is loaded)")
+    pool = f"{e.kv_capacity} tokens" if e.kv_capacity != "auto" else f"auto ({auto_pool(e, device)})"
     logger.info(f"engine: context {e.max_context} tokens, KV pool {pool} as {e.kv_dtype} "
                 f"(block {e.block_size}), concurrency {e.max_concurrency} + {profile.server.max_pending_requests} "
                 f"pending, prefill chunk {e.prefill_chunk}, decode {_graph_mode(e.cuda_graph, device)}")

@@ -162,7 +162,7 @@ class LLMEngine(SpeculativeRounds, TokenCommits):
         if not self.scheduler.fits_ever(seq):
             raise ContextLengthExceededError(
                 f"prompt plus output ({seq.entitlement_tokens} tokens) exceeds the KV capacity "
-                f"({self.num_blocks * self.config.block_size} tokens)",
+                f"({self.kv_capacity_tokens} tokens)",
                 param="max_tokens",
             )
         out = RequestOutputState(self.tokenizer, params, self.eos_token_ids, max_tokens)

@@ -32,9 +32,8 @@ def check_cache_hints(retention: Optional[str], options: Optional[Mapping[str, A
         raise InvalidRequestError("prompt_cache_options.ttl must be 30m or 12h", param="prompt_cache_options.ttl")
 
 
-def check_breakpoint(part: Mapping[str, Any], where: str) -> None:
-    """A content part's ``prompt_cache_breakpoint``, if any, is ``{"mode": "explicit"}``."""
-    mark = part.get("prompt_cache_breakpoint")
+def check_breakpoint(mark: Any, where: str) -> None:
+    """A content part's ``prompt_cache_breakpoint`` (``mark``), if any, is ``{"mode": "explicit"}``."""
     if mark is not None and (not isinstance(mark, Mapping) or mark.get("mode") != "explicit"):
         raise InvalidRequestError('prompt_cache_breakpoint must be {"mode": "explicit"}',
                                   param=f"{where}.prompt_cache_breakpoint")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -135,6 +135,13 @@ def not_honoured(given: Profile) -> list[str]:
     named (resolution fills derived defaults in for every profile).
     """
     return []
+
+
+def auto_pool(engine: Any, device: str) -> str:
+    """How ``kv_capacity: auto`` sizes the pool on ``device`` (cpu, cuda...), for the logs."""
+    if device == "cpu":
+        return f"{engine.max_context} context x {engine.max_concurrency} concurrency on CPU"
+    return "sized from free device memory once the model is loaded"
 
 
 def capacity_warnings(profile: Profile) -> list[str]:

@@ -34,6 +34,7 @@ from ninfer.engine.async_engine import AsyncEngine
 from ninfer.engine.builder import build_engine
 from ninfer.errors import ModelLoadingError
 from ninfer.lora.config import LoraAdapterError
+from ninfer.profile.resolve import auto_pool
 from ninfer.profile.rules import lora_modules
 from ninfer.server.admission import AdmissionGate, new_request_id
 from ninfer.server.app import build_app
@@ -203,7 +204,7 @@ class ServerApp:
         return True
 
     def _ready(self, state: ServerState, app: Litestar) -> None:
-        if self.stopping or self.server.should_exit:  # a signal came while loading
+        if self._stop_requested():  # a signal came while loading
             self.load_interrupted = True
             state.engine.shutdown()
             return
@@ -289,9 +290,7 @@ def build_state(profile: Any, registry: Any, stopping: Any = lambda: False) -> O
                         kv_capacity_tokens=loaded.engine.kv_capacity_tokens)
     observe(state, loaded)  # the request log (--request-log-jsonl) and the /metrics registry
     # what the startup summary could not know before loading
-    how = ""
-    if profile.engine.kv_capacity == "auto":
-        how = " (auto: context x concurrency on CPU)" if loaded.device.type == "cpu" else " (auto: free device memory)"
+    how = f" (auto: {auto_pool(profile.engine, loaded.device.type)})" if profile.engine.kv_capacity == "auto" else ""
     logger.info("serving {} (max_model_len {}), KV pool {} tokens{}", state.model_id, state.max_model_len,
                 state.kv_capacity_tokens, how)
     return state

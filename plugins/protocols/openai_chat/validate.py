@@ -159,4 +159,4 @@ def _check_cache_hints(req: ChatCompletionRequest) -> None:
         for j, part in enumerate(content if isinstance(content, list) else ()):
             mark = getattr(part, "prompt_cache_breakpoint", None)
             if mark is not None:
-                check_breakpoint({"prompt_cache_breakpoint": mark}, f"messages[{i}].content[{j}]")
+                check_breakpoint(mark, f"messages[{i}].content[{j}]")

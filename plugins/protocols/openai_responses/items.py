@@ -116,7 +116,7 @@ def _part(part: Any, where: str, role: str) -> Item:
         text = part.get(key)
         if not isinstance(text, str):
             raise InvalidRequestError(f"a {kind} part needs a string {key}", param=f"{where}.{key}")
-        check_breakpoint(part, where)  # prepare.explicit_breakpoints places it
+        check_breakpoint(part.get("prompt_cache_breakpoint"), where)  # prepare.explicit_breakpoints places it
         return {"type": kind, key: text}
     if kind in _MEDIA and role in ("user", "assistant", "tool"):
         _media(part, kind, where)
@@ -136,7 +136,7 @@ def _media(part: Mapping[str, Any], kind: str, where: str) -> None:
     if part.get("detail") not in (None, "auto"):
         raise UnsupportedFeatureError("explicit image detail is not supported (omit it or use auto)",
                                       param=f"{where}.detail")
-    check_breakpoint(part, where)  # prepare.explicit_breakpoints places it
+    check_breakpoint(part.get("prompt_cache_breakpoint"), where)  # prepare.explicit_breakpoints places it
     raise InvalidRequestError(f"{what} input needs a server started with vision enabled", param=where,
                               code="vision_disabled")
 
